@@ -1,0 +1,31 @@
+# Fresh machine: `make demo` and `make test` create .venv and install what they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: this picks the local CPU build instead of several GB of CUDA wheels
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[all,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/isotrope demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run --quick
+
+clean:
+	rm -rf $(VENV) .isotrope-demo .pytest_cache

@@ -1,0 +1,532 @@
+"""A FAISS index beside a SQLite file: the SQLite transaction is the source of truth.
+
+Directory layout::
+
+    store.sqlite   meta (format, dim, factory, metric, index digest), properties, and one row
+                   per item: int64 key, string id, text, metadata JSON, float32 vector blob
+    index.faiss    the faiss index over the stored vectors, keyed by the int64 keys
+
+Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
+when its sha256 differs from the digest committed in SQLite (the process died between
+writing the index and committing), to train an index that needs training once enough
+vectors exist (until then, search is exact), and to delete from indexes without
+``remove_ids`` (HNSW).
+
+``commit()`` writes the index to a temporary file (fsync), records its digest in the open
+SQLite transaction, commits it (the commit point) and renames the file over ``index.faiss``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from isotrope.stores.base import (
+    Hit,
+    StoreFormatError,
+    VectorStore,
+    as_ids,
+    as_vectors,
+    check_batch,
+    check_k,
+    check_metric,
+    check_properties,
+    dumps_metadata,
+)
+from isotrope.stores.filters import to_sqlite
+from isotrope.stores.memory import exact_scores, top_k
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+DB_NAME = "store.sqlite"
+INDEX_NAME = "index.faiss"
+_CHUNK = 900  # SQLite variables per statement
+_ADD_BATCH = 65_536  # rows per faiss call when rebuilding
+_TRAIN_SAMPLE = 200_000
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS properties (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+    key INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    text TEXT,
+    metadata TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+"""
+
+
+def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _inner(index: faiss.Index) -> faiss.Index:
+    """The index doing the work under id maps, pre-transforms and refinement."""
+    index = faiss.downcast_index(index)
+    while True:
+        if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)):
+            index = faiss.downcast_index(index.index)
+        elif isinstance(index, faiss.IndexRefine):
+            index = faiss.downcast_index(index.base_index)
+        else:
+            return index
+
+
+def _default_train_min(index: faiss.Index) -> int:
+    """Vectors needed before training: faiss's advice of 39 points per k-means centroid."""
+    inner = _inner(index)
+    need = 1
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        need = max(need, 39 * ivf.nlist)
+    pq = getattr(inner, "pq", None)
+    if pq is not None:
+        need = max(need, 39 * pq.ksub)
+    return need
+
+
+class FaissStore(VectorStore):
+    """A FAISS index with ids, texts, metadata and vectors in SQLite.
+
+    Parameters
+    ----------
+    path: the store directory (created if missing).
+    dim: vector dimension; required for a new store, checked against an existing one.
+    factory: a ``faiss.index_factory`` string ("Flat", "HNSW32", "IVF64,Flat", "IVF64,PQ16", ...);
+        default "Flat" for a new store, read from an existing one.
+    metric: "ip" (default), "cosine" (vectors are L2-normalised on the way in) or "l2"
+        (scores are minus the squared distance).
+    nprobe / ef_search: search-time breadth of IVF and HNSW indexes.
+    train_min: vectors needed before an index that needs training is trained
+        (default: 39 per k-means centroid); until then search is exact.
+    exact_filter_limit: a filtered search over at most this many rows of an approximate index
+        is done exactly on the stored vectors instead.
+    use_gpu: search on all GPUs (None: when faiss sees any); filtered search stays on the CPU.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dim: int | None = None,
+        factory: str | None = None,
+        metric: str | None = None,
+        *,
+        nprobe: int = 16,
+        ef_search: int = 128,
+        train_min: int | None = None,
+        exact_filter_limit: int = 10_000,
+        use_gpu: bool | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.nprobe = nprobe
+        self.ef_search = ef_search
+        self.exact_filter_limit = exact_filter_limit
+        self.use_gpu = faiss.get_num_gpus() > 0 if use_gpu is None else use_gpu
+        self._gpu_index: faiss.Index | None = None
+        self._dirty = False
+        self._conn = self._connect(dim, factory, metric)
+        meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        self.dim = int(meta["dim"])
+        self.factory = meta["factory"]
+        self.metric = meta["metric"]
+        self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+        fresh = self._new_index()
+        self._needs_training = not fresh.is_trained
+        self.train_min = _default_train_min(fresh) if train_min is None else train_min
+        self._index = self._open_index(meta.get("index_sha256"))
+
+    # ------------------------------------------------------------------ opening
+
+    def _connect(self, dim: int | None, factory: str | None, metric: str | None) -> sqlite3.Connection:
+        db_path = self.path / DB_NAME
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
+        created = not db_path.exists()
+        if created:
+            if self.path.exists() and any(self.path.iterdir()):
+                raise StoreFormatError(f"{self.path} is not empty and has no {DB_NAME}: not a FaissStore directory")
+            if dim is None:
+                raise ValueError(f"creating a FaissStore at {self.path} needs dim")
+            if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+                raise ValueError(f"dim must be a positive integer; got {dim!r}")
+            factory = factory or "Flat"
+            metric = check_metric(metric or "ip")
+            faiss.index_factory(int(dim), factory)  # raises on a bad factory string
+            self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(db_path, isolation_level=None)
+            conn.execute("PRAGMA synchronous=FULL")
+            if created:
+                conn.executescript(_SCHEMA)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as error:
+            raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
+        if created:
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("format", "isotrope.faiss"),
+                    ("format_version", str(FORMAT_VERSION)),
+                    ("dim", str(int(dim))),  # type: ignore[arg-type]
+                    ("factory", factory),
+                    ("metric", metric),
+                ],
+            )
+            return conn
+        if meta.get("format") != "isotrope.faiss" or meta.get("format_version") != str(FORMAT_VERSION):
+            raise StoreFormatError(
+                f"{db_path}: expected format isotrope.faiss version {FORMAT_VERSION}; "
+                f"got {meta.get('format')!r} version {meta.get('format_version')!r}"
+            )
+        stored = {"dim": meta["dim"], "factory": meta["factory"], "metric": meta["metric"]}
+        given = {"dim": None if dim is None else str(int(dim)), "factory": factory,
+                 "metric": None if metric is None else check_metric(metric)}
+        for name, value in given.items():
+            if value is not None and value != stored[name]:
+                raise StoreFormatError(f"{self.path} was created with {name}={stored[name]}; got {name}={value}")
+        return conn
+
+    def _open_index(self, digest: str | None) -> faiss.Index:
+        index_path = self.path / INDEX_NAME
+        for stale in self.path.glob(INDEX_NAME + ".*.tmp"):
+            stale.unlink()
+        if digest is not None and index_path.is_file():
+            raw = index_path.read_bytes()
+            if hashlib.sha256(raw).hexdigest() == digest:
+                index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+                if index.d == self.dim and index.ntotal == len(self):
+                    return index
+            logger.warning("%s does not match the committed state in %s; rebuilding it", index_path, DB_NAME)
+        elif len(self):
+            logger.warning("%s is missing; rebuilding it from the %d stored vectors", index_path, len(self))
+        return self._rebuild()
+
+    # ------------------------------------------------------------------ the faiss index
+
+    def _new_index(self) -> faiss.Index:
+        return faiss.index_factory(self.dim, self.factory, self._faiss_metric)
+
+    def _wrap(self, index: faiss.Index) -> faiss.Index:
+        """Key the index by int64: IVF indexes hold ids natively, others get an ``IndexIDMap2``."""
+        top = faiss.downcast_index(index)
+        if isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+            return index
+        if isinstance(top, faiss.IndexIVF) or (
+            isinstance(top, faiss.IndexPreTransform) and isinstance(faiss.downcast_index(top.index), faiss.IndexIVF)
+        ):
+            return index
+        return faiss.IndexIDMap2(index)
+
+    def _exact_index(self) -> faiss.Index:
+        return faiss.IndexIDMap2(faiss.IndexFlat(self.dim, self._faiss_metric))
+
+    def _iter_vectors(self, where_sql: str = "1", params: Sequence[Any] = ()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        cursor = self._conn.execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
+        while rows := cursor.fetchmany(_ADD_BATCH):
+            keys = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+            yield keys, vectors
+
+    def _rebuild(self) -> faiss.Index:
+        """Build the index from the stored vectors, training it if it needs it and enough exist."""
+        self._gpu_index = None
+        self._dirty = True
+        n = len(self)
+        fresh = self._new_index()
+        if fresh.is_trained:
+            index = self._wrap(fresh)
+        elif n >= self.train_min:
+            index = self._wrap(fresh)
+            index.train(self._training_sample(n))
+        else:
+            index = self._exact_index()
+        for keys, vectors in self._iter_vectors():
+            index.add_with_ids(vectors, keys)
+        return index
+
+    def _training_sample(self, n: int) -> np.ndarray:
+        if n <= _TRAIN_SAMPLE:
+            return np.concatenate([v for _, v in self._iter_vectors()])
+        keys = [k for (k,) in self._conn.execute("SELECT key FROM items").fetchall()]
+        chosen = np.random.default_rng(0).choice(keys, _TRAIN_SAMPLE, replace=False)
+        parts = []
+        for part in _chunks(sorted(chosen.tolist())):
+            parts.extend(v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part))
+        return np.concatenate(parts)
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether search is currently exact (a flat index, or one not trained yet)."""
+        return isinstance(_inner(self._index), faiss.IndexFlat)
+
+    def _can_remove(self) -> bool:
+        top = faiss.downcast_index(self._index)
+        if isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+            return isinstance(faiss.downcast_index(top.index), faiss.IndexFlatCodes)
+        return faiss.try_extract_index_ivf(top) is not None
+
+    def _search_params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters:
+        inner = _inner(self._index)
+        if faiss.try_extract_index_ivf(self._index) is not None:
+            return faiss.SearchParametersIVF(sel=selector, nprobe=self.nprobe)
+        if isinstance(inner, faiss.IndexHNSW):
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.ef_search)
+        return faiss.SearchParameters(sel=selector)
+
+    # ------------------------------------------------------------------ writing
+
+    def _begin(self) -> None:
+        if not self._conn.in_transaction:
+            self._conn.execute("BEGIN IMMEDIATE")
+
+    def __len__(self) -> int:
+        return self._conn.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+
+    def _keys(self, ids: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for part in _chunks(ids):
+            query = f"SELECT id, key FROM items WHERE id IN ({','.join('?' * len(part))})"
+            found.update(self._conn.execute(query, part).fetchall())
+        return found
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: Any,
+        texts: Sequence[str | None] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> None:
+        """Upsert a batch: one SQLite statement per row kind and one faiss call for the batch."""
+        batch = check_batch(ids, vectors, texts, metadata, self.dim)
+        if not batch.ids:
+            return
+        vectors = batch.vectors.copy()
+        if self.metric == "cosine":
+            faiss.normalize_L2(vectors)
+        rows = [
+            (text, dumps_metadata(meta), vector.tobytes(), i)
+            for i, text, meta, vector in zip(batch.ids, batch.texts, batch.metadata, vectors)
+        ]
+        self._begin()
+        self._conn.execute("SAVEPOINT isotrope_add")
+        try:
+            existing = self._keys(batch.ids)
+            self._conn.executemany(
+                "UPDATE items SET text = ?, metadata = ?, vector = ? WHERE id = ?",
+                [row for row in rows if row[3] in existing],
+            )
+            self._conn.executemany(
+                "INSERT INTO items (text, metadata, vector, id) VALUES (?, ?, ?, ?)",
+                [row for row in rows if row[3] not in existing],
+            )
+            keys = self._keys(batch.ids)
+            if existing and not self._can_remove():
+                self._index = self._rebuild()
+            else:
+                if existing:
+                    self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(existing.values(), dtype=np.int64)))
+                self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
+                if self._needs_training and self.is_exact and len(self) >= self.train_min:
+                    self._index = self._rebuild()
+        except BaseException:
+            self._conn.execute("ROLLBACK TO isotrope_add")
+            self._index = self._rebuild()
+            raise
+        finally:
+            self._conn.execute("RELEASE isotrope_add")
+        self._gpu_index = None
+        self._dirty = True
+
+    def delete(self, ids: Iterable[str]) -> None:
+        """Remove the given ids; unknown ids are ignored."""
+        keys = self._keys(as_ids(ids))
+        if not keys:
+            return
+        self._begin()
+        for part in _chunks(list(keys.values())):
+            self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
+        if self._can_remove():
+            self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(keys.values(), dtype=np.int64)))
+        else:
+            self._index = self._rebuild()
+        self._gpu_index = None
+        self._dirty = True
+
+    def set_properties(self, **kv: str) -> None:
+        """Set persisted string properties (committed with the data)."""
+        props = check_properties(kv)
+        self._begin()
+        self._conn.executemany("INSERT OR REPLACE INTO properties (key, value) VALUES (?, ?)", props.items())
+        self._dirty = True
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._conn.execute("SELECT key, value FROM properties").fetchall())
+
+    def commit(self) -> None:
+        """Write the index (temp file, fsync), commit SQLite with its digest, then rename it into place."""
+        if not self._dirty and not self._conn.in_transaction:
+            return
+        raw = faiss.serialize_index(self._index).tobytes()
+        tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._begin()
+        self._conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (hashlib.sha256(raw).hexdigest(),)
+        )
+        self._conn.execute("COMMIT")
+        os.replace(tmp, self.path / INDEX_NAME)
+        _fsync_dir(self.path)
+        self._dirty = False
+
+    def close(self) -> None:
+        """Close the SQLite connection; uncommitted changes are discarded."""
+        if self._conn is None:
+            return
+        if self._conn.in_transaction:
+            logger.warning("closing %s with uncommitted changes: they are discarded (call commit() first)", self.path)
+        self._conn.close()
+        self._conn = None  # type: ignore[assignment]
+        self._index = None
+        self._gpu_index = None
+
+    # ------------------------------------------------------------------ reading
+
+    def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
+        wanted = sorted({int(k) for k in keys.ravel() if k >= 0})
+        rows: dict[int, tuple[str, str | None, str]] = {}
+        for part in _chunks(wanted):
+            query = f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * len(part))})"
+            rows.update((r[0], r[1:]) for r in self._conn.execute(query, part))
+        return [
+            [
+                Hit(rows[int(k)][0], float(s), rows[int(k)][1], json.loads(rows[int(k)][2]))
+                for k, s in zip(key_row, score_row)
+                if k >= 0
+            ]
+            for key_row, score_row in zip(keys, scores)
+        ]
+
+    def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:
+        sql, params = to_sqlite(where)
+        rows = self._conn.execute(f"SELECT key FROM items WHERE {sql}", params).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """The ``k`` best hits of each query (higher score is closer), among rows matching ``where``."""
+        q = as_vectors(queries, self.dim, "queries").copy()
+        k = check_k(k)
+        if self.metric == "cosine":
+            faiss.normalize_L2(q)
+        if where:
+            keys = self._filtered_keys(where)
+            if len(keys) == 0:
+                return [[] for _ in range(len(q))]
+            if not self.is_exact and len(keys) <= self.exact_filter_limit:
+                return self._exact_search(q, k, keys)
+            distances, labels = self._selector_search(q, k, keys)
+        else:
+            distances, labels = self._unfiltered_search(q, k)
+        scores = -distances if self.metric == "l2" else distances
+        return self._hits(labels, scores)
+
+    def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> list[list[Hit]]:
+        found_keys, vectors = [], []
+        for part in _chunks(np.sort(keys).tolist()):
+            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
+                found_keys.append(kk)
+                vectors.append(vv)
+        all_keys = np.concatenate(found_keys)
+        scores = exact_scores(q, np.concatenate(vectors), self.metric)
+        best = top_k(scores, k)
+        rows = np.arange(len(q))[:, None]
+        return self._hits(all_keys[best], scores[rows, best])
+
+    def _selector_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        selector = faiss.IDSelectorBatch(keys)
+        try:
+            return self._index.search(q, k, params=self._search_params(selector))
+        except RuntimeError:  # this index type takes no selector: over-fetch and filter
+            logger.debug("%s does not take an ID selector; over-fetching", type(_inner(self._index)).__name__)
+        allowed = set(keys.tolist())
+        fetch = k
+        while True:
+            fetch = min(fetch * 4, self._index.ntotal)
+            distances, labels = self._index.search(q, fetch, params=self._search_params(None))
+            keep = np.isin(labels, keys)
+            if fetch >= self._index.ntotal or (keep.sum(axis=1) >= min(k, len(allowed))).all():
+                break
+        out_d = np.full((len(q), k), np.nan, dtype=np.float32)
+        out_l = np.full((len(q), k), -1, dtype=np.int64)
+        for row in range(len(q)):
+            d, l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
+            out_d[row, : len(d)], out_l[row, : len(l)] = d, l
+        return out_d, out_l
+
+    def _unfiltered_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.use_gpu and self._gpu_index is None:
+            try:
+                self._gpu_index = faiss.index_cpu_to_all_gpus(self._index)
+                if faiss.try_extract_index_ivf(self._index) is not None:
+                    faiss.GpuParameterSpace().set_index_parameter(self._gpu_index, "nprobe", self.nprobe)
+            except (RuntimeError, AttributeError) as error:
+                logger.warning("cannot move a %s index to the GPU (%s); searching on the CPU", self.factory, error)
+                self.use_gpu = False
+        if self.use_gpu and self._gpu_index is not None:
+            return self._gpu_index.search(q, k)
+        return self._index.search(q, k, params=self._search_params(None))
+
+    def get(self, ids: Sequence[str]) -> list[Hit | None]:
+        """The stored row of each id (score ``nan``), or ``None``."""
+        wanted = as_ids(ids)
+        keys = self._keys(wanted)
+        hits = self._hits(np.array([list(keys.values())], dtype=np.int64), np.full((1, len(keys)), np.nan))[0]
+        by_id = {hit.id: hit for hit in hits}
+        return [by_id.get(i) for i in wanted]
+
+    def contains(self, ids: Iterable[str]) -> set[str]:
+        return set(self._keys(as_ids(ids)))
+
+    def ids(self, where: Mapping[str, Any] | None = None) -> list[str]:
+        sql, params = to_sqlite(where) if where else ("1", [])
+        return [r[0] for r in self._conn.execute(f"SELECT id FROM items WHERE {sql} ORDER BY key", params)]
+
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored vectors of ``ids`` (normalised for the cosine metric); KeyError names an unknown id."""
+        wanted = as_ids(ids)
+        keys = self._keys(wanted)
+        missing = [i for i in wanted if i not in keys]
+        if missing:
+            raise KeyError(f"id {missing[0]!r} is not stored in {self.path}")
+        found: dict[int, np.ndarray] = {}
+        values = list(keys.values())
+        for part in _chunks(values):
+            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
+                found.update(zip(kk.tolist(), vv))
+        return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

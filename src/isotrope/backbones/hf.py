@@ -1,0 +1,192 @@
+"""Hugging Face transformer backbone: layer selection, prompts, device and dtype."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from isotrope.backbones.base import TextKind, TokenBatch
+from isotrope.backbones.resolve import resolve_model_path
+from isotrope.pooling import last_real_position
+
+logger = logging.getLogger(__name__)
+
+LayerSpec = int | list[int] | str
+
+
+def parse_layers(layers: LayerSpec, num_hidden_layers: int) -> list[int]:
+    """Hidden-state indices (HF indexing: 0 = embeddings, 1 = first transformer layer).
+
+    ``"last"`` -> [L]; ``"first_last"`` -> [1, L]; an int or a list of ints (negative
+    counts from the end) -> those indices, normalised to 0..L.
+    """
+    total = num_hidden_layers + 1
+    if isinstance(layers, str):
+        named = {"last": [num_hidden_layers], "first_last": [1, num_hidden_layers], "embeddings": [0]}
+        if layers in named:
+            return named[layers]
+        try:
+            layers = [int(part) for part in layers.split(",")]
+        except ValueError:
+            raise ValueError(f"unknown layers {layers!r}: use 'last', 'first_last', an index or a list") from None
+    indices = [layers] if isinstance(layers, int) else list(layers)
+    if not indices:
+        raise ValueError("layers must name at least one hidden state")
+    resolved = []
+    for index in indices:
+        if not -total <= index < total:
+            raise ValueError(f"layer {index} is out of range for a model with {num_hidden_layers} layers")
+        resolved.append(index % total)
+    return resolved
+
+
+def _default_max_length(path: str, tokenizer: Any) -> int:
+    """sentence-transformers' max_seq_length when the folder has one, else the tokenizer's (<= 512)."""
+    config_file = Path(path) / "sentence_bert_config.json"
+    if config_file.is_file():
+        value = json.loads(config_file.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(min(getattr(tokenizer, "model_max_length", 512) or 512, 512))
+
+
+def _pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+class HFBackbone:
+    """Any ``AutoModel`` (encoder or decoder) by hub name or local path.
+
+    ``prompt`` is a template containing ``{text}``; with a prompt the pooled
+    position is the template's mask token (``[MASK]`` is replaced by the
+    tokenizer's own) or, for tokenizers without one, the last token.
+    ``query_prefix`` / ``document_prefix`` are prepended before templating.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        layers: LayerSpec = "last",
+        prompt: str | None = None,
+        max_length: int | None = None,
+        query_prefix: str = "",
+        document_prefix: str = "",
+        device: str = "auto",
+        dtype: str = "auto",
+    ) -> None:
+        if prompt is not None and "{text}" not in prompt:
+            raise ValueError(f"prompt template must contain '{{text}}': {prompt!r}")
+        self.model_name = model
+        self.prompt = prompt
+        self.query_prefix = query_prefix
+        self.document_prefix = document_prefix
+        path = resolve_model_path(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.device = _pick_device(device)
+        self.dtype = _pick_dtype(dtype, self.device)
+        self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        config = self.model.config
+        self.layers = parse_layers(layers, config.num_hidden_layers)
+        self.max_length = int(max_length) if max_length else _default_max_length(path, self.tokenizer)
+        self.dim = int(config.hidden_size)
+        if self.tokenizer.pad_token is None:  # decoders
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
+
+    # -- Backbone protocol -----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def vocabulary(self) -> list[str]:
+        tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+        return [token if token is not None else "" for token in tokens]
+
+    def special_ids(self) -> np.ndarray:
+        return self._special_ids
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        encoded = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=self.max_length)
+        return encoded["input_ids"]
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "type": "hf",
+            "model": self.model_name,
+            "layers": self.layers,
+            "prompt": self.prompt,
+            "max_length": self.max_length,
+            "query_prefix": self.query_prefix,
+            "document_prefix": self.document_prefix,
+        }
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    @torch.inference_mode()
+    def embed(self, texts: list[str], kind: TextKind = "document") -> TokenBatch:
+        prefix = self.query_prefix if kind == "query" else self.document_prefix
+        texts = [prefix + text for text in texts]
+        if self.prompt is not None:
+            texts = [self._apply_prompt(text) for text in texts]
+        encoded = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+            return_special_tokens_mask=True,
+        )
+        special = encoded.pop("special_tokens_mask").numpy().astype(bool)
+        inputs = {key: value.to(self.device) for key, value in encoded.items()}
+        output = self.model(**inputs, output_hidden_states=True)
+        hidden = output.hidden_states
+        states = hidden[self.layers[0]].float()
+        for index in self.layers[1:]:
+            states = states + hidden[index].float()
+        states = states / len(self.layers)
+        input_ids = encoded["input_ids"].numpy()
+        attention = encoded["attention_mask"].numpy().astype(bool)
+        return TokenBatch(
+            states=states.cpu().numpy(),
+            input_ids=input_ids,
+            attention_mask=attention,
+            special_mask=special,
+            target_index=self._target_index(input_ids, attention) if self.prompt is not None else None,
+        )
+
+    # -- prompts ------------------------------------------------------------------
+    def _apply_prompt(self, text: str) -> str:
+        """Fill the template, truncating the text (not the template) to fit max_length."""
+        template = self.prompt.replace("[MASK]", self.tokenizer.mask_token or "[MASK]")
+        overhead = len(self.tokenizer(template.replace("{text}", ""))["input_ids"])
+        budget = max(self.max_length - overhead, 1)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(encoded["input_ids"]) > budget:
+            text = text[: encoded["offset_mapping"][budget - 1][1]]
+        return template.replace("{text}", text)
+
+    def _target_index(self, input_ids: np.ndarray, attention: np.ndarray) -> np.ndarray:
+        mask_id = self.tokenizer.mask_token_id
+        if mask_id is not None and "[MASK]" in self.prompt:
+            is_mask = input_ids == mask_id
+            if not is_mask.any(axis=1).all():
+                raise ValueError("the prompt's mask token was truncated away; raise max_length")
+            return is_mask.argmax(axis=1)
+        return last_real_position(attention)

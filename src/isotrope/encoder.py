@@ -1,0 +1,278 @@
+"""ShapedEncoder: backbone + token weighting + pooling + a chain of fitted transforms."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.pooling import POOLING_MODES, pool
+from isotrope.shapes import format_shape, parse_shape
+from isotrope.transforms import TRANSFORMS, Transform
+from isotrope.transforms.base import NotFittedError
+from isotrope.weighting import TokenCounts, TokenWeighting
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+TEXT_KINDS = ("document", "query")
+
+
+def check_texts(texts: Any, what: str = "texts") -> list[str]:
+    """A non-empty list of non-empty strings, or a ValueError/TypeError naming the bad item."""
+    if isinstance(texts, str):
+        raise TypeError(f"{what} must be a list of strings, not a single string")
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"{what} is empty: nothing to encode")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{what}[{index}] is {type(text).__name__}, not str")
+        if not text.strip():
+            raise ValueError(f"{what}[{index}] is an empty string")
+    return texts
+
+
+def reservoir_sample(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
+    """A uniform sample of ``size`` items from a stream of unknown length (Algorithm R)."""
+    iterator = iter(items)
+    sample = list(islice(iterator, size))
+    rng = random.Random(seed)
+    for seen, item in enumerate(iterator, start=size + 1):
+        slot = rng.randrange(seen)
+        if slot < size:
+            sample[slot] = item
+    return sample
+
+
+def length_sorted_batches(texts: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
+    """Index batches of texts of similar length, longest first (less padding)."""
+    order = np.argsort([-len(text) for text in texts], kind="stable")
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+class ShapedEncoder:
+    """One fitted, immutable-once-fitted sentence encoder.
+
+    Build with :meth:`create`, fit with :meth:`fit`, then :meth:`encode`;
+    :meth:`save`/:meth:`load` keep it as ``isotrope.json`` + ``state.safetensors``.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        pooling: str = "mean",
+        weighting: TokenWeighting | None = None,
+        transforms: Sequence[Transform] = (),
+        batch_size: int = 32,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
+        self.backbone = backbone
+        self.pooling = pooling
+        self.weighting = weighting or TokenWeighting()
+        self.transforms = list(transforms)
+        self.batch_size = int(batch_size)
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        if not hasattr(self.weighting, "weights_") and not self.weighting.needs_corpus:
+            self.weighting.fit(backbone.vocabulary(), backbone.special_ids())
+
+    @classmethod
+    def create(
+        cls,
+        model: str = DEFAULT_MODEL,
+        *,
+        shape: str | list[dict[str, Any]] = "none",
+        pooling: str = "mean",
+        layers: Any = "last",
+        prompt: str | None = None,
+        max_length: int | None = None,
+        weights: str = "uniform",
+        frequencies: str = "corpus",
+        drop_top: int = 0,
+        exclude_special: bool | None = None,
+        exclude_punctuation: bool = False,
+        device: str = "auto",
+        batch_size: int = 32,
+    ) -> ShapedEncoder:
+        """An unfitted encoder from readable options.
+
+        ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
+        ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
+        static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
+        """
+        static = is_static_source(model)
+        if static:
+            backbone_config: dict[str, Any] = {"type": "static", "source": model}
+            if max_length:
+                backbone_config["max_length"] = max_length
+        else:
+            backbone_config = {"type": "hf", "model": model, "layers": layers, "prompt": prompt,
+                               "max_length": max_length, "device": device}
+        if prompt is not None and static:
+            raise ValueError("prompt templates need a transformer backbone, not a static table")
+        weighting = TokenWeighting(
+            scheme=weights,
+            frequencies=frequencies,
+            drop_top=drop_top,
+            exclude_special=static if exclude_special is None else exclude_special,
+            exclude_punctuation=exclude_punctuation,
+        )
+        steps = parse_shape(shape)
+        transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in steps]
+        return cls(make_backbone(backbone_config), pooling, weighting, transforms, batch_size)
+
+    # -- description ----------------------------------------------------------------
+    @property
+    def spec(self) -> dict[str, Any]:
+        """Everything that defines the encoder except its arrays (canonical JSON form)."""
+        return {
+            "backbone": self.backbone.get_config(),
+            "weighting": self.weighting.get_config(),
+            "pooling": {"mode": self.pooling},
+            "transforms": [{"kind": t.kind, "config": t.get_config()} for t in self.transforms],
+        }
+
+    @property
+    def shape(self) -> str:
+        return format_shape(self.spec["transforms"])
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """All fitted arrays, keyed as in state.safetensors."""
+        self.check_is_fitted()
+        state = {f"backbone.{name}": array for name, array in self.backbone.get_state().items()}
+        state.update({f"weighting.{name}": array for name, array in self.weighting.get_state().items()})
+        for index, transform in enumerate(self.transforms):
+            state.update({f"transforms.{index}.{name}": array for name, array in transform.get_state().items()})
+        return state
+
+    @property
+    def fingerprint(self) -> str:
+        from isotrope.persist import fingerprint
+
+        return fingerprint(self.spec, self.get_state())
+
+    @property
+    def dim(self) -> int:
+        """Output dimension (after the transforms; the backbone's until they are fitted)."""
+        if not self.transforms or not self.is_fitted():
+            return self.backbone.dim
+        return int(self.apply_transforms(np.zeros((1, self.backbone.dim), dtype=np.float32)).shape[1])
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.backbone.tokenizer
+
+    def is_fitted(self) -> bool:
+        return hasattr(self.weighting, "weights_") and all(t.is_fitted() for t in self.transforms)
+
+    def check_is_fitted(self) -> None:
+        if not self.is_fitted():
+            pending = [t.kind for t in self.transforms if not t.is_fitted()]
+            if not hasattr(self.weighting, "weights_"):
+                pending.insert(0, f"{self.weighting.scheme} weighting")
+            raise NotFittedError(f"encoder is not fitted ({', '.join(pending)} need a corpus): call fit(texts) first")
+
+    # -- fitting --------------------------------------------------------------------
+    def fit(
+        self,
+        texts: Iterable[str],
+        *,
+        max_samples: int = 100_000,
+        seed: int = 0,
+        fitted_on: str | None = None,
+        show_progress: bool = False,
+    ) -> ShapedEncoder:
+        """Fit token weights, then each transform in order, on (a sample of) ``texts``.
+
+        Streams of any length are reservoir-sampled down to ``max_samples``.
+        ``fitted_on`` names the corpus in the saved metadata.
+        """
+        sample = check_texts(reservoir_sample(texts, max_samples, seed), "fit texts")
+        if self.weighting.needs_corpus or not hasattr(self.weighting, "weights_"):
+            counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
+            self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
+        if any(transform.requires_fit for transform in self.transforms):
+            self.fit_transforms(self.embed_raw(sample, show_progress=show_progress))
+        self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample), "seed": seed}
+        return self
+
+    def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
+        """Token statistics of ``texts`` in the backbone's vocabulary."""
+        counts = TokenCounts(self.backbone.vocab_size)
+        for start in range(0, len(texts), 1024):
+            counts = counts.merge(TokenCounts.from_token_ids(self.backbone.token_ids(list(texts[start : start + 1024])), counts.counts.size))
+        return counts
+
+    def fit_transforms(self, raw: np.ndarray) -> ShapedEncoder:
+        """Fit the chain on raw (pooled, untransformed) vectors, each step on the previous output."""
+        vectors = np.asarray(raw, dtype=np.float32)
+        for transform in self.transforms:
+            vectors = transform.fit(vectors).transform(vectors)
+        return self
+
+    # -- encoding -------------------------------------------------------------------
+    def embed_raw(
+        self,
+        texts: Sequence[str],
+        kind: TextKind = "document",
+        batch_size: int | None = None,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """Pooled vectors before the transform chain, float32 (n, backbone.dim)."""
+        texts = check_texts(texts)
+        if kind not in TEXT_KINDS:
+            raise ValueError(f"kind must be 'document' or 'query'; got {kind!r}")
+        if not hasattr(self.weighting, "weights_"):
+            self.check_is_fitted()
+        output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
+        batches = list(length_sorted_batches(texts, batch_size or self.batch_size))
+        for index in tqdm(batches, desc="encoding", unit="batch", disable=not show_progress):
+            batch = self.backbone.embed([texts[i] for i in index], kind)
+            weights = self.weighting.token_weights(batch.input_ids)
+            output[index] = pool(batch.states, batch.attention_mask, self.pooling, weights, batch.target_index)
+        return output
+
+    def apply_transforms(self, raw: np.ndarray) -> np.ndarray:
+        """Shape raw vectors with the fitted chain."""
+        vectors = np.asarray(raw, dtype=np.float32)
+        for transform in self.transforms:
+            vectors = transform.transform(vectors)
+        return vectors
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        kind: TextKind = "document",
+        batch_size: int | None = None,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """Shaped vectors, float32 (n, dim); ``kind="query"`` applies the query prefix if any."""
+        self.check_is_fitted()
+        return self.apply_transforms(self.embed_raw(texts, kind, batch_size, show_progress))
+
+    # -- persistence ----------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        from isotrope.persist import save_encoder
+
+        return save_encoder(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto") -> ShapedEncoder:
+        from isotrope.persist import load_encoder
+
+        return load_encoder(path, device=device)
+
+    def __repr__(self) -> str:
+        backbone = self.backbone.get_config()
+        name = backbone.get("model") or backbone.get("source")
+        return f"ShapedEncoder(model={name!r}, pooling={self.pooling!r}, shape={self.shape!r}, fitted={self.is_fitted()})"

@@ -1,0 +1,142 @@
+"""The on-disk format of a fitted encoder: ``isotrope.json`` + ``state.safetensors`` (no pickle)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from isotrope import __version__
+
+if TYPE_CHECKING:
+    from isotrope.encoder import ShapedEncoder
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SPEC_FILE = "isotrope.json"
+STATE_FILE = "state.safetensors"
+
+
+class EncoderFormatError(ValueError):
+    """A saved encoder that cannot be read: corrupt, incomplete or of another format version."""
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def fingerprint(spec: dict[str, Any], state: dict[str, np.ndarray]) -> str:
+    """sha256 over the canonical spec and every array's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(canonical_json(spec).encode())
+    for name in sorted(state):
+        array = np.ascontiguousarray(state[name])
+        digest.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def save_encoder(encoder: ShapedEncoder, path: str | Path) -> Path:
+    """Write the encoder folder atomically: a complete new folder replaces the old one."""
+    path = Path(path)
+    state = encoder.get_state()
+    spec = encoder.spec
+    document = {
+        "format_version": FORMAT_VERSION,
+        "isotrope_version": __version__,
+        "fingerprint": fingerprint(spec, state),
+        **spec,
+        "metadata": encoder.metadata,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        save_file({name: np.ascontiguousarray(array) for name, array in state.items()}, staging / STATE_FILE)
+        (staging / SPEC_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        if path.exists():
+            retired = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            path.rename(retired)
+            staging.rename(path)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(path)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return path
+
+
+def read_spec(path: str | Path) -> dict[str, Any]:
+    """The parsed ``isotrope.json`` of an encoder folder, with its format version checked."""
+    spec_file = Path(path) / SPEC_FILE
+    if not spec_file.is_file():
+        raise EncoderFormatError(f"{spec_file} not found: {path} is not a saved isotrope encoder")
+    try:
+        document = json.loads(spec_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EncoderFormatError(f"{spec_file} is corrupt: {error}") from None
+    if not isinstance(document, dict):
+        raise EncoderFormatError(f"{spec_file} is corrupt: expected a JSON object")
+    version = document.get("format_version")
+    if version != FORMAT_VERSION:
+        raise EncoderFormatError(
+            f"{spec_file} has format_version {version!r}; this isotrope ({__version__}) reads version {FORMAT_VERSION}"
+        )
+    missing = [key for key in ("fingerprint", "backbone", "weighting", "pooling", "transforms") if key not in document]
+    if missing:
+        raise EncoderFormatError(f"{spec_file} is corrupt: missing {', '.join(missing)}")
+    return document
+
+
+def _substate(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
+
+
+def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
+    """Rebuild a fitted encoder; its recomputed fingerprint must equal the saved one."""
+    from isotrope.backbones import make_backbone
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.transforms import TRANSFORMS
+    from isotrope.weighting import TokenWeighting
+
+    path = Path(path)
+    document = read_spec(path)
+    state_file = path / STATE_FILE
+    if not state_file.is_file():
+        raise EncoderFormatError(f"{state_file} not found: the encoder's arrays are missing")
+    try:
+        state = load_file(state_file)
+    except Exception as error:  # safetensors raises its own error types
+        raise EncoderFormatError(f"{state_file} is corrupt: {error}") from None
+    try:
+        backbone_config = dict(document["backbone"])
+        if backbone_config.get("type") == "hf":
+            backbone_config["device"] = device
+        backbone = make_backbone(backbone_config)
+        weighting = TokenWeighting.from_state(document["weighting"], _substate(state, "weighting."))
+        transforms = []
+        for index, step in enumerate(document["transforms"]):
+            kind = step.get("kind")
+            if kind not in TRANSFORMS:
+                raise EncoderFormatError(f"{path / SPEC_FILE}: transforms[{index}] has unknown kind {kind!r}")
+            transforms.append(TRANSFORMS[kind].from_state(step.get("config", {}), _substate(state, f"transforms.{index}.")))
+    except (TypeError, KeyError, ValueError) as error:
+        if isinstance(error, EncoderFormatError):
+            raise
+        raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
+    encoder = ShapedEncoder(backbone, document["pooling"]["mode"], weighting, transforms, metadata=document.get("metadata"))
+    actual = encoder.fingerprint
+    if actual != document["fingerprint"]:
+        raise EncoderFormatError(
+            f"{path}: arrays do not match the saved fingerprint (saved {document['fingerprint'][:12]}, "
+            f"computed {actual[:12]}); the folder was modified or is corrupt"
+        )
+    return encoder

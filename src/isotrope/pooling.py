@@ -1,0 +1,55 @@
+"""Pooling: pure functions from token states, masks and weights to one vector per text."""
+
+from __future__ import annotations
+
+import numpy as np
+
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weighted_mean", "last_token", "mask")
+
+
+def last_real_position(attention_mask: np.ndarray) -> np.ndarray:
+    """Index of the last attended token of each row (right or left padding)."""
+    width = attention_mask.shape[1]
+    return width - 1 - np.argmax(attention_mask[:, ::-1], axis=1)
+
+
+def pool(
+    states: np.ndarray,
+    attention_mask: np.ndarray,
+    mode: str = "mean",
+    weights: np.ndarray | None = None,
+    target_index: np.ndarray | None = None,
+) -> np.ndarray:
+    """Pool ``states`` (B, T, d) into (B, d) float32.
+
+    ``weights`` (B, T) are token weights (0 drops a token); padding is always
+    masked. When every token of a row has weight 0 the row falls back to
+    uniform weights over its real tokens, so no text pools to a zero vector.
+    """
+    if mode not in POOLING_MODES:
+        raise ValueError(f"unknown pooling mode {mode!r}; choose one of {', '.join(POOLING_MODES)}")
+    rows = np.arange(states.shape[0])
+    if mode == "cls":
+        return np.ascontiguousarray(states[:, 0], dtype=np.float32)
+    if mode == "last_token":
+        return np.ascontiguousarray(states[rows, last_real_position(attention_mask)], dtype=np.float32)
+    if mode == "mask":
+        if target_index is None:
+            raise ValueError("pooling 'mask' needs a prompt template with a [MASK] (or last) token")
+        return np.ascontiguousarray(states[rows, target_index], dtype=np.float32)
+
+    mask = attention_mask.astype(np.float64)
+    w = mask if weights is None else mask * weights.astype(np.float64)
+    empty = w.sum(axis=1) <= 0
+    if empty.any():
+        w[empty] = mask[empty]
+    if mode == "max":
+        masked = np.where(w[:, :, None] > 0, states, -np.inf)
+        return masked.max(axis=1).astype(np.float32)
+    if mode == "weighted_mean":
+        w = w * np.arange(1, states.shape[1] + 1, dtype=np.float64)[None, :]
+    summed = np.einsum("bt,btd->bd", w, states.astype(np.float64))
+    total = w.sum(axis=1, keepdims=True)
+    if mode == "mean_sqrt_len":
+        return (summed / np.sqrt(total)).astype(np.float32)
+    return (summed / total).astype(np.float32)

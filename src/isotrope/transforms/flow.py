@@ -1,0 +1,320 @@
+"""BERT-flow: a Glow-style normalizing flow to a standard normal (Li et al. 2020).
+
+The input is z-scored with float64 statistics, then mapped by a stack of invertible blocks
+(actnorm, LU-parametrised mixing, affine or additive coupling) trained by maximum likelihood
+under a standard-normal prior, with early stopping on held-aside vectors. ``transform`` returns
+the latent vector; the chain adds L2 normalisation when wanted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from isotrope.transforms._flow_modules import Flow
+from isotrope.transforms.base import Transform, as_matrix
+
+try:  # Python 3.11+
+    from typing import Self
+except ImportError:  # pragma: no cover - Python 3.10
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+_COUPLINGS = ("affine", "additive")
+_INIT_ROWS = 4096  # rows used for the data-dependent actnorm initialisation
+_EVAL_BATCH = 8192  # rows per batch at evaluation and inference time
+_MAX_GRAD_NORM = 10.0
+
+
+class FlowTransform(Transform):
+    """Normalizing flow from corpus vectors to a standard normal, fitted by maximum likelihood.
+
+    Parameters
+    ----------
+    n_blocks: number of Glow steps (actnorm → invertible mixing → coupling).
+    hidden: width of the two hidden layers of each coupling MLP.
+    coupling: ``"affine"`` (scale and shift, tanh-bounded log scale) or ``"additive"`` (shift only).
+    max_epochs: passes over the training vectors at most.
+    max_steps: optimiser steps at most (``None``: no limit; ``0``: initialisation only).
+    batch_size: vectors per optimiser step.
+    lr: Adam learning rate.
+    validation_fraction: share of the vectors held aside for early stopping (``0``: none, keep
+        the last weights).
+    patience: epochs without a better held-aside NLL before training stops.
+    seed: seeds the split, the initialisation and the batch order.
+    device: ``"auto"`` (CUDA when available, else CPU), or a torch device string.
+    standardize: z-score the input with fitted float64 mean and std before the flow.
+
+    Fitted attributes: ``mean_``, ``scale_`` (float64, the standardisation), ``flow_`` (the torch
+    module, float64 for inference), ``history_`` (per-epoch training and held-aside NLL in nats per
+    dimension of the standardised vectors; not saved).
+    """
+
+    kind: ClassVar[str] = "flow"
+
+    def __init__(
+        self,
+        n_blocks: int = 4,
+        hidden: int = 256,
+        coupling: str = "affine",
+        max_epochs: int = 10,
+        max_steps: int | None = None,
+        batch_size: int = 256,
+        lr: float = 1e-3,
+        validation_fraction: float = 0.1,
+        patience: int = 2,
+        seed: int = 0,
+        device: str = "auto",
+        standardize: bool = True,
+    ) -> None:
+        self.n_blocks = n_blocks
+        self.hidden = hidden
+        self.coupling = coupling
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.batch_size = batch_size
+        self.lr = lr
+        self.validation_fraction = validation_fraction
+        self.patience = patience
+        self.seed = seed
+        self.device = device
+        self.standardize = standardize
+
+    # -- fitting -------------------------------------------------------------------
+    def fit(self, X: Any) -> Self:
+        self._validate_params()
+        data = as_matrix(X)
+        n, dim = data.shape
+        if dim < 2:
+            raise ValueError(f"flow transform needs at least 2 features to couple; got shape {data.shape}")
+        if self.standardize:
+            mean = data.mean(axis=0)
+            std = data.std(axis=0)
+            scale = np.maximum(std, 1e-12 * max(float(std.max()), 1.0))
+        else:
+            mean, scale = np.zeros(dim), np.ones(dim)
+        standardized = ((data - mean) / scale).astype(np.float32)
+
+        order = np.random.default_rng(self.seed).permutation(n)
+        n_val = math.ceil(self.validation_fraction * n)
+        if n - n_val < 1:
+            raise ValueError(f"flow transform needs at least 2 rows with validation_fraction > 0; got {n}")
+        device = self._torch_device()
+        train = torch.from_numpy(standardized[order[n_val:]]).to(device)
+        val = torch.from_numpy(standardized[order[:n_val]]).to(device) if n_val else None
+
+        flow = self._build_flow(dim).to(device)
+        flow.initialize(train[:_INIT_ROWS])
+        self.history_ = _train(
+            flow,
+            train,
+            val,
+            max_epochs=self.max_epochs,
+            max_steps=self.max_steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            patience=self.patience,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self.mean_ = mean
+        self.scale_ = scale
+        self.flow_ = _for_inference(flow, device)
+        return self
+
+    def _validate_params(self) -> None:
+        if self.coupling not in _COUPLINGS:
+            raise ValueError(f"flow coupling must be one of {_COUPLINGS}; got {self.coupling!r}")
+        for name in ("n_blocks", "hidden", "batch_size", "max_epochs", "patience"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"flow {name} must be a positive integer; got {getattr(self, name)!r}")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError(f"flow max_steps must be None or >= 0; got {self.max_steps!r}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"flow validation_fraction must be in [0, 1); got {self.validation_fraction!r}")
+        if not self.lr > 0:
+            raise ValueError(f"flow lr must be positive; got {self.lr!r}")
+
+    def _torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def _build_flow(self, dim: int) -> Flow:
+        """A new float32 flow on CPU, initialised from ``seed`` without touching the global RNG."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return Flow(dim, self.n_blocks, self.hidden, affine=self.coupling == "affine")
+
+    # -- applying ------------------------------------------------------------------
+    def transform(self, X: Any) -> np.ndarray:
+        """Map ``X`` to the flow's latent space (float32; not normalised)."""
+        standardized = (self._check_input(X) - self.mean_) / self.scale_
+        return self._map(standardized, lambda x: self.flow_(x)[0]).astype(np.float32)
+
+    def inverse(self, Z: Any) -> np.ndarray:
+        """Map latent vectors back to the input space (float32)."""
+        self.check_is_fitted()
+        latent = as_matrix(Z, "Z")
+        if latent.shape[1] != self.n_features_in:
+            raise ValueError(f"flow transform has {self.n_features_in} latent features; got {latent.shape[1]}")
+        standardized = self._map(latent, self.flow_.inverse)
+        return (standardized * self.scale_ + self.mean_).astype(np.float32)
+
+    def log_prob(self, X: Any) -> np.ndarray:
+        """Log density of each row of ``X`` under the fitted model (float64, nats)."""
+        standardized = (self._check_input(X) - self.mean_) / self.scale_
+        log_prob = self._map(standardized, lambda x: self.flow_.log_prob(x)[:, None])[:, 0]
+        return log_prob - np.log(self.scale_).sum()
+
+    def nll(self, X: Any) -> float:
+        """Mean negative log-likelihood of the rows of ``X``, in nats per dimension."""
+        return float(-self.log_prob(X).mean() / self.n_features_in)
+
+    def _map(self, array: np.ndarray, function: Any) -> np.ndarray:
+        """Apply a torch function to a float64 array in batches on the flow's device."""
+        device = next(self.flow_.parameters()).device
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, array.shape[0], _EVAL_BATCH):
+                batch = torch.from_numpy(np.ascontiguousarray(array[start : start + _EVAL_BATCH])).to(device)
+                parts.append(function(batch).cpu().numpy())
+        return np.concatenate(parts)
+
+    # -- configuration and state ---------------------------------------------------
+    @property
+    def n_features_in(self) -> int | None:
+        return int(self.mean_.shape[0]) if hasattr(self, "mean_") else None
+
+    def is_fitted(self) -> bool:
+        return all(hasattr(self, name) for name in ("mean_", "scale_", "flow_"))
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """``mean_``, ``scale_`` and one array per flow parameter or buffer, e.g. ``blocks.0.actnorm.bias_``."""
+        self.check_is_fitted()
+        state = {"mean_": np.asarray(self.mean_), "scale_": np.asarray(self.scale_)}
+        for name, tensor in self.flow_.state_dict().items():
+            tensor = tensor.detach().cpu()
+            if tensor.is_floating_point():  # trained in float32: the cast back is exact
+                tensor = tensor.float()
+            state[f"{name}_"] = tensor.numpy()
+        return state
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: dict[str, np.ndarray]) -> Self:
+        transform = cls(**config)
+        transform._validate_params()
+        missing = [name for name in ("mean_", "scale_") if name not in state]
+        if missing:
+            raise ValueError(f"flow transform state is missing arrays: {', '.join(missing)}")
+        transform.mean_ = np.asarray(state["mean_"], dtype=np.float64)
+        transform.scale_ = np.asarray(state["scale_"], dtype=np.float64)
+        transform._check_state_shapes()
+
+        flow = transform._build_flow(transform.n_features_in)
+        expected = flow.state_dict()
+        names = {f"{name}_" for name in expected}
+        missing = sorted(names - set(state))
+        unexpected = sorted(set(state) - names - {"mean_", "scale_"})
+        if missing or unexpected:
+            raise ValueError(
+                f"flow transform state does not match n_blocks={transform.n_blocks}, coupling="
+                f"{transform.coupling!r}: missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
+            )
+        loaded = {}
+        for name, tensor in expected.items():
+            array = np.asarray(state[f"{name}_"])
+            if array.shape != tuple(tensor.shape):
+                raise ValueError(
+                    f"flow transform state array {name}_ has shape {array.shape}; expected {tuple(tensor.shape)} "
+                    f"for dim={transform.n_features_in}, hidden={transform.hidden}"
+                )
+            loaded[name] = torch.from_numpy(np.array(array)).to(tensor.dtype)
+        flow.load_state_dict(loaded)
+        transform.flow_ = _for_inference(flow, transform._torch_device())
+        return transform
+
+    def _check_state_shapes(self) -> None:
+        if self.mean_.ndim != 1 or self.mean_.shape[0] < 2 or self.scale_.shape != self.mean_.shape:
+            raise ValueError(
+                f"flow transform mean_ {self.mean_.shape} and scale_ {self.scale_.shape} must be equal 1-D "
+                "shapes with at least 2 features"
+            )
+        if not (np.isfinite(self.scale_).all() and (self.scale_ > 0).all()):
+            raise ValueError("flow transform scale_ must be finite and positive")
+
+
+def _nll_per_dim(flow: Flow, x: torch.Tensor) -> torch.Tensor:
+    return -flow.log_prob(x).mean() / x.shape[1]
+
+
+@torch.no_grad()
+def _evaluate(flow: Flow, x: torch.Tensor) -> float:
+    flow.eval()
+    total = sum(float(-flow.log_prob(batch).sum()) for batch in x.split(_EVAL_BATCH))
+    return total / (x.shape[0] * x.shape[1])
+
+
+def _train(
+    flow: Flow,
+    train: torch.Tensor,
+    val: torch.Tensor | None,
+    *,
+    max_epochs: int,
+    max_steps: int | None,
+    batch_size: int,
+    lr: float,
+    patience: int,
+    generator: torch.Generator,
+) -> list[dict[str, float]]:
+    """Adam on the NLL; with ``val``, keep the weights with the best held-aside NLL (the initial ones count)."""
+    optimizer = torch.optim.Adam(flow.parameters(), lr=lr)
+    best_nll = _evaluate(flow, val) if val is not None else math.inf
+    best_state = {name: tensor.clone() for name, tensor in flow.state_dict().items()}
+    history = [{"epoch": 0, "steps": 0, "train_nll": math.nan, "val_nll": best_nll}]
+    steps, stale = 0, 0
+    for epoch in range(1, max_epochs + 1):
+        if max_steps is not None and steps >= max_steps:
+            break
+        flow.train()
+        total, rows = 0.0, 0
+        diverged = False
+        for indices in torch.randperm(train.shape[0], generator=generator).split(batch_size):
+            if max_steps is not None and steps >= max_steps:
+                break
+            batch = train[indices.to(train.device)]
+            loss = _nll_per_dim(flow, batch)
+            if not torch.isfinite(loss):
+                logger.warning("flow training diverged at epoch %d step %d; keeping the best weights", epoch, steps)
+                diverged = True
+                break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(flow.parameters(), _MAX_GRAD_NORM)
+            optimizer.step()
+            steps += 1
+            total += loss.item() * batch.shape[0]
+            rows += batch.shape[0]
+        if diverged:
+            break
+        val_nll = _evaluate(flow, val) if val is not None else math.nan
+        history.append({"epoch": epoch, "steps": steps, "train_nll": total / max(rows, 1), "val_nll": val_nll})
+        logger.info("flow epoch %d: train NLL %.4f, held-aside NLL %.4f (nats/dim)", epoch, total / max(rows, 1), val_nll)
+        if val is None or val_nll < best_nll:
+            best_nll, stale = val_nll, 0
+            best_state = {name: tensor.clone() for name, tensor in flow.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    flow.load_state_dict(best_state)
+    return history
+
+
+def _for_inference(flow: Flow, device: torch.device) -> Flow:
+    """A frozen float64 copy of the flow in eval mode on ``device``."""
+    return flow.to(device=device, dtype=torch.float64).eval().requires_grad_(False)

@@ -1,0 +1,92 @@
+"""Per-dimension quantile map to a centred uniform or a standard normal distribution.
+
+A thin wrapper over scikit-learn's :class:`~sklearn.preprocessing.QuantileTransformer`;
+its ``quantiles_`` and ``references_`` are the state. Uniform outputs are shifted by
+-0.5 so that they are centred on zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from sklearn.preprocessing import QuantileTransformer
+
+from isotrope.transforms._validation import as_output, check_positive_int, check_state_array
+from isotrope.transforms.base import Self, Transform, as_matrix
+
+
+class Quantile(Transform):
+    """Map every dimension through its empirical CDF, then to ``output_distribution``."""
+
+    kind = "quantile"
+    state_names = ("quantiles_", "references_")
+
+    def __init__(
+        self,
+        output_distribution: Literal["uniform", "normal"] = "uniform",
+        n_quantiles: int = 1000,
+        subsample: int | None = 100_000,
+        random_state: int | None = 0,
+    ) -> None:
+        if output_distribution not in ("uniform", "normal"):
+            raise ValueError(
+                f"quantile transform: output_distribution must be 'uniform' or 'normal'; got {output_distribution!r}"
+            )
+        check_positive_int(self.kind, "n_quantiles", n_quantiles)
+        check_positive_int(self.kind, "subsample", subsample, allow_none=True)
+        if subsample is not None and n_quantiles > subsample:
+            raise ValueError(
+                f"quantile transform: n_quantiles={n_quantiles} is larger than subsample={subsample}"
+            )
+        self.output_distribution = output_distribution
+        self.n_quantiles = n_quantiles
+        self.subsample = subsample
+        self.random_state = random_state
+
+    def fit(self, X: Any) -> Self:
+        array = as_matrix(X)
+        # sklearn clips n_quantiles to the sample count itself, but warns; clip here without the warning
+        estimator = self._make_estimator(min(self.n_quantiles, array.shape[0])).fit(array)
+        self.quantiles_ = estimator.quantiles_
+        self.references_ = estimator.references_
+        self._estimator = estimator
+        return self
+
+    def transform(self, X: Any) -> np.ndarray:
+        array = self._check_input(X)
+        output = self._estimator.transform(array)
+        if self.output_distribution == "uniform":
+            output -= 0.5
+        return as_output(output)
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: dict[str, np.ndarray]) -> Self:
+        transform = super().from_state(config, state)
+        estimator = transform._make_estimator(transform.references_.shape[0])
+        estimator.quantiles_ = np.asarray(transform.quantiles_, dtype=np.float64)
+        estimator.references_ = np.asarray(transform.references_, dtype=np.float64)
+        estimator.n_quantiles_ = transform.references_.shape[0]
+        estimator.n_features_in_ = transform.quantiles_.shape[1]
+        transform._estimator = estimator
+        return transform
+
+    def _make_estimator(self, n_quantiles: int) -> QuantileTransformer:
+        return QuantileTransformer(
+            n_quantiles=n_quantiles,
+            output_distribution=self.output_distribution,
+            subsample=self.subsample,
+            random_state=self.random_state,
+        )
+
+    @property
+    def n_features_in(self) -> int | None:
+        return int(self.quantiles_.shape[1])
+
+    def _check_state_shapes(self) -> None:
+        check_state_array(self.kind, "quantiles_", self.quantiles_, (None, None))
+        check_state_array(self.kind, "references_", self.references_, (self.quantiles_.shape[0],))
+        if self.quantiles_.shape[0] > self.n_quantiles:
+            raise ValueError(
+                f"quantile transform state has {self.quantiles_.shape[0]} quantiles; config allows {self.n_quantiles}"
+            )
