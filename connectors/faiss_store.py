@@ -96,6 +96,33 @@ def _default_train_min(index: faiss.Index) -> int:
     return need
 
 
+class _SelectorUnsupported(Exception):
+    """An index that cannot restrict its search to an id selector."""
+
+
+def _params_for(
+    index: faiss.Index, selector: faiss.IDSelector | None, nprobe: int, ef_search: int
+) -> faiss.SearchParameters | None:
+    """Search parameters shaped like the index: id maps and pre-transforms pass them down,
+    a refinement stage wraps those of its base index."""
+    index = faiss.downcast_index(index)
+    if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)):
+        return _params_for(index.index, selector, nprobe, ef_search)
+    if isinstance(index, faiss.IndexRefine):
+        if selector is not None:  # the refine stage would not translate it through an id map
+            raise _SelectorUnsupported(type(index).__name__)
+        base = _params_for(index.base_index, selector, nprobe, ef_search)
+        # re-rank at least 4k candidates: the factory's default (k_factor 1) makes refinement a no-op
+        params = faiss.IndexRefineSearchParameters(k_factor=max(index.k_factor, 4.0), base_index_params=base)
+        params.referenced_objects = [base]
+        return params
+    if isinstance(index, faiss.IndexIVF):
+        return faiss.SearchParametersIVF(sel=selector, nprobe=min(nprobe, index.nlist))
+    if isinstance(index, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search)
+    return None if selector is None else faiss.SearchParameters(sel=selector)
+
+
 class FaissStore(VectorStore):
     """A FAISS index with ids, texts, metadata and vectors in SQLite.
 
@@ -154,7 +181,7 @@ class FaissStore(VectorStore):
             raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
         created = not db_path.exists()
         if created:
-            if self.path.exists() and any(self.path.iterdir()):
+            if self.path.exists() and any(p.name != DB_NAME + ".new" for p in self.path.iterdir()):
                 raise StoreFormatError(f"{self.path} is not empty and has no {DB_NAME}: not a FaissStore directory")
             if dim is None:
                 raise ValueError(f"creating a FaissStore at {self.path} needs dim")
@@ -162,28 +189,18 @@ class FaissStore(VectorStore):
                 raise ValueError(f"dim must be a positive integer; got {dim!r}")
             factory = factory or "Flat"
             metric = check_metric(metric or "ip")
-            faiss.index_factory(int(dim), factory)  # raises on a bad factory string
+            try:
+                faiss.index_factory(int(dim), factory)
+            except RuntimeError as error:
+                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
             self.path.mkdir(parents=True, exist_ok=True)
+            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric})
         try:
             conn = sqlite3.connect(db_path, isolation_level=None)
             conn.execute("PRAGMA synchronous=FULL")
-            if created:
-                conn.executescript(_SCHEMA)
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as error:
             raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
-        if created:
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [
-                    ("format", "isotrope.faiss"),
-                    ("format_version", str(FORMAT_VERSION)),
-                    ("dim", str(int(dim))),  # type: ignore[arg-type]
-                    ("factory", factory),
-                    ("metric", metric),
-                ],
-            )
-            return conn
         if meta.get("format") != "isotrope.faiss" or meta.get("format_version") != str(FORMAT_VERSION):
             raise StoreFormatError(
                 f"{db_path}: expected format isotrope.faiss version {FORMAT_VERSION}; "
@@ -215,7 +232,13 @@ class FaissStore(VectorStore):
     # ------------------------------------------------------------------ the faiss index
 
     def _new_index(self) -> faiss.Index:
-        return faiss.index_factory(self.dim, self.factory, self._faiss_metric)
+        """A fresh index from the factory string. Polysemous training (slow, and only useful for
+        Hamming-filtered search, which this store does not use) is switched off."""
+        index = faiss.index_factory(self.dim, self.factory, self._faiss_metric)
+        inner = _inner(index)
+        if hasattr(inner, "do_polysemous_training"):
+            inner.do_polysemous_training = False
+        return index
 
     def _wrap(self, index: faiss.Index) -> faiss.Index:
         """Key the index by int64: IVF indexes hold ids natively, others get an ``IndexIDMap2``."""
@@ -231,7 +254,10 @@ class FaissStore(VectorStore):
     def _exact_index(self) -> faiss.Index:
         return faiss.IndexIDMap2(faiss.IndexFlat(self.dim, self._faiss_metric))
 
-    def _iter_vectors(self, where_sql: str = "1", params: Sequence[Any] = ()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _iter_vectors(
+        self, where_sql: str = "1", params: Sequence[Any] = ()
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(keys, vectors) batches of the rows matching a trusted SQL condition, in key order."""
         cursor = self._conn.execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
         while rows := cursor.fetchmany(_ADD_BATCH):
             keys = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -251,6 +277,15 @@ class FaissStore(VectorStore):
             index.train(self._training_sample(n))
         else:
             index = self._exact_index()
+        for keys, vectors in self._iter_vectors():
+            index.add_with_ids(vectors, keys)
+        return index
+
+    def _refill(self) -> faiss.Index:
+        """The current index emptied (keeping what it learnt in training) and refilled from SQLite:
+        how rows are deleted from indexes without ``remove_ids``."""
+        index = faiss.clone_index(self._index)
+        index.reset()
         for keys, vectors in self._iter_vectors():
             index.add_with_ids(vectors, keys)
         return index
@@ -276,13 +311,9 @@ class FaissStore(VectorStore):
             return isinstance(faiss.downcast_index(top.index), faiss.IndexFlatCodes)
         return faiss.try_extract_index_ivf(top) is not None
 
-    def _search_params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters:
-        inner = _inner(self._index)
-        if faiss.try_extract_index_ivf(self._index) is not None:
-            return faiss.SearchParametersIVF(sel=selector, nprobe=self.nprobe)
-        if isinstance(inner, faiss.IndexHNSW):
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.ef_search)
-        return faiss.SearchParameters(sel=selector)
+    def _search_params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
+        """Search breadth for IVF / HNSW, plus the selector; None where there is nothing to pass."""
+        return _params_for(self._index, selector, self.nprobe, self.ef_search)
 
     # ------------------------------------------------------------------ writing
 
@@ -332,7 +363,7 @@ class FaissStore(VectorStore):
             )
             keys = self._keys(batch.ids)
             if existing and not self._can_remove():
-                self._index = self._rebuild()
+                self._index = self._refill()
             else:
                 if existing:
                     self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(existing.values(), dtype=np.int64)))
@@ -359,7 +390,7 @@ class FaissStore(VectorStore):
         if self._can_remove():
             self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(keys.values(), dtype=np.int64)))
         else:
-            self._index = self._rebuild()
+            self._index = self._refill()
         self._gpu_index = None
         self._dirty = True
 
@@ -460,7 +491,7 @@ class FaissStore(VectorStore):
         selector = faiss.IDSelectorBatch(keys)
         try:
             return self._index.search(q, k, params=self._search_params(selector))
-        except RuntimeError:  # this index type takes no selector: over-fetch and filter
+        except (RuntimeError, _SelectorUnsupported):  # no selector for this index: over-fetch and filter
             logger.debug("%s does not take an ID selector; over-fetching", type(_inner(self._index)).__name__)
         allowed = set(keys.tolist())
         fetch = k
@@ -518,6 +549,22 @@ class FaissStore(VectorStore):
             for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
                 found.update(zip(kk.tolist(), vv))
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
+
+
+def _create_db(db_path: Path, settings: dict[str, str]) -> None:
+    """Write an empty store database under a temporary name, then rename it into place."""
+    tmp = db_path.with_name(db_path.name + ".new")
+    tmp.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp)
+    try:
+        conn.executescript(_SCHEMA)
+        rows = {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings}
+        conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
+        conn.commit()
+    finally:
+        conn.close()
+    os.replace(tmp, db_path)
+    _fsync_dir(db_path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

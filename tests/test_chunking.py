@@ -72,7 +72,10 @@ def assert_cover_in_order(text: str, chunks: list[Chunk]) -> None:
 
 
 def test_split_sentences_spans() -> None:
-    text = '  First one. Second, e.g. this is it!  "Quoted?" Next\nline here.\n\nNew para\n\n\u4e2d\u6587\u3002\u597d\u3002 End'
+    text = (
+        '  First one. Second, e.g. this is it!  "Quoted?" Next\nline here.\n\n'
+        "New para\n\n\u4e2d\u6587\u3002\u597d\u3002 End"
+    )
     spans = split_sentences(text)
     assert [text[s:e] for s, e in spans] == [
         "First one.",
@@ -142,7 +145,8 @@ def test_chunk_ids_metadata_and_stability(tokenizer) -> None:
             "end": chunk.end,
         }
 
-    changed = TokenChunker(tokenizer, 32, 8).chunk(Document("notes/n.md", text.replace(made[-1], "Changed end."), position=3))
+    edited = Document("notes/n.md", text.replace(made[-1], "Changed end."), position=3)
+    changed = TokenChunker(tokenizer, 32, 8).chunk(edited)
     assert changed[0].id == first[0].id
     assert changed[-1].id != first[-1].id
     elsewhere = TokenChunker(tokenizer, 32, 8).chunk(Document("notes/other.md", text, position=3))
@@ -175,22 +179,26 @@ def test_a_word_longer_than_the_budget_is_cut_by_tokens(tokenizer) -> None:
 
 
 def test_budget_holds_for_a_non_additive_tokenizer() -> None:
-    """Byte-level BPE that merges 'cat' but not 'Ġcat': a sentence costs one more token after a space."""
+    """Byte-level BPE that merges 'Cat' but not 'ĠCat': a sentence costs one more token after a space."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    merges = [("c", "a"), ("ca", "t"), ("d", "o"), ("do", "g")]
-    vocab = {symbol: index for index, symbol in enumerate(alphabet + ["ca", "cat", "do", "dog"])}
+    merges = [(w[:i], w[i]) for w in ("Cat", "Dog", "cat", "dog") for i in (1, 2)]
+    vocab = {symbol: index for index, symbol in enumerate(alphabet + [left + right for left, right in merges])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok = PreTrainedTokenizerFast(tokenizer_object=backend)
-    sentences = ["cat dog.", "dog cat dog.", "cat.", "dog dog cat."] * 8
+    sentences = ["Cat dog.", "Dog cat dog.", "Cat.", "Dog dog cat.", "Cat dog dog dog dog dog dog cat."] * 6
     text = " ".join(sentences)
-    assert count(tok, "cat dog. cat.") > count(tok, "cat dog.") + count(tok, "cat.")  # non-additive
+    assert count(tok, "Cat dog. Cat.") == count(tok, "Cat dog.") + count(tok, "Cat.") + 1  # non-additive
 
-    chunks = TokenChunker(tok, 12, 4).chunk(Document("bpe.txt", text))
+    chunker = TokenChunker(tok, 12, 4)
+    chunks = chunker.chunk(Document("bpe.txt", text))
     assert_cover_in_order(text, chunks)
     assert all(count(tok, c.text) <= 12 for c in chunks)
+    sentence_spans = split_sentences(text)
+    assert len(sentence_spans) == len(sentences)
+    assert {(c.start, c.end) for c in chunks} - set(sentence_spans)  # some chunks hold several sentences
 
 
 def test_tokenizer_calls_are_batched_without_changing_results(tokenizer, monkeypatch) -> None:

@@ -28,8 +28,17 @@ def non_gaussian(n: int, dim: int, seed: int) -> np.ndarray:
         base[:, 3] = rng.exponential(size=n)
     if dim > 4:
         base[:, 4] = rng.standard_t(df=3, size=n)
-    mixing = np.random.default_rng(1000 + seed).normal(size=(dim, dim)) * np.geomspace(5.0, 0.2, dim)[:, None]
+    mixing = np.random.default_rng(1000).normal(size=(dim, dim)) * np.geomspace(5.0, 0.2, dim)[:, None]
     return (base @ mixing + 3.0).astype(np.float32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: a second intra-op thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +79,7 @@ def _modules(dim: int) -> dict[str, torch.nn.Module]:
 def test_log_det_equals_autograd_jacobian(dim: int) -> None:
     x = torch.from_numpy(np.random.default_rng(0).normal(size=(4, dim)))
     for name, module in _modules(dim).items():
-        module = _randomised(module)
+        module = _randomised(module).requires_grad_(False)
         _, log_det = module(x)
         for row in range(x.shape[0]):
             jacobian = torch.autograd.functional.jacobian(lambda v: module(v[None])[0][0], x[row])
@@ -89,13 +98,13 @@ def test_additive_coupling_preserves_volume() -> None:
 def test_modules_invert_exactly(dim: int) -> None:
     x = torch.from_numpy(np.random.default_rng(1).normal(size=(50, dim)))
     for name, module in _modules(dim).items():
-        module = _randomised(module)
+        module = _randomised(module).requires_grad_(False)
         np.testing.assert_allclose(module.inverse(module(x)[0]).numpy(), x.numpy(), atol=1e-10, err_msg=name)
 
 
 def test_actnorm_initialisation_standardises_its_input() -> None:
     x = torch.from_numpy(np.random.default_rng(2).normal(5.0, 3.0, size=(500, 4)))
-    actnorm = ActNorm(4).double()
+    actnorm = ActNorm(4).double().requires_grad_(False)
     actnorm.initialize(x)
     y, _ = actnorm(x)
     np.testing.assert_allclose(y.mean(0).numpy(), 0.0, atol=1e-10)
@@ -122,11 +131,14 @@ def test_training_lowers_held_aside_nll(fitted: FlowTransform, data: tuple[np.nd
     assert fitted.nll(test) < gaussian_nll - 0.05
 
 
-def test_latent_is_closer_to_standard_normal(fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray]) -> None:
-    Z = fitted.transform(data[1]).astype(np.float64)
-    np.testing.assert_allclose(Z.mean(0), 0.0, atol=0.15)
+def test_latent_is_close_to_standard_normal(fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray]) -> None:
+    X = data[1].astype(np.float64)
+    Z = fitted.transform(X).astype(np.float64)
+    np.testing.assert_allclose(Z.mean(0), 0.0, atol=0.25)
     np.testing.assert_allclose(Z.std(0), 1.0, atol=0.15)
-    assert np.abs(np.corrcoef(Z.T) - np.eye(Z.shape[1])).max() < 0.15
+    off_diagonal = ~np.eye(X.shape[1], dtype=bool)
+    assert np.abs(np.corrcoef(X.T)[off_diagonal]).max() > 0.8
+    assert np.abs(np.corrcoef(Z.T)[off_diagonal]).max() < 0.3
 
 
 def test_density_integrates_to_one() -> None:
@@ -134,10 +146,10 @@ def test_density_integrates_to_one() -> None:
     X = non_gaussian(2000, 2, seed=4) * np.float32(3.0)
     flow = FlowTransform(**{**SMALL, "max_epochs": 10}).fit(X)
     low, high = X.min(0) - 3 * X.std(0), X.max(0) + 3 * X.std(0)
-    axes = [np.linspace(low[i], high[i], 500) for i in range(2)]
+    axes = [np.linspace(low[i], high[i], 1000) for i in range(2)]
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 2)
     cell = (axes[0][1] - axes[0][0]) * (axes[1][1] - axes[1][0])
-    assert np.exp(flow.log_prob(grid)).sum() * cell == pytest.approx(1.0, abs=0.02)
+    assert np.exp(flow.log_prob(grid)).sum() * cell == pytest.approx(1.0, abs=0.01)
 
 
 def test_save_load_gives_identical_outputs(fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray], tmp_path) -> None:

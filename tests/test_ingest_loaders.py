@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,15 @@ def test_single_file_source_and_missing_source(tmp_path: Path) -> None:
         list(iter_documents(tmp_path / "nope"))
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_special_files_are_reported_not_read(tmp_path: Path) -> None:
+    write(tmp_path / "ok.txt", "fine")
+    os.mkfifo(tmp_path / "pipe.txt")  # reading it would block forever
+    documents, report = load(tmp_path)
+    assert [d.source for d in documents] == ["ok.txt"]
+    assert report.skipped == [SkippedFile("pipe.txt", "not a regular file")]
+
+
 def test_html_visible_text_and_title(tmp_path: Path) -> None:
     (document,) = iter_documents(write(tmp_path / "page.htm", HTML))
     assert document.metadata == {"title": "The Page Title"}
@@ -225,6 +235,8 @@ def test_metadata_fields_select_and_text_field_renames(tmp_path: Path) -> None:
     report = LoadReport()
     assert list(load_file(path, text_field="body", metadata_fields=["c"], on_error=report.add)) == []
     assert report.skipped == [SkippedFile("r.jsonl", "metadata field 'c' is list, expected a scalar", 1)]
+    with pytest.raises(TypeError, match="metadata_fields"):
+        list(load_file(path, metadata_fields="title"))
 
 
 def test_json_array_object_and_json_lines(tmp_path: Path) -> None:

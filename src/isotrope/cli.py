@@ -111,6 +111,101 @@ def encode(
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
 
 
+Store = Annotated[str, typer.Argument(help="faiss:DIR or lancedb:DIR")]
+
+
+def _print_hits(hits: list, as_json: bool) -> None:
+    if as_json:
+        import json
+
+        typer.echo(json.dumps([{"id": h.id, "score": h.score, "text": h.text, "metadata": h.metadata} for h in hits], indent=2))
+        return
+    for rank, hit in enumerate(hits, start=1):
+        where = hit.metadata.get("source", "")
+        line = hit.metadata.get("line")
+        location = f"{where}:{line}" if line is not None else where
+        text = " ".join((hit.text or "").split())
+        typer.echo(f"{rank:>2}. {hit.score:.3f}  {location}\n    {text[:200]}")
+
+
+@app.command()
+def index(
+    source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
+    store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
+    model: Model = "all-MiniLM-L6-v2",
+    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
+    pooling: Pooling = "mean",
+    weights: Weights = "uniform",
+    chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
+    overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
+    fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
+    factory: Annotated[Optional[str], typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
+    sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
+    text_field: TextField = "text",
+) -> None:
+    """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
+    from isotrope.encoder import DEFAULT_SHAPE
+    from isotrope.ingest.pipeline import index_documents
+
+    report = index_documents(
+        source,
+        store,
+        encoder_options={"model": model, "shape": shape or DEFAULT_SHAPE, "pooling": pooling, "weights": weights},
+        store_options={"factory": factory} if factory else None,
+        loader_options={"text_field": text_field},
+        chunk_tokens=chunk_tokens,
+        overlap_tokens=overlap_tokens,
+        fit_samples=fit_samples,
+        sync=sync,
+    )
+    for skipped in report.skipped:
+        typer.echo(f"skipped {skipped}", err=True)
+    typer.echo(f"indexed {source} into {store}: {report.summary()}")
+
+
+@app.command()
+def search(
+    store: Store,
+    query: Annotated[str, typer.Argument(help="the question or keywords")],
+    k: Annotated[int, typer.Option("-k", help="number of hits")] = 10,
+    where: Annotated[Optional[str], typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print hits as JSON")] = False,
+) -> None:
+    """Search a store with the encoder that wrote it."""
+    from isotrope.search import Collection
+
+    with Collection.open(store) as collection:
+        _print_hits(collection.search(query, k=k, where=where), as_json)
+
+
+@app.command()
+def info(store: Store) -> None:
+    """Counts, model, shaping and fingerprint of a store."""
+    import json
+
+    from isotrope.search import Collection
+
+    with Collection.open(store) as collection:
+        typer.echo(json.dumps(collection.info(), indent=2, default=str))
+
+
+@app.command()
+def demo(
+    store: Annotated[str, typer.Option(help="where the demo store lives")] = "lancedb:.isotrope-demo",
+) -> None:
+    """Index the standard library's docstrings and answer a few questions (offline, about two minutes)."""
+    from isotrope.demo import run_demo, stdlib_root
+
+    typer.echo(f"isotrope demo: docstrings of the Python standard library at {stdlib_root()} -> {store}")
+    answers, report, timings, info = run_demo(store)
+    typer.echo(f"indexed: {report.summary()}")
+    typer.echo(f"encoder: {info['model']}, shape {info['shape']}, fingerprint {info['fingerprint'][:16]}")
+    typer.echo("timings: " + ", ".join(f"{step} {seconds:.1f}s" for step, seconds in timings.items()))
+    for question, hits in answers:
+        typer.echo(f"\nQ: {question}")
+        _print_hits(hits, as_json=False)
+
+
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

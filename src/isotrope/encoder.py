@@ -22,6 +22,8 @@ from isotrope.weighting import TokenCounts, TokenWeighting
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+#: default shaping of `isotrope index` and the demo (justified in docs/RESULTS.md)
+DEFAULT_SHAPE = "center"
 TEXT_KINDS = ("document", "query")
 
 
@@ -172,6 +174,11 @@ class ShapedEncoder:
     def tokenizer(self) -> Any:
         return self.backbone.tokenizer
 
+    @property
+    def needs_corpus(self) -> bool:
+        """Whether fitting learns anything from texts (token statistics or a stateful transform)."""
+        return self.weighting.needs_corpus or any(transform.requires_fit for transform in self.transforms)
+
     def is_fitted(self) -> bool:
         return hasattr(self.weighting, "weights_") and all(t.is_fitted() for t in self.transforms)
 
@@ -197,14 +204,23 @@ class ShapedEncoder:
         Streams of any length are reservoir-sampled down to ``max_samples``.
         ``fitted_on`` names the corpus in the saved metadata.
         """
-        sample = check_texts(reservoir_sample(texts, max_samples, seed), "fit texts")
-        if self.weighting.needs_corpus or not hasattr(self.weighting, "weights_"):
-            counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
-            self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
-        if any(transform.requires_fit for transform in self.transforms):
-            self.fit_transforms(self.embed_raw(sample, show_progress=show_progress))
-        self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample), "seed": seed}
+        self.fit_sample(reservoir_sample(texts, max_samples, seed), fitted_on=fitted_on, show_progress=show_progress)
+        self.metadata["fit"]["seed"] = seed
         return self
+
+    def fit_sample(
+        self, texts: Sequence[str], *, fitted_on: str | None = None, show_progress: bool = False
+    ) -> np.ndarray | None:
+        """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
+        sample = check_texts(texts, "fit texts")
+        counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
+        self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
+        raw = None
+        if any(transform.requires_fit for transform in self.transforms):
+            raw = self.embed_raw(sample, show_progress=show_progress)
+            self.fit_transforms(raw)
+        self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        return raw
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
         """Token statistics of ``texts`` in the backbone's vocabulary."""

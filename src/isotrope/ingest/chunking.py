@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,6 +33,7 @@ _SENTENCE_END = re.compile(
     r"|[\u3002\uff01\uff1f]+[\"'\u201d\u2019\u300d\u300f)\]]*\s*"
     r"|\n[^\S\n]*\n\s*"
 )
+_LINE_BREAK = re.compile(r"\n")
 
 
 @dataclass(frozen=True)
@@ -140,25 +141,36 @@ class TokenChunker:
     def chunk(self, document: Document) -> list[Chunk]:
         """Chunks of ``document`` in text order, positions 0, 1, ..."""
         text = document.text
-        spans = split_sentences(text)
-        units: list[_Unit] = []
-        for (start, end), tokens in zip(spans, self.count_tokens([text[s:e] for s, e in spans])):
+        units = self._units(text)
+        spans = _spans(units, _pack([u.tokens for u in units], self.chunk_tokens, self.overlap_tokens))
+        if any(n > self.chunk_tokens for n in self.count_tokens([text[s:e] for s, e in spans])):
+            # the tokenizer is not additive (e.g. byte-level BPE marks a word after a space):
+            # make every unit fit on its own, then pack checking each chunk's real count
+            units = self._fitting_units(text, units)
+
+            def fits(first: int, last: int) -> bool:
+                start, end = _spans(units, [(first, last)])[0]
+                return self.count_tokens([text[start:end]])[0] <= self.chunk_tokens
+
+            groups = _pack([u.tokens for u in units], self.chunk_tokens, self.overlap_tokens, fits)
+            spans = _spans(units, groups)
+        return make_chunks(document, spans)
+
+    def _units(self, text: str) -> list[_Unit]:
+        """Sentences that fit the budget; longer ones split at line breaks, then into token windows."""
+        units = []
+        sentences = split_sentences(text)
+        for (start, end), tokens in zip(sentences, self.count_tokens([text[s:e] for s, e in sentences])):
             if tokens <= self.chunk_tokens:
                 units.append(_Unit(start, end, tokens))
-            else:
-                units.extend(self._split_long(text, start, end))
-        return make_chunks(document, self._pack_checked(text, units, self.chunk_tokens))
-
-    def _split_long(self, text: str, start: int, end: int) -> list[_Unit]:
-        """Split an over-budget sentence at line breaks, then lines still over it into token windows."""
-        lines = _trimmed_spans(text, re.compile(r"\n"), start, end)
-        units = []
-        for (line_start, line_end), tokens in zip(lines, self.count_tokens([text[s:e] for s, e in lines])):
-            if tokens <= self.chunk_tokens:
-                units.append(_Unit(line_start, line_end, tokens))
-            else:
-                units.extend(self._windows(text, line_start, line_end, self.chunk_tokens))
-        return units
+                continue
+            lines = _trimmed_spans(text, _LINE_BREAK, start, end)
+            for (line_start, line_end), line_tokens in zip(lines, self.count_tokens([text[s:e] for s, e in lines])):
+                if line_tokens <= self.chunk_tokens:
+                    units.append(_Unit(line_start, line_end, line_tokens))
+                else:
+                    units.extend(self._windows(text, line_start, line_end, self.chunk_tokens))
+        return [unit for unit in units if unit.tokens > 0]  # nothing an encoder would see
 
     def _windows(self, text: str, start: int, end: int, budget: int) -> list[_Unit]:
         """Token windows of at most ``budget`` tokens over ``text[start:end]``, cut between words when possible."""
@@ -181,13 +193,12 @@ class TokenChunker:
                 while cut > first + 1 and not word_start(cut):
                     cut -= 1
                 last = cut if word_start(cut) else last
-            units.append(
-                _Unit(
-                    start + min(o[0] for o in offsets[first:last]),
-                    start + max(o[1] for o in offsets[first:last]),
-                    last - first,
-                )
-            )
+            left = start + min(o[0] for o in offsets[first:last])
+            right = start + max(o[1] for o in offsets[first:last])
+            piece = text[left:right]
+            if piece.strip():  # byte-level tokens may carry the space before a word: trim it
+                left += len(piece) - len(piece.lstrip())
+                units.append(_Unit(left, left + len(piece.strip()), last - first))
             if last == n:
                 break
             following = max(last - min(self.overlap_tokens, (last - first) // 2), first + 1)
@@ -196,25 +207,20 @@ class TokenChunker:
             first = following
         return units
 
-    def _pack_checked(self, text: str, units: Sequence[_Unit], budget: int) -> list[tuple[int, int]]:
-        """Pack units into chunk spans, re-count the chunks and re-split any over ``chunk_tokens``."""
-        groups = _pack([unit.tokens for unit in units], budget, self.overlap_tokens)
-        spans = [(units[i].start, max(unit.end for unit in units[i:j])) for i, j in groups]
-        result: list[tuple[int, int]] = []
-        for (i, j), span, tokens in zip(groups, spans, self.count_tokens([text[s:e] for s, e in spans])):
-            if tokens == 0:  # nothing the encoder would see (e.g. only characters it drops)
-                continue
+    def _fitting_units(self, text: str, units: Sequence[_Unit]) -> list[_Unit]:
+        """Units re-counted on their own text; a window over the budget is re-split with a tighter one."""
+        result = []
+        for unit, tokens in zip(units, self.count_tokens([text[u.start : u.end] for u in units])):
             if tokens <= self.chunk_tokens:
-                result.append(span)
+                result.append(unit._replace(tokens=tokens))
                 continue
-            tighter = budget - (tokens - self.chunk_tokens)
+            tighter = min(unit.tokens, self.chunk_tokens) - (tokens - self.chunk_tokens)
             if tighter < 1:
                 raise ValueError(
-                    f"cannot fit text[{span[0]}:{span[1]}] into chunk_tokens={self.chunk_tokens}: "
+                    f"cannot fit text[{unit.start}:{unit.end}] into chunk_tokens={self.chunk_tokens}: "
                     "the tokenizer counts its pieces inconsistently"
                 )
-            parts = units[i:j] if j - i > 1 else self._windows(text, *span, tighter)
-            result.extend(self._pack_checked(text, parts, tighter))
+            result.extend(self._fitting_units(text, self._windows(text, unit.start, unit.end, tighter)))
         return result
 
 
@@ -267,23 +273,40 @@ def _trimmed_spans(text: str, separator: re.Pattern[str], start: int, end: int) 
     return spans
 
 
-def _pack(tokens: Sequence[int], budget: int, overlap: int) -> list[tuple[int, int]]:
-    """Greedy packing of units into index ranges ``[i, j)`` of at most ``budget`` tokens.
+def _spans(units: Sequence[_Unit], groups: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(units[i].start, max(unit.end for unit in units[i:j])) for i, j in groups]
 
-    Each new range starts with the trailing units of the previous one that fit in
-    ``overlap`` tokens (and leave room for the next unit). A unit over the budget gets a
-    range of its own.
+
+def _pack(
+    tokens: Sequence[int], budget: int, overlap: int, fits: Callable[[int, int], bool] | None = None
+) -> list[tuple[int, int]]:
+    """Greedy packing of units into index ranges ``[i, j)`` of at most ``budget`` summed tokens.
+
+    Each range after the first starts with the trailing units of the previous one that
+    fit in ``overlap`` tokens and leave room for the next unit (never the previous
+    range's first unit). A unit over the budget gets a range of its own. ``fits(i, j)``,
+    when given, is the real test: a failing range drops units from its end, then its
+    overlap, until it passes or holds a single new unit.
     """
-    groups = []
-    first, total = 0, 0
-    for index, size in enumerate(tokens):
-        if index > first and total + size > budget:
-            groups.append((first, index))
-            first, total = index, 0
-            while first - 1 > groups[-1][0] and total + tokens[first - 1] <= min(overlap, budget - size):
-                first -= 1
-                total += tokens[first]
-        total += size
-    if tokens:
-        groups.append((first, len(tokens)))
+    groups: list[tuple[int, int]] = []
+    first = 0
+    while first < len(tokens):
+        fresh = groups[-1][1] if groups else 0  # first unit not in any range yet
+        last, total = fresh, sum(tokens[first:fresh])
+        while last < len(tokens) and (last == fresh or total + tokens[last] <= budget):
+            total += tokens[last]
+            last += 1
+        while fits is not None and not fits(first, last):
+            if last - 1 > fresh:
+                last -= 1
+            elif first < fresh:
+                first += 1
+            else:
+                break
+        groups.append((first, last))
+        if last == len(tokens):
+            break
+        room, first = min(overlap, budget - tokens[last]), last
+        while first - 1 > groups[-1][0] and sum(tokens[first - 1 : last]) <= room:
+            first -= 1
     return groups

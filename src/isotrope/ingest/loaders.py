@@ -24,6 +24,7 @@ Formats and what one :class:`Document` is:
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import json
@@ -185,6 +186,8 @@ def load_file(
     """Stream the documents of one file; ``name`` (default: the file name) becomes ``Document.source``."""
     if not text_field:
         raise ValueError("text_field must be a non-empty string")
+    if isinstance(metadata_fields, str):
+        raise TypeError(f"metadata_fields must be a list of field names, not the string {metadata_fields!r}")
     path = Path(path)
     name = path.name if name is None else name
     fields = _Fields(text_field, id_field, None if metadata_fields is None else tuple(metadata_fields))
@@ -240,11 +243,13 @@ def _check_not_binary(data: bytes) -> None:
 
 def _decode(data: bytes, line: int | None = None) -> str:
     """UTF-8 (a leading byte-order mark is dropped); anything else is reported, never guessed."""
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return data.decode("utf-8-sig")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        where = f"byte {exc.start}" if line is None else f"byte {exc.start} of the line"
-        raise _Skip(f"not valid UTF-8 (0x{data[exc.start]:02x} at {where}); convert it to UTF-8") from None
+        offset = bom + exc.start
+        where = f"byte {offset}" if line is None else f"byte {offset} of the line"
+        raise _Skip(f"not valid UTF-8 (0x{data[offset]:02x} at {where}); convert it to UTF-8") from None
 
 
 def _read_text(path: Path) -> str:

@@ -169,7 +169,8 @@ def _sqlite_cond(cond: _Cond, column: str, params: list[Any]) -> str:
         else:
             params.extend([path, path, *values])
             marks = ", ".join("?" * len(values))
-            parts.append(f"(json_type({column}, ?) IN {_SQLITE_TYPES[kind]} AND json_extract({column}, ?) IN ({marks}))")
+            typed = f"json_type({column}, ?) IN {_SQLITE_TYPES[kind]}"
+            parts.append(f"({typed} AND json_extract({column}, ?) IN ({marks}))")
     positive = " OR ".join(parts) or "0"
     return f"({positive})" if cond.op in ("$eq", "$in") else f"(COALESCE(({positive}), 0) = 0)"
 
@@ -288,10 +289,10 @@ def _tokenize(expr: str) -> list[_Token]:
         if not match:
             raise ValueError(f"filter syntax error at position {pos}: unexpected {expr[pos:pos + 10]!r} in {expr!r}")
         kind = match.lastgroup or ""
-        text = match.group(kind)
+        text, start = match.group(kind), match.start(kind)
         if kind == "name" and text.lower() in _KEYWORDS:
             kind, text = "keyword", text.lower()
-        tokens.append(_Token(kind, text, match.start(kind)))
+        tokens.append(_Token(kind, text, start))
         pos = match.end()
     tokens.append(_Token("end", "", len(expr)))
     return tokens
@@ -317,7 +318,9 @@ class _Parser:
     def fail(self, expected: str) -> ValueError:
         token = self.peek()
         got = "end of input" if token.kind == "end" else repr(token.text)
-        return ValueError(f"filter syntax error at position {token.pos}: expected {expected}, got {got} in {self.expr!r}")
+        return ValueError(
+            f"filter syntax error at position {token.pos}: expected {expected}, got {got} in {self.expr!r}"
+        )
 
     def accept(self, kind: str, text: str | None = None) -> bool:
         token = self.peek()

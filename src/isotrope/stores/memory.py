@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,8 +24,6 @@ from isotrope.stores.base import (
     check_properties,
 )
 from isotrope.stores.filters import compile_matcher
-
-logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _MANIFEST = "store.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -175,7 +176,7 @@ class FlowTransform(Transform):
         """Mean negative log-likelihood of the rows of ``X``, in nats per dimension."""
         return float(-self.log_prob(X).mean() / self.n_features_in)
 
-    def _map(self, array: np.ndarray, function: Any) -> np.ndarray:
+    def _map(self, array: np.ndarray, function: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
         """Apply a torch function to a float64 array in batches on the flow's device."""
         device = next(self.flow_.parameters()).device
         parts = []

@@ -1,0 +1,457 @@
+"""An embedded LanceDB table as a vector store (no server).
+
+Table columns::
+
+    id          string, unique (upserts merge on it)
+    text        string (full-text searchable for hybrid search)
+    metadata    lance.json (JSONB): filtered in Lance SQL by isotrope.stores.filters.to_lance
+    vector      fixed_size_list<float32>[dim]
+    raw_vector  fixed_size_list<float32>[raw_dim], optional: the pre-shaping vector, so the shaping
+                can be refitted (iter_raw) and the vectors rewritten (update_vectors) without the backbone
+
+The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``).
+Every Lance write (add, delete, property update) commits a new table version atomically, so a
+process killed mid-write leaves the previous version readable, and ``commit()`` has no data to
+flush: it creates the ANN index once the table is large enough.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+from lancedb.index import HnswSq, IvfPq
+
+from isotrope.stores.base import (
+    Hit,
+    StoreFormatError,
+    VectorStore,
+    as_ids,
+    as_vectors,
+    check_batch,
+    check_k,
+    check_metric,
+    check_properties,
+    dumps_metadata,
+)
+from isotrope.stores.filters import lance_literal, to_lance
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = "1"
+_META_FORMAT = "isotrope.format_version"
+_META_METRIC = "isotrope.metric"
+_PROPERTY = "isotrope.property."
+_LANCE_DISTANCE = {"ip": "dot", "cosine": "cosine", "l2": "l2"}
+_INDEX_TYPES = {"ivf_pq": IvfPq, "hnsw_sq": HnswSq}
+_ID_CHUNK = 1000
+
+
+def _id_filter(ids: Sequence[str]) -> str:
+    return f"id IN ({', '.join(lance_literal(i) for i in ids)})"
+
+
+def _chunks(values: Sequence[Any], size: int = _ID_CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _vector_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), type=pa.float32()), vectors.shape[1])
+
+
+def _table_names(db: Any) -> list[str]:
+    names: list[str] = []
+    token = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.extend(page.tables)
+        token = page.page_token
+        if not token:
+            return names
+
+
+def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
+    return json.loads(value) if value else {}
+
+
+class LanceDBStore(VectorStore):
+    """A LanceDB table with upsert, delete, prefiltered vector search and hybrid (FTS + vector) search.
+
+    Parameters
+    ----------
+    path: the LanceDB database directory.
+    table: the table name.
+    dim: vector dimension; required for a new table, checked against an existing one.
+    metric: "cosine" (default for a new table), "ip" or "l2"; read from an existing table.
+    raw_dim: dimension of the optional ``raw_vector`` column (new tables only; None: no column).
+    index_threshold: rows at which an ANN index is built automatically (None: never).
+    index_type: the automatic index, "ivf_pq" or "hnsw_sq".
+    nprobes / refine_factor / ef: search-time settings used once an ANN index exists.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        table: str = "chunks",
+        dim: int | None = None,
+        *,
+        metric: str | None = None,
+        raw_dim: int | None = None,
+        index_threshold: int | None = 50_000,
+        index_type: str = "ivf_pq",
+        nprobes: int = 20,
+        refine_factor: int | None = 10,
+        ef: int | None = None,
+    ) -> None:
+        if index_type not in _INDEX_TYPES:
+            raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted(_INDEX_TYPES)}")
+        self.path = Path(path)
+        self.table_name = table
+        self.index_threshold = index_threshold
+        self.index_type = index_type
+        self.nprobes = nprobes
+        self.refine_factor = refine_factor
+        self.ef = ef
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
+        self._db = lancedb.connect(self.path)
+        if table in _table_names(self._db):
+            self._table = self._db.open_table(table)
+            self._check_existing(dim, metric, raw_dim)
+        else:
+            self._table = self._create(dim, metric, raw_dim)
+        schema = self._table.schema
+        self.dim = schema.field("vector").type.list_size
+        self.raw_dim = schema.field("raw_vector").type.list_size if "raw_vector" in schema.names else None
+        self.metric = schema.metadata[_META_METRIC.encode()].decode()
+
+    # ------------------------------------------------------------------ opening
+
+    def _create(self, dim: int | None, metric: str | None, raw_dim: int | None) -> Any:
+        if self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
+            raise StoreFormatError(f"{self.path} is not empty and holds no Lance tables: not a LanceDB directory")
+        if dim is None:
+            raise ValueError(f"creating table {self.table_name!r} in {self.path} needs dim")
+        for name, value in (("dim", dim), ("raw_dim", raw_dim)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        fields = [
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("text", pa.string()),
+            pa.field("metadata", pa.json_(pa.utf8())),
+            pa.field("vector", pa.list_(pa.float32(), int(dim))),
+        ]
+        if raw_dim is not None:
+            fields.append(pa.field("raw_vector", pa.list_(pa.float32(), int(raw_dim))))
+        metadata = {_META_FORMAT: FORMAT_VERSION, _META_METRIC: check_metric(metric or "cosine")}
+        return self._db.create_table(self.table_name, schema=pa.schema(fields, metadata=metadata))
+
+    def _check_existing(self, dim: int | None, metric: str | None, raw_dim: int | None) -> None:
+        schema = self._table.schema
+        where = f"table {self.table_name!r} in {self.path}"
+        meta = schema.metadata or {}
+        if meta.get(_META_FORMAT.encode()) != FORMAT_VERSION.encode():
+            raise StoreFormatError(f"{where} was not written by LanceDBStore format {FORMAT_VERSION}")
+        for name in ("id", "text", "metadata", "vector"):
+            if name not in schema.names:
+                raise StoreFormatError(f"{where} has no {name!r} column (columns: {schema.names})")
+        vector_type = schema.field("vector").type
+        if not pa.types.is_fixed_size_list(vector_type) or vector_type.value_type != pa.float32():
+            raise StoreFormatError(f"{where}: column 'vector' must be fixed_size_list<float32>; got {vector_type}")
+        stored = {
+            "dim": vector_type.list_size,
+            "metric": meta[_META_METRIC.encode()].decode(),
+            "raw_dim": schema.field("raw_vector").type.list_size if "raw_vector" in schema.names else None,
+        }
+        given = {"dim": dim, "metric": None if metric is None else check_metric(metric), "raw_dim": raw_dim}
+        for name, value in given.items():
+            if value is not None and value != stored[name]:
+                raise StoreFormatError(f"{where} has {name}={stored[name]}; got {name}={value}")
+
+    @property
+    def stores_raw_vectors(self) -> bool:
+        """Whether ``add`` takes ``raw_vectors`` (the table has a ``raw_vector`` column)."""
+        return self.raw_dim is not None
+
+    # ------------------------------------------------------------------ writing
+
+    def __len__(self) -> int:
+        return self._table.count_rows()
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: Any,
+        texts: Sequence[str | None] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        raw_vectors: Any = None,
+    ) -> None:
+        """Upsert a batch in one ``merge_insert`` (one new table version).
+
+        ``raw_vectors`` fills the ``raw_vector`` column (the table must have been created with
+        ``raw_dim``); rows added without one have a null raw vector.
+        """
+        batch = check_batch(ids, vectors, texts, metadata, self.dim)
+        if not batch.ids:
+            return
+        columns: dict[str, pa.Array] = {
+            "id": pa.array(batch.ids, pa.string()),
+            "text": pa.array(batch.texts, pa.string()),
+            "metadata": pa.array([dumps_metadata(m) for m in batch.metadata], pa.json_(pa.utf8())),
+            "vector": _vector_array(batch.vectors),
+        }
+        if raw_vectors is not None:
+            if self.raw_dim is None:
+                raise ValueError(f"table {self.table_name!r} has no raw_vector column (create it with raw_dim)")
+            raw = as_vectors(raw_vectors, self.raw_dim, "raw_vectors")
+            if len(raw) != len(batch.ids):
+                raise ValueError(f"got {len(batch.ids)} ids but {len(raw)} raw vectors")
+            columns["raw_vector"] = _vector_array(raw)
+        elif self.raw_dim is not None:
+            columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
+        (
+            self._table.merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
+        )
+        self._maybe_index()
+
+    def update_vectors(self, ids: Sequence[str], vectors: Any) -> None:
+        """Replace the (shaped) vectors of stored ids, leaving text, metadata and raw vectors as they are."""
+        wanted = as_ids(ids)
+        array = as_vectors(vectors, self.dim)
+        if len(array) != len(wanted):
+            raise ValueError(f"got {len(wanted)} ids but {len(array)} vectors")
+        missing = set(wanted) - self.contains(wanted)
+        if missing:
+            raise KeyError(f"id {sorted(missing)[0]!r} is not stored in table {self.table_name!r}")
+        if len(set(wanted)) != len(wanted):
+            raise ValueError("update_vectors got the same id more than once")
+        data = pa.table({"id": pa.array(wanted, pa.string()), "vector": _vector_array(array)})
+        self._table.merge_insert("id").when_matched_update_all().execute(data)
+
+    def delete(self, ids: Iterable[str]) -> None:
+        """Remove the given ids; unknown ids are ignored."""
+        wanted = as_ids(ids)
+        for part in _chunks(wanted):
+            self._table.delete(_id_filter(part))
+
+    def set_properties(self, **kv: str) -> None:
+        """Store string properties in the table's schema metadata (a new table version)."""
+        props = check_properties(kv)
+        if props:
+            self._table.to_lance().update_schema_metadata({_PROPERTY + k: v for k, v in props.items()})
+            self._table.checkout_latest()
+
+    @property
+    def properties(self) -> dict[str, str]:
+        meta = self._table.schema.metadata or {}
+        prefix = _PROPERTY.encode()
+        return {k[len(prefix) :].decode(): v.decode() for k, v in meta.items() if k.startswith(prefix)}
+
+    def commit(self) -> None:
+        """Every write is already a committed Lance version; build the ANN index if it is now due."""
+        self._maybe_index()
+
+    def close(self) -> None:
+        """Drop the table handle (nothing is ever left uncommitted)."""
+        self._table = None
+        self._db = None
+
+    # ------------------------------------------------------------------ indexes
+
+    @property
+    def vector_index(self) -> str | None:
+        """The type of the ANN index on ``vector`` (e.g. "IvfPq", "IvfHnswSq"), or None: exact search."""
+        found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
+        return None if found is None else found.index_type
+
+    def _maybe_index(self) -> None:
+        if self.index_threshold is not None and self.vector_index is None and len(self) >= self.index_threshold:
+            logger.info("table %r reached %d rows: building a %s index", self.table_name, len(self), self.index_type)
+            self.create_index()
+
+    def create_index(self, config: IvfPq | HnswSq | Any | None = None) -> None:
+        """Build (or rebuild) the ANN index on ``vector``.
+
+        ``config`` is a ``lancedb.index`` config (``IvfPq``, ``HnswSq``, ...) whose distance type
+        must match the store's metric; by default one of ``index_type`` with LanceDB's defaults.
+        """
+        distance = _LANCE_DISTANCE[self.metric]
+        if config is None:
+            config = _INDEX_TYPES[self.index_type](distance_type=distance)
+        elif getattr(config, "distance_type", distance) != distance:
+            raise ValueError(
+                f"index distance_type {config.distance_type!r} does not match the store metric "
+                f"{self.metric!r} ({distance!r})"
+            )
+        self._table.create_index("vector", config=config, replace=True)
+
+    def create_fts_index(self) -> None:
+        """Build (or rebuild) the full-text index on ``text`` used by :meth:`hybrid_search`."""
+        self._table.create_fts_index("text", replace=True)
+
+    def optimize(self) -> None:
+        """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``)."""
+        self._table.optimize()
+
+    # ------------------------------------------------------------------ reading
+
+    def _score(self, distance: float) -> float:
+        # LanceDB distances: cosine 1 - cos, dot 1 - x.y, l2 the squared distance
+        return -distance if self.metric == "l2" else 1.0 - distance
+
+    def _vector_query(self, queries: np.ndarray, k: int, where: Mapping[str, Any] | None) -> Any:
+        query = (
+            self._table.search(list(queries), vector_column_name="vector")
+            .distance_type(_LANCE_DISTANCE[self.metric])
+            .limit(k)
+            .select(["id", "text", "metadata", "_distance"])
+        )
+        if where:
+            query = query.where(to_lance(where), prefilter=True)
+        if self.vector_index is not None:
+            query = query.nprobes(self.nprobes)
+            if self.refine_factor:
+                query = query.refine_factor(self.refine_factor)
+            if self.ef:
+                query = query.ef(self.ef)
+        return query
+
+    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """The ``k`` best hits of each query (higher score is closer), prefiltered by ``where``."""
+        q = as_vectors(queries, self.dim, "queries")
+        k = check_k(k)
+        out: list[list[Hit]] = [[] for _ in range(len(q))]
+        if len(q) == 0 or len(self) == 0:
+            return out
+        table = self._vector_query(q, k, where).to_arrow()
+        rows = table.to_pylist()
+        if "query_index" not in table.column_names:  # a single query
+            rows = [{**row, "query_index": 0} for row in rows]
+        for row in sorted(rows, key=lambda r: (r["query_index"], r["_distance"])):
+            hit = Hit(row["id"], self._score(row["_distance"]), row["text"], _load_metadata(row["metadata"]))
+            out[row["query_index"]].append(hit)
+        return out
+
+    def hybrid_search(
+        self,
+        query_texts: Sequence[str],
+        query_vectors: Any,
+        k: int,
+        where: Mapping[str, Any] | None = None,
+        *,
+        candidates: int | None = None,
+        rrf_k: int = 60,
+    ) -> list[list[Hit]]:
+        """Full-text and vector search fused by reciprocal rank: score = sum of 1 / (rrf_k + rank).
+
+        Each list contributes its best ``candidates`` (default ``2 * k``, at least 20); the
+        full-text index on ``text`` is built on first use.
+        """
+        texts = list(query_texts)
+        k = check_k(k)
+        vector_hits = self.search(query_vectors, max(candidates or 2 * k, 20, k), where)
+        if len(texts) != len(vector_hits):
+            raise ValueError(f"got {len(texts)} query texts but {len(vector_hits)} query vectors")
+        if not any(i.index_type == "FTS" for i in self._table.list_indices()):
+            self.create_fts_index()
+        fused = []
+        for text, vector_list in zip(texts, vector_hits):
+            text_list = self._text_search(text, max(candidates or 2 * k, 20, k), where)
+            fused.append(reciprocal_rank_fusion([vector_list, text_list], k, rrf_k))
+        return fused
+
+    def _text_search(self, text: str, n: int, where: Mapping[str, Any] | None) -> list[Hit]:
+        if not text.strip():
+            return []
+        query = self._table.search(text, query_type="fts", fts_columns="text").limit(n)
+        query = query.select(["id", "text", "metadata", "_score"])
+        if where:
+            query = query.where(to_lance(where), prefilter=True)
+        return [
+            Hit(row["id"], float(row["_score"]), row["text"], _load_metadata(row["metadata"]))
+            for row in query.to_arrow().to_pylist()
+        ]
+
+    def _scan(self, columns: list[str], filter: str | None) -> pa.Table:
+        return self._table.to_lance().to_table(columns=columns, filter=filter)
+
+    def get(self, ids: Sequence[str]) -> list[Hit | None]:
+        """The stored row of each id (score ``nan``), or ``None``."""
+        wanted = as_ids(ids)
+        found: dict[str, Hit] = {}
+        for part in _chunks(wanted):
+            for row in self._scan(["id", "text", "metadata"], _id_filter(part)).to_pylist():
+                found[row["id"]] = Hit(row["id"], float("nan"), row["text"], _load_metadata(row["metadata"]))
+        return [found.get(i) for i in wanted]
+
+    def contains(self, ids: Iterable[str]) -> set[str]:
+        wanted = as_ids(ids)
+        found: set[str] = set()
+        for part in _chunks(wanted):
+            found.update(self._scan(["id"], _id_filter(part)).column("id").to_pylist())
+        return found
+
+    def ids(self, where: Mapping[str, Any] | None = None) -> list[str]:
+        return self._scan(["id"], to_lance(where) if where else None).column("id").to_pylist()
+
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored vectors of ``ids``; KeyError names an unknown id."""
+        return self._column_vectors(ids, "vector", self.dim)
+
+    def _column_vectors(self, ids: Sequence[str], column: str, dim: int) -> np.ndarray:
+        wanted = as_ids(ids)
+        found: dict[str, np.ndarray] = {}
+        for part in _chunks(wanted):
+            table = self._scan(["id", column], _id_filter(part))
+            ids = table.column("id")
+            found.update(zip(ids.to_pylist(), _to_numpy(table.column(column), dim, ids, column)))
+        missing = [i for i in wanted if i not in found]
+        if missing:
+            raise KeyError(f"id {missing[0]!r} is not stored in table {self.table_name!r}")
+        return np.stack([found[i] for i in wanted]) if wanted else np.empty((0, dim), np.float32)
+
+    def iter_raw(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Yield ``(ids, raw_vectors)`` batches over the whole table (a consistent snapshot)."""
+        if self.raw_dim is None:
+            raise ValueError(f"table {self.table_name!r} has no raw_vector column")
+        for batch in self._table.to_lance().to_batches(columns=["id", "raw_vector"], batch_size=batch_size):
+            if batch.num_rows:
+                ids = batch.column("id")
+                yield ids.to_pylist(), _to_numpy(batch.column("raw_vector"), self.raw_dim, ids, "raw_vector")
+
+
+def _to_numpy(column: pa.Array | pa.ChunkedArray, dim: int, ids: pa.Array | pa.ChunkedArray, name: str) -> np.ndarray:
+    """A fixed-size-list column as a float32 ``(n, dim)`` array; a null row is an error naming its id."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"id {ids[first].as_py()!r} has no stored {name}")
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    return values.astype(np.float32, copy=False).reshape(len(column), dim)
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = 60) -> list[Hit]:
+    """Fuse ranked lists: each id scores the sum over lists of ``1 / (rrf_k + rank)`` (rank from 1).
+
+    Ties keep the order of first appearance (earlier lists first).
+    """
+    scores: dict[str, float] = {}
+    first: dict[str, Hit] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking, start=1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (rrf_k + rank)
+            first.setdefault(hit.id, hit)
+    order = sorted(scores, key=lambda i: -scores[i])
+    return [Hit(i, scores[i], first[i].text, first[i].metadata) for i in order[:k]]

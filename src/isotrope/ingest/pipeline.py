@@ -1,0 +1,200 @@
+"""The streaming ingestion loop: load, chunk, fit the shaping on a sample, embed in batches, write.
+
+Re-running is cheap and safe: chunk ids are stable (source + position + content),
+so unchanged chunks are skipped, changed documents are upserted, and an
+interrupted run resumes from the last commit without duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.ingest.chunking import Chunk, TokenChunker
+from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
+from isotrope.search import Collection
+
+logger = logging.getLogger(__name__)
+
+DocumentSource = str | Path | Iterable[Document]
+
+
+@dataclass
+class IngestReport:
+    """What one ingestion run did."""
+
+    documents: int = 0
+    chunks: int = 0
+    added: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        timing = ", ".join(f"{step} {value:.1f}s" for step, value in self.seconds.items())
+        return (
+            f"{self.documents} documents, {self.chunks} chunks: {self.added} added, {self.unchanged} unchanged, "
+            f"{self.deleted} deleted, {len(self.skipped)} files skipped ({timing})"
+        )
+
+
+def _document_stream(source: DocumentSource, report: IngestReport, loader_options: dict[str, Any]) -> Callable[[], Iterator[Document]]:
+    """A function that starts a fresh pass over the documents (files are re-read, lists reused)."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"source not found: {path}")
+        load_report = LoadReport()
+
+        def from_files() -> Iterator[Document]:
+            load_report.skipped.clear()
+            yield from iter_documents(path, on_error=load_report.add, **loader_options)
+            report.skipped = list(load_report.skipped)
+
+        return from_files
+    documents = list(source)
+    return lambda: iter(documents)
+
+
+def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker) -> Iterator[tuple[Document, list[Chunk]]]:
+    for document in documents:
+        if document.text.strip():
+            yield document, chunker.chunk(document)
+
+
+def index_documents(
+    source: DocumentSource,
+    store: str | Path,
+    *,
+    encoder: ShapedEncoder | None = None,
+    encoder_options: dict[str, Any] | None = None,
+    store_options: dict[str, Any] | None = None,
+    loader_options: dict[str, Any] | None = None,
+    chunk_tokens: int = 256,
+    overlap_tokens: int = 32,
+    fit_samples: int = 20_000,
+    batch_size: int = 256,
+    commit_every: int = 4096,
+    sync: bool = False,
+    show_progress: bool = True,
+) -> IngestReport:
+    """Index a folder, a file or an iterable of :class:`Document` into ``store`` (``faiss:DIR`` / ``lancedb:DIR``).
+
+    A new store gets ``encoder`` (or one built from ``encoder_options`` and fitted on up to
+    ``fit_samples`` chunks of the corpus); an existing store keeps the encoder that wrote it.
+    ``sync`` also deletes chunks of documents that are no longer in ``source``.
+    """
+    report = IngestReport()
+    raw_cache: dict[str, np.ndarray] = {}
+    documents = _document_stream(source, report, loader_options or {})
+    started = time.perf_counter()
+    if Collection.exists(store):
+        collection = Collection.open(store, encoder)
+        logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
+    else:
+        built = encoder is None
+        encoder = encoder or ShapedEncoder.create(**(encoder_options or {}))
+        if encoder.needs_corpus and (built or not encoder.is_fitted()):
+            chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+            chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
+            sample = reservoir_sample(chunks, fit_samples)
+            if not sample:
+                raise ValueError(f"{source}: no text to index")
+            raw = encoder.fit_sample([chunk.text for chunk in sample], show_progress=show_progress,
+                                     fitted_on=f"{len(sample)} sampled chunks of {source}")
+            if raw is not None:  # reused when writing: the sample is not embedded twice
+                raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
+        collection = Collection.create(store, encoder, **(store_options or {}))
+    report.seconds["fit"] = time.perf_counter() - started
+    try:
+        _write(collection, documents, raw_cache, report, chunk_tokens, overlap_tokens, batch_size, commit_every, sync, show_progress)
+    finally:
+        collection.close()
+    return report
+
+
+def _write(
+    collection: Collection,
+    documents: Callable[[], Iterator[Document]],
+    raw_cache: dict[str, np.ndarray],
+    report: IngestReport,
+    chunk_tokens: int,
+    overlap_tokens: int,
+    batch_size: int,
+    commit_every: int,
+    sync: bool,
+    show_progress: bool,
+) -> None:
+    store, encoder = collection.store, collection.encoder
+    chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+    existing = set(store.ids())
+    produced: set[str] = set()
+    seen_documents: set[str] = set()
+    pending: list[Chunk] = []
+    since_commit = 0
+    timer = {"embed": 0.0, "write": 0.0}
+    accepts_raw = getattr(store, "stores_raw_vectors", False)
+
+    def flush() -> None:
+        nonlocal since_commit
+        if not pending:
+            return
+        texts = [chunk.text for chunk in pending]
+        tick = time.perf_counter()
+        raw = np.empty((len(pending), encoder.backbone.dim), dtype=np.float32)
+        missing = [i for i, chunk in enumerate(pending) if chunk.id not in raw_cache]
+        for i, chunk in enumerate(pending):
+            if chunk.id in raw_cache:
+                raw[i] = raw_cache.pop(chunk.id)
+        if missing:
+            raw[missing] = encoder.embed_raw([texts[i] for i in missing], kind="document")
+        vectors = encoder.apply_transforms(raw)
+        timer["embed"] += time.perf_counter() - tick
+        tick = time.perf_counter()
+        extra = {"raw_vectors": raw} if accepts_raw else {}
+        store.add([c.id for c in pending], vectors, texts, [c.metadata for c in pending], **extra)
+        since_commit += len(pending)
+        if since_commit >= commit_every:
+            store.commit()
+            since_commit = 0
+        timer["write"] += time.perf_counter() - tick
+        progress.update(len(pending))
+        report.added += len(pending)
+        pending.clear()
+
+    with tqdm(desc="indexing", unit="chunk", disable=not show_progress) as progress:
+        for document, chunks in _chunk_stream(documents(), chunker):
+            report.documents += 1
+            seen_documents.add(document.key)
+            for chunk in chunks:
+                report.chunks += 1
+                if chunk.id in produced:
+                    continue
+                produced.add(chunk.id)
+                if chunk.id in existing:
+                    report.unchanged += 1
+                    continue
+                pending.append(chunk)
+                if len(pending) >= batch_size:
+                    flush()
+        flush()
+    stale = existing - produced
+    if stale and not sync:
+        hits = store.get(sorted(stale))
+        stale = {hit.id for hit in hits if hit is not None and hit.metadata.get("document") in seen_documents}
+    if stale:
+        store.delete(sorted(stale))
+        report.deleted = len(stale)
+    tick = time.perf_counter()
+    store.commit()
+    timer["write"] += time.perf_counter() - tick
+    report.seconds.update(timer)

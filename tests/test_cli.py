@@ -1,0 +1,129 @@
+"""The command line through its entry point ``isotrope.cli.main`` (in process, and once as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from isotrope.cli import main
+from isotrope.encoder import ShapedEncoder
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``isotrope ARGS`` in this process: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return make_sentences(120, seed=11)
+
+
+@pytest.fixture
+def corpus(tmp_path, texts) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(texts[:60]) + "\n\n" + "\n".join(texts[60:]) + "\n")
+    return path
+
+
+def test_help_lists_the_commands(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "--help")
+    assert code == 0
+    for command in ("fit", "encode"):
+        assert command in out
+    code, out, _ = run_cli(monkeypatch, capsys, "fit", "--help")
+    assert code == 0 and "--shape" in out and "--model" in out
+
+
+def test_fit_text_file_then_encode(monkeypatch, capsys, tmp_path, tiny_bert_path, corpus, texts):
+    out_dir = tmp_path / "encoder"
+    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", out_dir, "--model", tiny_bert_path,
+                             "--shape", "whiten")
+    assert code == 0, err
+    loaded = ShapedEncoder.load(out_dir, device="cpu")
+    assert f"fingerprint {loaded.fingerprint}" in out
+    assert loaded.metadata["fit"]["fitted_on"] == str(corpus) and loaded.metadata["fit"]["n_texts"] == len(texts)
+    expected = ShapedEncoder.create(tiny_bert_path, shape="whiten", device="cpu").fit(texts)
+    assert loaded.fingerprint == expected.fingerprint
+
+    queries = tmp_path / "queries.txt"
+    queries.write_text("the cat runs\nwhere is the river?\n")
+    for kind in ("document", "query"):
+        vectors_file = tmp_path / f"{kind}.npy"
+        code, out, err = run_cli(monkeypatch, capsys, "encode", out_dir, queries, "--out", vectors_file, "--kind", kind)
+        assert code == 0, err
+        assert f"wrote 2 x {loaded.dim} vectors" in out
+        vectors = np.load(vectors_file)
+        assert vectors.dtype == np.float32
+        np.testing.assert_array_equal(vectors, loaded.encode(["the cat runs", "where is the river?"], kind=kind))
+
+
+def test_fit_jsonl_with_a_text_field(monkeypatch, capsys, tmp_path, tiny_bert_path, texts):
+    path = tmp_path / "corpus.jsonl"
+    records = [{"body": text, "id": index} for index, text in enumerate(texts[:50])]
+    path.write_text("\n".join(json.dumps(record) for record in records) + "\n\n")
+    out_dir = tmp_path / "encoder"
+    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", out_dir, "-m", tiny_bert_path, "-s", "center",
+                           "--text-field", "body", "--weights", "idf")
+    assert code == 0, err
+    expected = ShapedEncoder.create(tiny_bert_path, shape="center", weights="idf", device="cpu").fit(texts[:50])
+    assert ShapedEncoder.load(out_dir, device="cpu").fingerprint == expected.fingerprint
+
+
+def test_missing_corpus_is_one_error_line(monkeypatch, capsys, tmp_path, tiny_bert_path):
+    missing = tmp_path / "nowhere.txt"
+    code, _, err = run_cli(monkeypatch, capsys, "fit", missing, "-o", tmp_path / "out", "-m", tiny_bert_path)
+    assert code == 1
+    assert err.splitlines() == [f"error: corpus file not found: {missing}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_malformed_jsonl_names_file_and_line(monkeypatch, capsys, tmp_path, tiny_bert_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "the cat"}\n\n{"text": "a dog"\n')
+    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", tmp_path / "out", "-m", tiny_bert_path)
+    assert code == 1
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}:3: malformed JSON")
+    path.write_text('{"text": "the cat"}\n{"title": "a dog"}\n')
+    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", tmp_path / "out", "-m", tiny_bert_path)
+    assert code == 1 and err.splitlines() == [f"error: {path}:2: no string field 'text'"]
+
+
+def test_encode_with_a_damaged_encoder_folder(monkeypatch, capsys, tmp_path):
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "isotrope.json").write_text('{"format_version": 99}')
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("the cat\n")
+    code, _, err = run_cli(monkeypatch, capsys, "encode", tmp_path / "enc", inputs, "-o", tmp_path / "v.npy")
+    assert code == 1
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "format_version 99" in err
+
+
+def test_debug_lets_the_exception_through(monkeypatch, capsys, tmp_path, tiny_bert_path):
+    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+        run_cli(monkeypatch, capsys, "--debug", "fit", tmp_path / "nowhere.txt", "-o", tmp_path / "out", "-m", tiny_bert_path)
+
+
+def test_entry_point_prints_a_traceback_with_debug(tmp_path, tiny_glove_path):
+    missing = tmp_path / "nowhere.txt"
+    command = [sys.executable, "-m", "isotrope.cli", "--debug", "fit", str(missing), "-o", str(tmp_path / "out"),
+               "-m", tiny_glove_path]  # a static table: the quickest model to start
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr
+    assert f"FileNotFoundError: corpus file not found: {missing}" in result.stderr

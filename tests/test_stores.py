@@ -1,0 +1,663 @@
+"""The vector stores against the exact NumPy reference (MemoryStore), itself checked against float64
+brute force: same top-k (tie-aware, as faiss contrib.evaluation), ANN recall, persistence, upserts,
+deletes, filters, metrics, properties, corrupt directories and crashes."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from isotrope.stores.base import Hit, StoreFormatError, VectorStore
+from isotrope.stores.filters import matches, parse_where
+from isotrope.stores.memory import MemoryStore
+
+faiss = pytest.importorskip("faiss")
+pytest.importorskip("lancedb")
+from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
+from isotrope.connectors.lancedb_store import LanceDBStore, reciprocal_rank_fusion  # noqa: E402
+
+DIM = 32
+K = 10
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_faiss_thread():
+    """faiss's OpenMP threads fight over two busy cores; one thread builds the small indexes faster."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def unit_rows(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def make_data(kind, n, dim=DIM, seed=0):
+    """Unit vectors: isotropic ("random") or 20 clusters with 50 exact duplicates ("clustered": real ties)."""
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return unit_rows(rng.standard_normal((n, dim)))
+    centers = rng.standard_normal((20, dim))
+    x = unit_rows(centers[rng.integers(20, size=n)] + 0.35 * rng.standard_normal((n, dim)))
+    x[-50:] = x[:50]
+    return x
+
+
+def make_queries(data, n=30, seed=1):
+    rng = np.random.default_rng(seed)
+    picks = data[rng.choice(len(data), n, replace=False)]
+    return unit_rows(picks + 0.2 * rng.standard_normal(picks.shape))
+
+
+def make_metadata(i):
+    meta = {"source": f"doc{i % 7}.txt", "year": 1990 + i % 35, "lang": ("en", "fr", "de")[i % 3], "draft": i % 4 == 0}
+    if i % 5 == 0:
+        meta["score"] = (i % 11) / 2
+    if i % 13 == 0:
+        meta["year"] = str(meta["year"])  # the wrong type: never compares with numbers
+    if i % 17 == 0:
+        meta["lang"] = None
+    return meta
+
+
+def ids_of(n, prefix="d"):
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+FILTERS = [
+    {"source": "doc3.txt"},
+    {"year": {"$gte": 2010}},
+    {"lang": {"$in": ["en", "fr"]}, "draft": False},
+    {"$or": [{"source": "doc1.txt"}, {"score": {"$lt": 2}}]},
+    {"lang": {"$nin": ["en"]}},
+    {"score": {"$ne": 1.5}},
+    {"year": {"$gt": "2000"}},
+    {"source": "nope.txt"},
+    parse_where("year >= 2000 and (lang = 'fr' or draft = true)"),
+]
+
+
+def open_store(kind, tmp_path, dim=DIM, metric="ip", **kw):
+    if kind == "memory":
+        return MemoryStore(dim, metric)
+    if kind.startswith("faiss"):
+        factory = kw.pop("factory", {"faiss": "Flat", "faiss-ivf": "IVF32,Flat", "faiss-hnsw": "HNSW32"}[kind])
+        return FaissStore(tmp_path / kind, dim, factory=factory, metric=metric, **kw)
+    kw.setdefault("index_threshold", None)
+    return LanceDBStore(tmp_path / "lance", dim=dim, metric=metric, **kw)
+
+
+def filled(kind, tmp_path, data, metric="ip", texts=None, **kw):
+    store = open_store(kind, tmp_path, data.shape[1], metric, **kw)
+    n = len(data)
+    half = n // 2  # two batches
+    meta = [make_metadata(i) for i in range(n)]
+    texts = texts or [f"text {i}" for i in range(n)]
+    ids = ids_of(n)
+    store.add(ids[:half], data[:half], texts[:half], meta[:half])
+    store.add(ids[half:], data[half:], texts[half:], meta[half:])
+    return store
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+
+def assert_same_hits(expected, got, atol=1e-5):
+    """Same scores (to atol) and, except inside groups of tied scores, the same ids at each rank.
+
+    As faiss.contrib.evaluation.check_ref_knn_with_draws: tied ids may come in any order, and
+    the tie group holding the k-th score may continue past k, so nothing is said about its ids.
+    """
+    assert len(expected) == len(got)
+    for ref, new in zip(expected, got):
+        ref_scores = np.array([h.score for h in ref])
+        new_scores = np.array([h.score for h in new])
+        assert len(ref_scores) == len(new_scores)
+        np.testing.assert_allclose(new_scores, ref_scores, rtol=1e-5, atol=atol)
+        ref_ids = np.array([h.id for h in ref])
+        new_ids = np.array([h.id for h in new])
+        if len(ref_ids) == 0 or (ref_ids == new_ids).all():
+            continue
+        for score in np.unique(ref_scores):
+            if abs(score - ref_scores[-1]) <= atol:
+                continue
+            tied = np.abs(ref_scores - score) <= atol
+            assert set(ref_ids[tied]) == set(new_ids[tied])
+
+
+def assert_same_payload(reference: VectorStore, hits):
+    """Every hit carries the text and metadata stored under its id."""
+    for row in hits:
+        for hit, stored in zip(row, reference.get([h.id for h in row])):
+            assert stored is not None, hit.id
+            assert (hit.text, hit.metadata) == (stored.text, stored.metadata)
+
+
+def recall(expected, got):
+    """Mean fraction of the expected ids found (an empty expected list is matched only by an empty one)."""
+    return np.mean(
+        [len({h.id for h in r} & {h.id for h in g}) / len(r) if r else float(not g) for r, g in zip(expected, got)]
+    )
+
+
+def assert_close_hits(kind, expected, got):
+    """Exact stores give the reference's hits; approximate ones a recall of at least 0.95."""
+    if kind in ("faiss-ivf", "faiss-hnsw"):
+        assert recall(expected, got) >= 0.95
+    else:
+        assert_same_hits(expected, got)
+
+
+# ----------------------------------------------------------------------------- the reference itself
+
+
+@pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
+def test_memory_store_is_exact_brute_force(metric):
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((300, 8)).astype(np.float32)
+    queries = rng.standard_normal((5, 8)).astype(np.float32)
+    store = MemoryStore(8, metric)
+    store.add(ids_of(300), data)
+    x, q = data.astype(np.float64), queries.astype(np.float64)
+    if metric == "ip":
+        scores = q @ x.T
+    elif metric == "cosine":
+        scores = (q @ x.T) / np.outer(np.linalg.norm(q, axis=1), np.linalg.norm(x, axis=1))
+    else:
+        scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+    for row, hits in zip(scores, store.search(queries, 7)):
+        order = np.argsort(-row)[:7]
+        assert [h.id for h in hits] == [f"d{i}" for i in order]
+        np.testing.assert_allclose([h.score for h in hits], row[order], rtol=1e-9, atol=1e-9)
+
+
+def test_memory_store_save_load_roundtrip(tmp_path):
+    data = make_data("clustered", 400)
+    store = filled("memory", tmp_path, data)
+    store.set_properties(model="m")
+    store.save(tmp_path / "mem")
+    again = MemoryStore.load(tmp_path / "mem")
+    queries = make_queries(data)
+    assert again.properties == {"model": "m"}
+    assert len(again) == 400
+    assert_same_hits(store.search(queries, K), again.search(queries, K), atol=0)
+    assert again.get(["d5"]) [0].metadata == make_metadata(5)
+    np.save(tmp_path / "mem" / "vectors.npy", data[:10])
+    with pytest.raises(StoreFormatError, match="vectors.npy"):
+        MemoryStore.load(tmp_path / "mem")
+
+
+# ----------------------------------------------------------------------------- exact stores == reference
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lance"])
+@pytest.mark.parametrize("data_kind", ["random", "clustered"])
+@pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
+def test_exact_search_matches_reference(kind, data_kind, metric, tmp_path):
+    data = make_data(data_kind, 2000)
+    data[::3] *= 1.7  # not all unit norm, so ip, cosine and l2 rank differently
+    queries = make_queries(data)
+    reference = filled("memory", tmp_path, data, metric)
+    store = filled(kind, tmp_path, data, metric)
+    expected = reference.search(queries, K)
+    got = store.search(queries, K)
+    assert_same_hits(expected, got)
+    assert_same_payload(reference, got)
+    assert all(isinstance(h, Hit) for row in got for h in row)
+    assert isinstance(store, VectorStore)
+
+
+# ----------------------------------------------------------------------------- approximate indexes
+
+
+ANN_CASES = {
+    "faiss-ivf": dict(nprobe=8),
+    "faiss-hnsw": dict(ef_search=128),
+    "lance-ivfpq": dict(nprobes=8, refine_factor=10),
+    "lance-hnswsq": dict(ef=64, refine_factor=4),
+}
+
+
+def build_ann(case, tmp_path, data, metric="cosine"):
+    if case.startswith("faiss"):
+        return filled(case, tmp_path, data, metric, **ANN_CASES[case])
+    store = filled("lance", tmp_path, data, metric, **ANN_CASES[case])
+    from lancedb.index import HnswSq, IvfPq
+
+    config = (
+        IvfPq(distance_type=metric, num_partitions=16, num_sub_vectors=8)
+        if case == "lance-ivfpq"
+        else HnswSq(distance_type=metric, num_partitions=1)
+    )
+    store.create_index(config)
+    return store
+
+
+@pytest.mark.parametrize("case", list(ANN_CASES))
+def test_ann_recall_against_exact(case, tmp_path):
+    data = make_data("clustered", 4000)
+    queries = make_queries(data, 50)
+    reference = filled("memory", tmp_path, data, "cosine")
+    store = build_ann(case, tmp_path, data)
+    if case.startswith("faiss"):
+        assert not store.is_exact
+    else:
+        assert store.vector_index in ("IvfPq", "IvfHnswSq")
+    assert recall(reference.search(queries, K), store.search(queries, K)) >= 0.95
+    where = {"lang": {"$in": ["en", "fr"]}}
+    if case.startswith("faiss"):
+        store.exact_filter_limit = 0  # go through the faiss IDSelector, not the exact fallback
+    filtered = store.search(queries, K, where=where)
+    assert recall(reference.search(queries, K, where=where), filtered) >= 0.95
+    assert all(h.metadata["lang"] in ("en", "fr") for row in filtered for h in row)
+
+
+def test_faiss_searches_exactly_until_trained(tmp_path):
+    data = make_data("clustered", 1500)
+    queries = make_queries(data)
+    store = open_store("faiss-ivf", tmp_path, metric="cosine", train_min=1000)
+    reference = MemoryStore(DIM, "cosine")
+    for s in (store, reference):
+        s.add(ids_of(800), data[:800])
+    assert store.is_exact
+    assert_same_hits(reference.search(queries, K), store.search(queries, K))
+    for s in (store, reference):
+        s.add(ids_of(1500)[800:], data[800:])
+    assert not store.is_exact  # trained on the stored vectors once there were enough
+    assert faiss.try_extract_index_ivf(store._index).ntotal == 1500
+    assert recall(reference.search(queries, K), store.search(queries, K)) >= 0.9
+
+
+@pytest.mark.parametrize("factory", ["PQ4x4", "IVF8,PQ4x4,RFlat"])
+def test_faiss_indexes_without_selectors_filter_by_over_fetching(factory, tmp_path):
+    data = make_data("clustered", 1200, dim=16)
+    queries = make_queries(data)
+    store = filled("faiss", tmp_path, data, "l2", factory=factory, train_min=600, exact_filter_limit=0)
+    reference = filled("memory", tmp_path, data, "l2")
+    where = {"source": {"$in": ["doc1.txt", "doc2.txt"]}}
+    got = store.search(queries, K, where=where)
+    assert all(h.metadata["source"] in ("doc1.txt", "doc2.txt") for row in got for h in row)
+    assert all(len(row) == K for row in got)
+    assert recall(reference.search(queries, K, where=where), got) >= 0.5  # PQ4 is coarse
+
+
+# ----------------------------------------------------------------------------- persistence
+
+
+@pytest.mark.parametrize("kind", ["faiss", "faiss-ivf", "faiss-hnsw", "lance"])
+def test_persist_reopen_identical(kind, tmp_path):
+    data = make_data("clustered", 2000)
+    queries = make_queries(data)
+    store = filled(kind, tmp_path, data, "cosine")
+    store.set_properties(fingerprint="abc123", model="tiny")
+    store.commit()
+    before = store.search(queries, K)
+    before_filtered = store.search(queries, K, where=FILTERS[2])
+    store.close()
+    if kind.startswith("faiss"):
+        again = FaissStore(tmp_path / kind)  # dim, factory and metric come from the directory
+        assert (again.factory, again.metric) == (store.factory, "cosine")
+    else:
+        again = LanceDBStore(tmp_path / "lance")
+        assert again.metric == "cosine"
+    assert again.dim == DIM and len(again) == 2000
+    assert again.properties == {"fingerprint": "abc123", "model": "tiny"}
+    assert_same_hits(before, again.search(queries, K), atol=0)
+    assert_same_hits(before_filtered, again.search(queries, K, where=FILTERS[2]), atol=0)
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "faiss", "lance"])
+def test_properties(kind, tmp_path):
+    store = open_store(kind, tmp_path)
+    assert store.properties == {}
+    store.set_properties(a="1")
+    store.set_properties(b="2", a="3")
+    assert store.properties == {"a": "3", "b": "2"}
+    with pytest.raises(ValueError, match="'c'"):
+        store.set_properties(c=4)
+
+
+def test_faiss_uncommitted_changes_are_discarded_on_close(tmp_path, caplog):
+    data = make_data("random", 300)
+    store = open_store("faiss", tmp_path)
+    store.add(ids_of(100), data[:100])
+    store.set_properties(step="1")
+    store.commit()
+    store.add(ids_of(300)[100:], data[100:])
+    store.set_properties(step="2")
+    with caplog.at_level(logging.WARNING):
+        store.close()
+    assert "uncommitted" in caplog.text
+    with FaissStore(tmp_path / "faiss") as again:
+        assert len(again) == 100 and again.properties == {"step": "1"}
+        again.add(ids_of(300)[100:], data[100:])  # the with block commits on a clean exit
+    with FaissStore(tmp_path / "faiss") as again:
+        assert len(again) == 300
+
+
+# ----------------------------------------------------------------------------- upsert and delete
+
+
+@pytest.mark.parametrize("kind", ["faiss", "faiss-ivf", "faiss-hnsw", "lance"])
+def test_upsert_replaces_and_delete_removes(kind, tmp_path):
+    data = make_data("clustered", 1600)
+    queries = make_queries(data)
+    reference = filled("memory", tmp_path, data)
+    store = filled(kind, tmp_path, data)
+    rng = np.random.default_rng(5)
+    new_vectors = unit_rows(rng.standard_normal((60, DIM)))
+    upsert_ids = ids_of(50, "d") + ids_of(10, "new")  # 50 replace stored rows, 10 are new
+    texts = [f"updated {i}" for i in upsert_ids]
+    meta = [{"source": "updated.txt", "year": 2024} for _ in upsert_ids]
+    for s in (reference, store):
+        s.add(upsert_ids, new_vectors, texts, meta)
+    assert len(store) == 1610 == len(reference)
+    hits = store.search(new_vectors[:5], 1)
+    assert [row[0].id for row in hits] == upsert_ids[:5]
+    assert hits[0][0].text == "updated d0" and hits[0][0].metadata == {"source": "updated.txt", "year": 2024}
+    assert_close_hits(kind, reference.search(queries, K), store.search(queries, K))
+
+    gone = ids_of(200)[100:140] + ["new3", "never-stored"]
+    for s in (reference, store):
+        s.delete(gone)
+    assert len(store) == 1610 - 41 == len(reference)
+    assert store.contains(gone) == set()
+    assert store.get(["d100", "d99"])[0] is None and store.get(["d99"])[0].id == "d99"
+    got = store.search(np.concatenate([queries, data[100:140]]), K)
+    assert not {h.id for row in got for h in row} & set(gone)
+    assert_close_hits(kind, reference.search(queries, K), store.search(queries, K))
+    assert sorted(store.ids()) == sorted(reference.ids())
+
+
+@pytest.mark.parametrize("kind", ["memory", "faiss", "lance"])
+def test_bad_input_is_rejected_and_nothing_is_lost(kind, tmp_path):
+    store = open_store(kind, tmp_path)
+    data = make_data("random", 20)
+    store.add(ids_of(20), data)
+    with pytest.raises(ValueError, match=r"\(n, 32\)"):
+        store.add(["x"], np.zeros((1, 31)))
+    with pytest.raises(ValueError, match="row 1"):
+        store.add(["x", "y"], np.stack([data[0], np.full(DIM, np.nan)]))
+    with pytest.raises(ValueError, match="'x'"):
+        store.add(["x", "x"], data[:2])
+    with pytest.raises(ValueError, match="'tags' of id 'x'"):
+        store.add(["x"], data[:1], metadata=[{"tags": ["a"]}])
+    with pytest.raises(ValueError, match="2 ids but 1 texts"):
+        store.add(["x", "y"], data[:2], texts=["a"])
+    with pytest.raises(TypeError):
+        store.delete("d1")
+    with pytest.raises(ValueError, match="k must"):
+        store.search(data[:1], 0)
+    assert len(store) == 20
+    assert [h.id for h in store.search(data[3], 1)[0]] == ["d3"]
+
+
+# ----------------------------------------------------------------------------- filters
+
+
+@pytest.mark.parametrize("kind", ["faiss", "faiss-ivf", "lance"])
+def test_filters_agree_with_reference(kind, tmp_path):
+    data = make_data("clustered", 2000)
+    queries = make_queries(data, 10)
+    reference = filled("memory", tmp_path, data)
+    options = {"exact_filter_limit": 0} if kind.startswith("faiss") else {}  # faiss: use the IDSelector
+    store = filled(kind, tmp_path, data, **options)
+    for where in FILTERS:
+        expected_ids = {f"d{i}" for i in range(2000) if matches(make_metadata(i), where)}
+        assert set(reference.ids(where)) == expected_ids
+        assert set(store.ids(where)) == expected_ids, where
+        expected = reference.search(queries, K, where=where)
+        got = store.search(queries, K, where=where)
+        assert_close_hits(kind, expected, got)
+        assert all(h.id in expected_ids for row in got for h in row)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lance"])
+def test_l2_scores_are_minus_squared_distance(kind, tmp_path):
+    rng = np.random.default_rng(2)
+    data = rng.uniform(-1, 1, (500, 8)).astype(np.float32)
+    queries = rng.uniform(-1, 1, (5, 8)).astype(np.float32)
+    store = open_store(kind, tmp_path, dim=8, metric="l2")
+    store.add(ids_of(500), data)
+    squared = ((queries[:, None, :].astype(np.float64) - data[None, :, :]) ** 2).sum(-1)
+    for row, hits in zip(squared, store.search(queries, 5)):
+        order = np.argsort(row)[:5]
+        assert [h.id for h in hits] == [f"d{i}" for i in order]
+        np.testing.assert_allclose([h.score for h in hits], -row[order], rtol=1e-5, atol=1e-5)
+        assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+
+
+# ----------------------------------------------------------------------------- corrupt or mismatched directories
+
+
+def test_faiss_refuses_corrupt_or_mismatched_directories(tmp_path):
+    store = filled("faiss", tmp_path, make_data("random", 100))
+    store.commit()
+    store.close()
+    path = tmp_path / "faiss"
+    with pytest.raises(StoreFormatError, match="dim=32; got dim=16"):
+        FaissStore(path, dim=16)
+    with pytest.raises(StoreFormatError, match="factory=Flat; got factory=HNSW32"):
+        FaissStore(path, factory="HNSW32")
+    with pytest.raises(StoreFormatError, match="metric=ip; got metric=l2"):
+        FaissStore(path, metric="l2")
+    with pytest.raises(ValueError, match="needs dim"):
+        FaissStore(tmp_path / "new")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    with pytest.raises(StoreFormatError, match="not a FaissStore"):
+        FaissStore(tmp_path / "junk", dim=4)
+    (path / "store.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreFormatError, match="store.sqlite"):
+        FaissStore(path)
+
+
+def test_faiss_rebuilds_an_index_that_disagrees_with_sqlite(tmp_path, caplog):
+    data = make_data("clustered", 600)
+    queries = make_queries(data)
+    store = open_store("faiss-hnsw", tmp_path)
+    store.add(ids_of(300), data[:300])
+    store.commit()
+    stale = (tmp_path / "faiss-hnsw" / "index.faiss").read_bytes()
+    store.add(ids_of(600)[300:], data[300:])
+    store.commit()
+    expected = store.search(queries, K)
+    store.close()
+    (tmp_path / "faiss-hnsw" / "index.faiss").write_bytes(stale)  # an index from an older checkpoint
+    with caplog.at_level(logging.WARNING):
+        again = FaissStore(tmp_path / "faiss-hnsw")
+    assert "rebuilding" in caplog.text
+    assert len(again) == 600 and again._index.ntotal == 600
+    reference = MemoryStore(DIM)
+    reference.add(ids_of(600), data)
+    assert recall(reference.search(queries, K), again.search(queries, K)) >= 0.95
+    assert recall(expected, again.search(queries, K)) >= 0.95
+    (tmp_path / "faiss-hnsw" / "index.faiss").write_bytes(b"garbage")
+    assert len(FaissStore(tmp_path / "faiss-hnsw").search(queries, K)[0]) == K
+
+
+def test_lance_refuses_corrupt_or_mismatched_directories(tmp_path):
+    import lancedb
+    import pyarrow as pa
+
+    store = filled("lance", tmp_path, make_data("random", 100))
+    store.close()
+    with pytest.raises(StoreFormatError, match="dim=32; got dim=16"):
+        LanceDBStore(tmp_path / "lance", dim=16)
+    with pytest.raises(StoreFormatError, match="metric=ip; got metric=cosine"):
+        LanceDBStore(tmp_path / "lance", metric="cosine")
+    with pytest.raises(ValueError, match="needs dim"):
+        LanceDBStore(tmp_path / "lance", table="other")
+    lancedb.connect(tmp_path / "lance").create_table("foreign", data=pa.table({"x": [1, 2]}))
+    with pytest.raises(StoreFormatError, match="not written by LanceDBStore"):
+        LanceDBStore(tmp_path / "lance", table="foreign")
+    faiss_dir = tmp_path / "faiss"
+    filled("faiss", tmp_path, make_data("random", 10)).commit()
+    with pytest.raises(StoreFormatError, match="not a LanceDB directory"):
+        LanceDBStore(faiss_dir, dim=DIM)
+
+
+# ----------------------------------------------------------------------------- crashes
+
+
+def run_child(code, *args):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+FAISS_CHILD = """
+    import os, sys
+    import numpy as np
+    from isotrope.connectors.faiss_store import FaissStore
+    path, mode, data = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+    store = FaissStore(path, dim=data.shape[1], factory="HNSW32")
+    store.add([f"d{i}" for i in range(100)], data[:100])
+    store.set_properties(step="1")
+    store.commit()
+    store.add([f"d{i}" for i in range(100, 200)], data[100:200])
+    store.set_properties(step="2")
+    if mode == "before-commit":
+        os._exit(9)
+    os.replace = lambda *args, **kwargs: os._exit(9)  # die between the SQLite commit and the index rename
+    store.commit()
+"""
+
+
+@pytest.mark.parametrize("mode", ["before-commit", "between-writes"])
+def test_faiss_survives_a_kill_during_commit(mode, tmp_path):
+    data = make_data("clustered", 200)
+    np.save(tmp_path / "data.npy", data)
+    result = run_child(FAISS_CHILD, tmp_path / "store", mode, tmp_path / "data.npy")
+    assert result.returncode == 9, result.stderr
+    store = FaissStore(tmp_path / "store")
+    n = 100 if mode == "before-commit" else 200
+    assert len(store) == n == store._index.ntotal
+    assert store.properties == {"step": "1" if n == 100 else "2"}
+    reference = MemoryStore(DIM)
+    reference.add(ids_of(n), data[:n])
+    queries = make_queries(data[:n], 20)
+    assert recall(reference.search(queries, K), store.search(queries, K)) >= 0.95
+
+
+LANCE_CHILD = """
+    import sys
+    import numpy as np
+    from isotrope.connectors.lancedb_store import LanceDBStore
+    store = LanceDBStore(sys.argv[1], dim=16, index_threshold=None)
+    rng = np.random.default_rng(0)
+    for batch in range(10_000):
+        store.add([f"{batch}-{i}" for i in range(500)], rng.standard_normal((500, 16)))
+        print(batch, flush=True)
+"""
+
+
+def test_lance_survives_a_kill_mid_add(tmp_path):
+    path = tmp_path / "lance"
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(LANCE_CHILD), str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for line in child.stdout:
+            if int(line) >= 2:
+                break
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    store = LanceDBStore(path)
+    n = len(store)
+    assert n >= 1500 and n % 500 == 0
+    assert set(store.ids()) == {f"{b}-{i}" for b in range(n // 500) for i in range(500)}
+    assert len(store.search(np.ones((1, 16)), 5)[0]) == 5
+
+
+# ----------------------------------------------------------------------------- LanceDB extras
+
+
+def test_lance_raw_vectors_roundtrip_and_update_vectors(tmp_path):
+    rng = np.random.default_rng(4)
+    raw = rng.standard_normal((300, 12)).astype(np.float32)
+    shaped = unit_rows(rng.standard_normal((300, 8)))
+    store = LanceDBStore(tmp_path / "lance", dim=8, raw_dim=12, index_threshold=None)
+    assert store.stores_raw_vectors and not LanceDBStore(tmp_path / "plain", dim=8).stores_raw_vectors
+    store.add(ids_of(150), shaped[:150], raw_vectors=raw[:150])
+    store.add(ids_of(300)[150:], shaped[150:], raw_vectors=raw[150:])
+    seen = {}
+    for ids, vectors in store.iter_raw(batch_size=64):
+        assert len(ids) <= 64 and vectors.dtype == np.float32 and vectors.shape == (len(ids), 12)
+        seen.update(zip(ids, vectors))
+    assert len(seen) == 300
+    np.testing.assert_array_equal(np.stack([seen[i] for i in ids_of(300)]), raw)
+
+    refit = unit_rows(rng.standard_normal((300, 8)))
+    store.update_vectors(ids_of(300), refit)
+    np.testing.assert_array_equal(store.vectors(ids_of(300)), refit)
+    hits = store.search(refit[:3], 1)
+    assert [row[0].id for row in hits] == ids_of(3)
+    np.testing.assert_allclose([row[0].score for row in hits], 1.0, atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate([v for _, v in store.iter_raw()]), raw)  # raw untouched
+    with pytest.raises(KeyError, match="'ghost'"):
+        store.update_vectors(["ghost"], refit[:1])
+    store.add(["bare"], refit[:1])
+    with pytest.raises(ValueError, match="'bare' has no stored raw_vector"):
+        list(store.iter_raw())
+
+
+def test_lance_builds_the_ann_index_at_the_threshold(tmp_path):
+    data = make_data("clustered", 1200)
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=1000, index_type="ivf_pq")
+    store.add(ids_of(900), data[:900])
+    assert store.vector_index is None
+    store.add(ids_of(1200)[900:], data[900:])
+    assert store.vector_index == "IvfPq"
+    with pytest.raises(ValueError, match="does not match the store metric"):
+        from lancedb.index import IvfPq
+
+        store.create_index(IvfPq(distance_type="l2"))
+
+
+def test_reciprocal_rank_fusion_formula():
+    def hits(*ids):
+        return [Hit(i, 0.0, None, {}) for i in ids]
+
+    fused = reciprocal_rank_fusion([hits("a", "b", "c"), hits("c", "d")], k=3, rrf_k=60)
+    expected = {"a": 1 / 61, "b": 1 / 62, "c": 1 / 63 + 1 / 61, "d": 1 / 62}
+    assert [h.id for h in fused] == ["c", "a", "b"]  # b and d tie: b came first
+    assert [h.score for h in fused] == pytest.approx([expected["c"], expected["a"], expected["b"]])
+
+
+def test_lance_hybrid_search_fuses_text_and_vectors(tmp_path):
+    data = make_data("random", 300)
+    texts = [f"ordinary chunk number {i}" for i in range(300)]
+    texts[7] = "the zygomorphic orchid appears here"
+    texts[8] = "another zygomorphic flower"
+    store = filled("lance", tmp_path, data, "cosine", texts=texts)
+    query_vector = data[42:43]
+    fused = store.hybrid_search(["zygomorphic orchid"], query_vector, k=5)[0]
+    ids = [h.id for h in fused]
+    assert ids[0] in ("d42", "d7")  # first in one list each
+    assert {"d42", "d7", "d8"} <= set(ids)
+    assert all(a.score >= b.score for a, b in zip(fused, fused[1:]))
+    vector_rank = [h.id for h in store.search(query_vector, 20)[0]]
+    assert fused[ids.index("d42")].score == pytest.approx(1 / (60 + vector_rank.index("d42") + 1))
+    where = {"source": {"$ne": f"doc{7 % 7}.txt"}}  # excludes d7 (and d42: 42 % 7 == 0)
+    filtered = store.hybrid_search(["zygomorphic orchid"], query_vector, k=5, where=where)[0]
+    assert "d7" not in {h.id for h in filtered} and "d8" in {h.id for h in filtered}
+    assert all(matches(h.metadata, where) for h in filtered)
