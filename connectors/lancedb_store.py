@@ -239,6 +239,31 @@ class LanceDBStore(VectorStore):
         data = pa.table({"id": pa.array(wanted, pa.string()), "vector": _vector_array(array)})
         self._table.merge_insert("id").when_matched_update_all().execute(data)
 
+    def rewrite_vectors(self, batches: Iterable[tuple[Sequence[str], Any]]) -> None:
+        """Replace the vectors of stored ids from a stream of ``(ids, vectors)`` batches in ONE table version.
+
+        Memory stays bounded (batches are streamed into a single merge-insert), and a crash
+        leaves either all old or all new vectors.
+        """
+        schema = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32(), self.dim))])
+
+        def record_batches() -> Iterator[pa.RecordBatch]:
+            for ids, vectors in batches:
+                array = as_vectors(vectors, self.dim)
+                yield pa.RecordBatch.from_arrays([pa.array(as_ids(ids), pa.string()), _vector_array(array)], schema=schema)
+
+        reader = pa.RecordBatchReader.from_batches(schema, record_batches())
+        self._table.merge_insert("id").when_matched_update_all().execute(reader)
+
+    @property
+    def version(self) -> int:
+        """The table's current Lance version."""
+        return int(self._table.version)
+
+    def restore(self, version: int) -> None:
+        """Make ``version`` the latest again (a new version with its content)."""
+        self._table.restore(version)
+
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
         wanted = as_ids(ids)

@@ -190,6 +190,19 @@ def info(store: Store) -> None:
 
 
 @app.command()
+def reshape(
+    store: Store,
+    shape: Shape = "none",
+    fit_samples: Annotated[int, typer.Option(help="stored vectors sampled to fit the shaping")] = 100_000,
+) -> None:
+    """Refit a LanceDB store's shaping from its stored raw vectors (no backbone pass) and rewrite its vectors."""
+    from isotrope.reshape import reshape_store
+
+    encoder = reshape_store(store, shape, fit_samples=fit_samples)
+    typer.echo(f"reshaped {store} to {encoder.shape}; fingerprint {encoder.fingerprint}")
+
+
+@app.command()
 def demo(
     store: Annotated[str, typer.Option(help="where the demo store lives")] = "lancedb:.isotrope-demo",
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -54,13 +54,6 @@ def reservoir_sample(items: Iterable[str], size: int, seed: int = 0) -> list[str
     return sample
 
 
-def length_sorted_batches(texts: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
-    """Index batches of texts of similar length, longest first (less padding)."""
-    order = np.argsort([-len(text) for text in texts], kind="stable")
-    for start in range(0, len(order), batch_size):
-        yield order[start : start + batch_size]
-
-
 class ShapedEncoder:
     """One fitted, immutable-once-fitted sentence encoder.
 
@@ -74,8 +67,9 @@ class ShapedEncoder:
         pooling: str = "mean",
         weighting: TokenWeighting | None = None,
         transforms: Sequence[Transform] = (),
-        batch_size: int = 32,
+        batch_size: int = 64,
         metadata: dict[str, Any] | None = None,
+        max_batch_tokens: int | None = 16384,
     ) -> None:
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
@@ -84,6 +78,8 @@ class ShapedEncoder:
         self.weighting = weighting or TokenWeighting()
         self.transforms = list(transforms)
         self.batch_size = int(batch_size)
+        #: padded tokens per batch: short texts go in big batches, long ones in small
+        self.max_batch_tokens = max_batch_tokens
         self.metadata: dict[str, Any] = dict(metadata or {})
         if not hasattr(self.weighting, "weights_") and not self.weighting.needs_corpus:
             self.weighting.fit(backbone.vocabulary(), backbone.special_ids())
@@ -104,7 +100,7 @@ class ShapedEncoder:
         exclude_special: bool | None = None,
         exclude_punctuation: bool = False,
         device: str = "auto",
-        batch_size: int = 32,
+        batch_size: int = 64,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
@@ -251,11 +247,12 @@ class ShapedEncoder:
         if not hasattr(self.weighting, "weights_"):
             self.check_is_fitted()
         output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
-        batches = list(length_sorted_batches(texts, batch_size or self.batch_size))
-        for index in tqdm(batches, desc="encoding", unit="batch", disable=not show_progress):
-            batch = self.backbone.embed([texts[i] for i in index], kind)
-            weights = self.weighting.token_weights(batch.input_ids)
-            output[index] = pool(batch.states, batch.attention_mask, self.pooling, weights, batch.target_index)
+        batches = self.backbone.iter_batches(texts, kind, batch_size or self.batch_size, self.max_batch_tokens)
+        with tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress) as progress:
+            for index, batch in batches:
+                weights = self.weighting.token_weights(batch.input_ids)
+                output[index] = pool(batch.states, batch.attention_mask, self.pooling, weights, batch.target_index)
+                progress.update(len(index))
         return output
 
     def apply_transforms(self, raw: np.ndarray) -> np.ndarray:

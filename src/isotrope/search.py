@@ -90,6 +90,9 @@ class Collection:
         if not cls.exists(uri):
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
         store = _store_class(kind)(path)
+        from isotrope.reshape import recover_interrupted_reshape
+
+        recover_interrupted_reshape(path, store)
         recorded = store.properties.get("fingerprint")
         if encoder is None:
             encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -45,8 +46,74 @@ class Backbone(Protocol):
     def embed(self, texts: list[str], kind: TextKind = "document") -> TokenBatch:
         """Token states of one batch of texts."""
 
+    def iter_batches(
+        self, texts: Sequence[str], kind: TextKind = "document", batch_size: int = 32, max_tokens: int | None = None
+    ) -> Iterator[tuple[np.ndarray, TokenBatch]]:
+        """Length-sorted batches ``(indices into texts, TokenBatch)`` covering all texts."""
+
     def get_config(self) -> dict[str, Any]:
         """JSON-serialisable description that rebuilds this backbone with ``make_backbone``."""
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Arrays that must be saved with the encoder (empty when the config suffices)."""
+
+
+def plan_batches(lengths: np.ndarray, batch_size: int, max_tokens: int | None = None) -> list[np.ndarray]:
+    """Index batches, longest texts first; each batch holds at most ``batch_size`` texts and,
+    when ``max_tokens`` is set, at most ``max_tokens`` padded tokens (less padding, steady memory)."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        longest = max(int(lengths[order[start]]), 1)
+        size = batch_size if max_tokens is None else max(1, min(batch_size, max_tokens // longest))
+        batches.append(order[start : start + size])
+        start += size
+    return batches
+
+
+class TokenizedBackbone:
+    """Shared batching for backbones driven by a Hugging Face tokenizer.
+
+    Subclasses implement ``tokenize`` (ids and special-token masks, unpadded) and
+    ``forward`` (padded arrays -> TokenBatch). Texts are tokenized once, sorted by
+    token count and padded per batch.
+    """
+
+    tokenizer: Any
+
+    def tokenize(self, texts: Sequence[str], kind: TextKind) -> tuple[list[list[int]], list[list[int]]]:
+        raise NotImplementedError
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
+        raise NotImplementedError
+
+    def iter_batches(
+        self, texts: Sequence[str], kind: TextKind = "document", batch_size: int = 32, max_tokens: int | None = None
+    ) -> Iterator[tuple[np.ndarray, TokenBatch]]:
+        """``(indices into texts, TokenBatch)`` for length-sorted batches covering all texts."""
+        ids, special = self.tokenize(texts, kind)
+        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
+        pad_id = self.tokenizer.pad_token_id or 0
+        for index in plan_batches(lengths, batch_size, max_tokens):
+            width = int(lengths[index].max())
+            input_ids = np.full((len(index), width), pad_id, dtype=np.int64)
+            attention = np.zeros((len(index), width), dtype=bool)
+            special_mask = np.ones((len(index), width), dtype=bool)
+            for row, i in enumerate(index):
+                n = lengths[i]
+                input_ids[row, :n] = ids[i]
+                attention[row, :n] = True
+                special_mask[row, :n] = np.asarray(special[i], dtype=bool)
+            yield index, self.forward(input_ids, attention, special_mask)
+
+    def embed(self, texts: Sequence[str], kind: TextKind = "document") -> TokenBatch:
+        """Token states of all ``texts`` as one padded batch, in the given order."""
+        index, batch = next(self.iter_batches(texts, kind, batch_size=len(texts)))
+        order = np.argsort(index)
+        return TokenBatch(
+            states=batch.states[order],
+            input_ids=batch.input_ids[order],
+            attention_mask=batch.attention_mask[order],
+            special_mask=batch.special_mask[order],
+            target_index=None if batch.target_index is None else batch.target_index[order],
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from isotrope.backbones.base import TextKind, TokenBatch
+from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.resolve import resolve_model_path
 from isotrope.pooling import last_real_position
 
@@ -70,7 +71,7 @@ def _pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-class HFBackbone:
+class HFBackbone(TokenizedBackbone):
     """Any ``AutoModel`` (encoder or decoder) by hub name or local path.
 
     ``prompt`` is a template containing ``{text}``; with a prompt the pooled
@@ -103,6 +104,7 @@ class HFBackbone:
         self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
         config = self.model.config
         self.layers = parse_layers(layers, config.num_hidden_layers)
+        self._drop_unused_layers(config.num_hidden_layers)
         self.max_length = int(max_length) if max_length else _default_max_length(path, self.tokenizer)
         self.dim = int(config.hidden_size)
         if self.tokenizer.pad_token is None:  # decoders
@@ -139,37 +141,47 @@ class HFBackbone:
     def get_state(self) -> dict[str, np.ndarray]:
         return {}
 
-    @torch.inference_mode()
-    def embed(self, texts: list[str], kind: TextKind = "document") -> TokenBatch:
+    def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
+        """Token ids (with special tokens, truncated to max_length) and special-token masks."""
         prefix = self.query_prefix if kind == "query" else self.document_prefix
         texts = [prefix + text for text in texts]
         if self.prompt is not None:
             texts = [self._apply_prompt(text) for text in texts]
-        encoded = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-            return_special_tokens_mask=True,
-        )
-        special = encoded.pop("special_tokens_mask").numpy().astype(bool)
-        inputs = {key: value.to(self.device) for key, value in encoded.items()}
-        output = self.model(**inputs, output_hidden_states=True)
-        hidden = output.hidden_states
-        states = hidden[self.layers[0]].float()
-        for index in self.layers[1:]:
-            states = states + hidden[index].float()
-        states = states / len(self.layers)
-        input_ids = encoded["input_ids"].numpy()
-        attention = encoded["attention_mask"].numpy().astype(bool)
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
+        return encoded["input_ids"], encoded["special_tokens_mask"]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
+        """Run the model on one padded batch; states are the mean of the chosen layers, float32."""
+        inputs = {
+            "input_ids": torch.from_numpy(input_ids).to(self.device),
+            "attention_mask": torch.from_numpy(attention_mask.astype(np.int64)).to(self.device),
+        }
+        if self._last_only:
+            states = self.model(**inputs).last_hidden_state.float()
+        else:
+            hidden = self.model(**inputs, output_hidden_states=True).hidden_states
+            states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
         return TokenBatch(
             states=states.cpu().numpy(),
             input_ids=input_ids,
-            attention_mask=attention,
-            special_mask=special,
-            target_index=self._target_index(input_ids, attention) if self.prompt is not None else None,
+            attention_mask=attention_mask,
+            special_mask=special_mask,
+            target_index=self._target_index(input_ids, attention_mask) if self.prompt is not None else None,
         )
+
+    def _drop_unused_layers(self, num_hidden_layers: int) -> None:
+        """Encoders whose deepest used layer is below the top skip computing the layers above it.
+
+        Only BERT-style stacks (``model.encoder.layer``, no final norm) are cut, where the
+        kept hidden states are unchanged by the cut.
+        """
+        deepest = max(self.layers)
+        layer_list = getattr(getattr(self.model, "encoder", None), "layer", None)
+        if deepest < num_hidden_layers and isinstance(layer_list, torch.nn.ModuleList):
+            self.model.encoder.layer = layer_list[:deepest]
+            logger.debug("computing %d of %d layers", deepest, num_hidden_layers)
+        self._last_only = self.layers == [num_hidden_layers]
 
     # -- prompts ------------------------------------------------------------------
     def _apply_prompt(self, text: str) -> str:

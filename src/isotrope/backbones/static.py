@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
-from isotrope.backbones.base import TextKind, TokenBatch
+from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.resolve import resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def _input_embeddings(model: str) -> np.ndarray:
     return backbone.get_input_embeddings().weight.detach().float().numpy().copy()
 
 
-class StaticBackbone:
+class StaticBackbone(TokenizedBackbone):
     """A token table looked up by a tokenizer: no context, one gather per batch.
 
     ``source`` is one of ``static:<model>`` (the model's input word embeddings),
@@ -149,19 +150,11 @@ class StaticBackbone:
     def get_state(self) -> dict[str, np.ndarray]:
         return {}
 
-    def embed(self, texts: list[str], kind: TextKind = "document") -> TokenBatch:
-        encoded = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="np",
-            return_special_tokens_mask=True,
-        )
-        input_ids = encoded["input_ids"].astype(np.int64)
-        return TokenBatch(
-            states=self.table[input_ids],
-            input_ids=input_ids,
-            attention_mask=encoded["attention_mask"].astype(bool),
-            special_mask=encoded["special_tokens_mask"].astype(bool),
-        )
+    def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
+        return encoded["input_ids"], encoded["special_tokens_mask"]
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
+        """One gather from the table for the whole padded batch."""
+        return TokenBatch(states=self.table[input_ids], input_ids=input_ids, attention_mask=attention_mask,
+                          special_mask=special_mask)
