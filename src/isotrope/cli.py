@@ -219,6 +219,61 @@ def demo(
         _print_hits(hits, as_json=False)
 
 
+@app.command("eval")
+def evaluate(
+    task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
+    model: Model = "all-MiniLM-L6-v2",
+    shape: Shape = "none",
+    pooling: Pooling = "mean",
+    layers: Layers = "last",
+    prompt: Prompt = None,
+    weights: Weights = "uniform",
+    frequencies: Frequencies = "corpus",
+    drop_top: Annotated[int, typer.Option(help="drop the N most frequent tokens")] = 0,
+    exclude_special: Annotated[Optional[bool], typer.Option("--exclude-special/--include-special")] = None,
+    exclude_punctuation: Annotated[bool, typer.Option("--exclude-punctuation")] = False,
+    fit_corpus: Annotated[Optional[str], typer.Option(help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus")] = None,
+    fit_samples: Annotated[int, typer.Option(help="texts sampled from the fit corpus")] = 20_000,
+    transductive: Annotated[bool, typer.Option("--transductive", help="fit on the evaluation texts (labelled so)")] = False,
+    data_dir: Annotated[Optional[Path], typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,
+    sts_task: Annotated[Optional[list[str]], typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")] = None,
+    pairs: Annotated[Optional[list[Path]], typer.Option(help="STS file of 'sentence1<TAB>sentence2<TAB>score' lines")] = None,
+    beir: Annotated[Optional[Path], typer.Option(help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")] = None,
+    jsonl: Annotated[Optional[Path], typer.Option(help="clustering: .jsonl(.gz) with text and label")] = None,
+    split: Annotated[Optional[str], typer.Option(help="clustering: keep records of this split")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="clustering/isotropy: at most this many texts")] = None,
+    texts: Annotated[Optional[Path], typer.Option("--texts", help="isotropy: a text file")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
+) -> None:
+    """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
+    from isotrope.evaluate.commands import evaluate as run_evaluation
+    from isotrope.evaluate.commands import write_json
+    from isotrope.evaluate.harness import Evaluator, Recipe
+
+    recipe = Recipe(model=model, shape=shape, pooling=pooling, layers=layers, prompt=prompt, weights=weights,
+                    frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
+                    exclude_punctuation=exclude_punctuation)
+    result = run_evaluation(
+        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
+        tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
+        limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive,
+    )
+    typer.echo(write_json(result, json_out))
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="JSON grid: see docs/RESULTS.md")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output stem: writes OUT.json and OUT.md")] = Path("sweep"),
+) -> None:
+    """Run a grid of recipes x tasks and write a JSON + Markdown table."""
+    from isotrope.evaluate.sweep import run_sweep
+
+    rows = run_sweep(config, out)
+    typer.echo(f"{len(rows)} results written to {out}.json and {out}.md")
+
+
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

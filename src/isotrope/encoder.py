@@ -101,6 +101,7 @@ class ShapedEncoder:
         exclude_punctuation: bool = False,
         device: str = "auto",
         batch_size: int = 64,
+        backbone: Backbone | None = None,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
@@ -114,8 +115,11 @@ class ShapedEncoder:
             if max_length:
                 backbone_config["max_length"] = max_length
         else:
-            backbone_config = {"type": "hf", "model": model, "layers": layers, "prompt": prompt,
-                               "max_length": max_length, "device": device}
+            name, _, extra = model.partition("+")
+            if extra and extra != f"context:{name}":
+                raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
+            backbone_config = {"type": "hf", "model": name, "layers": layers, "prompt": prompt,
+                               "max_length": max_length, "device": device, "context": bool(extra)}
         if prompt is not None and static:
             raise ValueError("prompt templates need a transformer backbone, not a static table")
         weighting = TokenWeighting(
@@ -127,7 +131,7 @@ class ShapedEncoder:
         )
         steps = parse_shape(shape)
         transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in steps]
-        return cls(make_backbone(backbone_config), pooling, weighting, transforms, batch_size)
+        return cls(backbone or make_backbone(backbone_config), pooling, weighting, transforms, batch_size)
 
     # -- description ----------------------------------------------------------------
     @property
@@ -173,14 +177,18 @@ class ShapedEncoder:
     @property
     def needs_corpus(self) -> bool:
         """Whether fitting learns anything from texts (token statistics or a stateful transform)."""
-        return self.weighting.needs_corpus or any(transform.requires_fit for transform in self.transforms)
+        return (self.backbone.needs_fit or self.weighting.needs_corpus
+                or any(transform.requires_fit for transform in self.transforms))
 
     def is_fitted(self) -> bool:
-        return hasattr(self.weighting, "weights_") and all(t.is_fitted() for t in self.transforms)
+        return (not self.backbone.needs_fit and hasattr(self.weighting, "weights_")
+                and all(t.is_fitted() for t in self.transforms))
 
     def check_is_fitted(self) -> None:
         if not self.is_fitted():
             pending = [t.kind for t in self.transforms if not t.is_fitted()]
+            if self.backbone.needs_fit:
+                pending.insert(0, "the context table")
             if not hasattr(self.weighting, "weights_"):
                 pending.insert(0, f"{self.weighting.scheme} weighting")
             raise NotFittedError(f"encoder is not fitted ({', '.join(pending)} need a corpus): call fit(texts) first")
@@ -209,6 +217,8 @@ class ShapedEncoder:
     ) -> np.ndarray | None:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
+        if self.backbone.needs_fit:
+            self.backbone.fit(sample)
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
         self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
         raw = None

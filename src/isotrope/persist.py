@@ -120,7 +120,7 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
         backbone_config = dict(document["backbone"])
         if backbone_config.get("type") == "hf":
             backbone_config["device"] = device
-        backbone = make_backbone(backbone_config)
+        backbone = make_backbone(backbone_config, _substate(state, "backbone."))
         weighting = TokenWeighting.from_state(document["weighting"], _substate(state, "weighting."))
         transforms = []
         for index, step in enumerate(document["transforms"]):

@@ -61,11 +61,14 @@ class Collection:
 
     @classmethod
     def exists(cls, uri: str | Path) -> bool:
+        """Whether ``uri`` holds a store (also one whose reshape was interrupted mid-swap, encoder folder aside)."""
+        from isotrope.reshape import MARKER
+
         try:
             _, path = parse_store_uri(uri)
         except ValueError:
             return False
-        return (path / ENCODER_DIR / SPEC_FILE).is_file()
+        return (path / ENCODER_DIR / SPEC_FILE).is_file() or (path / MARKER).is_file()
 
     @classmethod
     def create(cls, uri: str | Path, encoder: ShapedEncoder, **store_options: Any) -> Collection:

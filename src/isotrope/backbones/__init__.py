@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from isotrope.backbones.base import Backbone, TextKind, TokenBatch
 from isotrope.backbones.static import PACKAGED_GLOVE
 
@@ -11,16 +13,21 @@ __all__ = ["Backbone", "TextKind", "TokenBatch", "make_backbone", "is_static_sou
 
 
 def is_static_source(model: str) -> bool:
-    """True for names that denote a static token table rather than a transformer."""
-    lowered = model.lower()
-    return lowered.startswith(("static:", "random:")) or lowered == PACKAGED_GLOVE or lowered.endswith(
+    """True for names that denote static token tables (joined by '+') rather than a transformer."""
+    return all(_is_static_part(part.lower()) for part in model.split("+"))
+
+
+def _is_static_part(part: str) -> bool:
+    return part.startswith(("static:", "random:", "context:")) or part == PACKAGED_GLOVE or part.endswith(
         (".txt", ".vec", ".txt.gz", ".vec.gz")
     )
 
 
-def make_backbone(config: dict[str, Any]) -> Backbone:
-    """Build a backbone from its config (as returned by ``get_config``)."""
+def make_backbone(config: dict[str, Any], state: dict[str, np.ndarray] | None = None) -> Backbone:
+    """Build a backbone from its config (as returned by ``get_config``) and its saved arrays."""
     options = {key: value for key, value in config.items() if key != "type"}
+    if state:
+        options["state"] = state
     kind = config.get("type")
     if kind == "hf":
         from isotrope.backbones.hf import HFBackbone

@@ -80,6 +80,12 @@ class TokenizedBackbone:
     """
 
     tokenizer: Any
+    #: True while the backbone has statistics to compute from the fit corpus (context tables)
+    needs_fit = False
+
+    def fit(self, texts: Sequence[str]) -> TokenizedBackbone:
+        """Compute corpus statistics the backbone needs; nothing by default."""
+        return self
 
     def tokenize(self, texts: Sequence[str], kind: TextKind) -> tuple[list[list[int]], list[list[int]]]:
         raise NotImplementedError

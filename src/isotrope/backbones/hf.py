@@ -13,7 +13,9 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
+from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.resolve import resolve_model_path
+from isotrope.transforms.base import NotFittedError
 from isotrope.pooling import last_real_position
 
 logger = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ class HFBackbone(TokenizedBackbone):
         document_prefix: str = "",
         device: str = "auto",
         dtype: str = "auto",
+        context: bool = False,
+        state: dict[str, np.ndarray] | None = None,
     ) -> None:
         if prompt is not None and "{text}" not in prompt:
             raise ValueError(f"prompt template must contain '{{text}}': {prompt!r}")
@@ -106,7 +110,11 @@ class HFBackbone(TokenizedBackbone):
         self.layers = parse_layers(layers, config.num_hidden_layers)
         self._drop_unused_layers(config.num_hidden_layers)
         self.max_length = int(max_length) if max_length else _default_max_length(path, self.tokenizer)
-        self.dim = int(config.hidden_size)
+        self.context = bool(context)
+        self.dim = int(config.hidden_size) * (2 if self.context else 1)
+        state = state or {}
+        self.context_table_ = state.get("context_table_")
+        self.context_scale_ = state.get("context_scale_")
         if self.tokenizer.pad_token is None:  # decoders
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
@@ -136,10 +144,30 @@ class HFBackbone(TokenizedBackbone):
             "max_length": self.max_length,
             "query_prefix": self.query_prefix,
             "document_prefix": self.document_prefix,
+            "context": self.context,
         }
 
     def get_state(self) -> dict[str, np.ndarray]:
-        return {}
+        if not self.context or self.context_table_ is None:
+            return {}
+        return {"context_table_": self.context_table_, "context_scale_": self.context_scale_}
+
+    @property
+    def needs_fit(self) -> bool:
+        """With ``context=True`` ("BERT+Avg"), the context-averaged table comes from the fit corpus."""
+        return self.context and self.context_table_ is None
+
+    def fit(self, texts: Sequence[str]) -> HFBackbone:
+        if self.context:
+            self.context_table_ = None  # forward yields the contextual states alone while fitting
+            self._fitting = True
+            try:
+                table, mean_norm = context_average(self, texts)
+            finally:
+                self._fitting = False
+            self.context_table_ = unit_mean_norm(table)
+            self.context_scale_ = np.array([1.0 / mean_norm], dtype=np.float32)
+        return self
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         """Token ids (with special tokens, truncated to max_length) and special-token masks."""
@@ -162,8 +190,13 @@ class HFBackbone(TokenizedBackbone):
         else:
             hidden = self.model(**inputs, output_hidden_states=True).hidden_states
             states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
+        states = states.cpu().numpy()
+        if self.context and not getattr(self, "_fitting", False):
+            if self.context_table_ is None:
+                raise NotFittedError(f"{self.model_name}+context: the context table is computed by fit(texts) first")
+            states = np.concatenate([states * self.context_scale_[0], self.context_table_[input_ids]], axis=2)
         return TokenBatch(
-            states=states.cpu().numpy(),
+            states=states,
             input_ids=input_ids,
             attention_mask=attention_mask,
             special_mask=special_mask,

@@ -12,7 +12,9 @@ import numpy as np
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
+from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.resolve import resolve_model_path
+from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
 
@@ -90,24 +92,64 @@ class StaticBackbone(TokenizedBackbone):
     """A token table looked up by a tokenizer: no context, one gather per batch.
 
     ``source`` is one of ``static:<model>`` (the model's input word embeddings),
-    ``random:<model>`` (a seeded normal table of the same shape), ``glove-6b-50d``
-    (packaged GloVe), or a path to a GloVe/word2vec text file.
+    ``random:<model>`` (a seeded normal table of the same shape), ``context:<model>``
+    (each token's mean contextual state over the fit corpus; needs ``fit``),
+    ``glove-6b-50d`` (packaged GloVe), a GloVe/word2vec text file, or several of these
+    joined by ``+`` over one tokenizer, concatenated with each table scaled to unit
+    mean norm.
     """
 
-    def __init__(self, source: str, seed: int = 0, max_length: int = 8192) -> None:
+    def __init__(self, source: str, seed: int = 0, max_length: int = 8192,
+                 state: dict[str, np.ndarray] | None = None) -> None:
         self.source = source
         self.seed = int(seed)
         self.max_length = int(max_length)
-        self.tokenizer, self.table = self._load(source)
-        self.dim = int(self.table.shape[1])
+        self._parts = source.split("+")
+        loaded = [self._load(part) for part in self._parts]
+        self.tokenizer = loaded[0][0]
+        sizes = {len(tokenizer) for tokenizer, _ in loaded}
+        if len(sizes) > 1:
+            raise ValueError(f"{source!r}: concatenated tables must share one tokenizer (vocab sizes {sorted(sizes)})")
+        self._tables: list[np.ndarray | None] = [table for _, table in loaded]
+        for index, part in enumerate(self._parts):
+            if part.startswith("context:") and state and f"context.{index}.table_" in state:
+                self._tables[index] = np.asarray(state[f"context.{index}.table_"], dtype=np.float32)
         self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
+        self._assemble()
 
-    def _load(self, source: str) -> tuple[Any, np.ndarray]:
-        if source.startswith(("static:", "random:")):
+    def _assemble(self) -> None:
+        if self.needs_fit:
+            self.table = None
+            self.dim = sum(int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
+                           if table is None else table.shape[1] for part, table in zip(self._parts, self._tables))
+            return
+        tables = self._tables if len(self._tables) == 1 else [unit_mean_norm(table) for table in self._tables]
+        self.table = np.ascontiguousarray(np.concatenate(tables, axis=1), dtype=np.float32)
+        self.dim = int(self.table.shape[1])
+
+    @property
+    def needs_fit(self) -> bool:
+        """True while a context table has not been computed from a corpus."""
+        return any(table is None for table in self._tables)
+
+    def fit(self, texts: Sequence[str]) -> StaticBackbone:
+        """Compute the context-averaged tables from ``texts`` (the encoder's fit corpus)."""
+        from isotrope.backbones.hf import HFBackbone
+
+        for index, part in enumerate(self._parts):
+            if part.startswith("context:"):
+                self._tables[index] = context_average(HFBackbone(part.split(":", 1)[1]), texts)[0]
+        self._assemble()
+        return self
+
+    def _load(self, source: str) -> tuple[Any, np.ndarray | None]:
+        if source.startswith(("static:", "random:", "context:")):
             kind, model = source.split(":", 1)
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
             if kind == "static":
                 return tokenizer, _input_embeddings(model)
+            if kind == "context":
+                return tokenizer, None
             config = AutoConfig.from_pretrained(resolve_model_path(model))
             rng = np.random.default_rng(self.seed)
             return tokenizer, rng.standard_normal((config.vocab_size, config.hidden_size), dtype=np.float32)
@@ -117,7 +159,7 @@ class StaticBackbone(TokenizedBackbone):
             words, vectors = read_word_vectors(Path(source).expanduser())
         else:
             raise ValueError(
-                f"unknown static table {source!r}: use static:<model>, random:<model>, "
+                f"unknown static table {source!r}: use static:<model>, random:<model>, context:<model>, "
                 f"{PACKAGED_GLOVE} or a GloVe/word2vec text file"
             )
         words, vectors = lowercase_vocabulary(words, vectors)
@@ -128,7 +170,7 @@ class StaticBackbone(TokenizedBackbone):
     # -- Backbone protocol -----------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return int(self.table.shape[0])
+        return len(self.tokenizer)
 
     def vocabulary(self) -> list[str]:
         tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
@@ -148,7 +190,9 @@ class StaticBackbone(TokenizedBackbone):
         return config
 
     def get_state(self) -> dict[str, np.ndarray]:
-        return {}
+        """Context tables are fitted: they are saved with the encoder."""
+        return {f"context.{i}.table_": table for i, (part, table) in enumerate(zip(self._parts, self._tables))
+                if part.startswith("context:") and table is not None}
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
@@ -156,5 +200,7 @@ class StaticBackbone(TokenizedBackbone):
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         """One gather from the table for the whole padded batch."""
+        if self.table is None:
+            raise NotFittedError(f"{self.source}: the context table is computed by fit(texts) first")
         return TokenBatch(states=self.table[input_ids], input_ids=input_ids, attention_mask=attention_mask,
                           special_mask=special_mask)

@@ -65,7 +65,7 @@ class FlowTransform(Transform):
         coupling: str = "affine",
         max_epochs: int = 10,
         max_steps: int | None = None,
-        batch_size: int = 256,
+        batch_size: int = 1024,
         lr: float = 1e-3,
         validation_fraction: float = 0.1,
         patience: int = 2,

@@ -1,0 +1,492 @@
+"""LlamaIndex adapters: an embedding model and a vector store backed by isotrope.
+
+* :class:`IsotropeEmbedding` embeds with a fitted :class:`~isotrope.encoder.ShapedEncoder`:
+  texts as ``kind="document"``, queries as ``kind="query"``. Its pydantic fields are the
+  encoder's folder and fingerprint, so it pickles without torch (``IngestionPipeline``
+  with ``num_workers > 1``), each process reloads the encoder on first use, and
+  ``to_dict()`` (the key of LlamaIndex's ingestion cache) differs for every shaping.
+* :class:`IsotropeVectorStore` is a LlamaIndex vector store over an isotrope collection
+  (``faiss:DIR`` or ``lancedb:DIR``): the store keeps the encoder that wrote it and
+  refuses another one.
+
+How nodes are stored: the node id is the store id, the node's text is the store's text,
+and the metadata row holds
+
+* every metadata value that is a JSON scalar (str, int, float, bool, None), filterable;
+* ``ref_doc_id`` (the source document, when the node has one) and ``_node_id``;
+* ``_node_content`` / ``_node_type``: the whole node without text and embedding, in
+  LlamaIndex's own format (:func:`~llama_index.core.vector_stores.utils.node_to_metadata_dict`),
+  from which queries rebuild nodes with their relationships and templates.
+
+Metadata values that are not JSON scalars (lists, dicts) are kept exactly inside
+``_node_content`` (query engines see them) but cannot be filtered on; the store logs a
+warning the first time it meets each such key. User keys named like the reserved keys
+above are kept in the node but not as filterable columns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.schema import BaseNode, MetadataMode
+from llama_index.core.vector_stores.types import (
+    BasePydanticVectorStore,
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+    VectorStoreQueryResult,
+)
+from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
+
+from isotrope.encoder import DEFAULT_MODEL, DEFAULT_SHAPE, ShapedEncoder
+from isotrope.persist import read_spec
+from isotrope.search import ENCODER_DIR, Collection, EncoderMismatchError, parse_store_uri
+from isotrope.shapes import format_shape
+
+logger = logging.getLogger(__name__)
+
+#: one lock for lazy encoder loads (a lock is not picklable, so it is not an attribute)
+_LOAD_LOCK = threading.Lock()
+
+NODE_CONTENT_KEY = "_node_content"
+NODE_TYPE_KEY = "_node_type"
+NODE_ID_KEY = "_node_id"
+REF_DOC_ID_KEY = "ref_doc_id"
+RESERVED_KEYS = (NODE_CONTENT_KEY, NODE_TYPE_KEY, NODE_ID_KEY, REF_DOC_ID_KEY)
+
+#: cosine between a node's embedding and its re-encoded text below which ``add`` refuses the node
+MIN_VERIFY_COSINE = 0.99
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+class IsotropeEmbedding(BaseEmbedding):
+    """A LlamaIndex embedding model backed by a fitted isotrope encoder saved in a folder.
+
+    Build it with :meth:`from_encoder`, :meth:`from_nodes` (fit on LlamaIndex nodes),
+    :meth:`from_store`, or ``IsotropeEmbedding(encoder_path)``. The encoder is loaded on
+    first use; a folder whose fingerprint differs from ``fingerprint`` is an error.
+    """
+
+    encoder_path: str = Field(description="Folder of the fitted encoder (isotrope.json + state.safetensors).")
+    fingerprint: str = Field(description="sha256 fingerprint of the encoder; part of the ingestion-cache key.")
+    device: str = Field(default="auto", description="Device the encoder is loaded on.")
+    embed_batch_size: int = Field(
+        default=64, gt=0, le=2048,
+        description="Texts per encode call; the encoder splits them into length-sorted batches of its own size.",
+    )
+
+    _encoder: ShapedEncoder | None = PrivateAttr(default=None)
+
+    def __init__(self, encoder_path: str | os.PathLike[str], **kwargs: Any) -> None:
+        spec = read_spec(encoder_path)
+        expected = kwargs.pop("fingerprint", None)
+        if expected is not None and expected != spec["fingerprint"]:
+            raise EncoderMismatchError(
+                f"{encoder_path} holds encoder {spec['fingerprint']}, not the expected {expected}"
+            )
+        backbone = spec["backbone"]
+        name = backbone.get("model") or backbone.get("source")
+        kwargs.setdefault("model_name", f"isotrope:{name}:{format_shape(spec['transforms'])}")
+        super().__init__(encoder_path=str(encoder_path), fingerprint=spec["fingerprint"], **kwargs)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "IsotropeEmbedding"
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def from_encoder(cls, encoder: ShapedEncoder, path: str | os.PathLike[str], **kwargs: Any) -> IsotropeEmbedding:
+        """Save a fitted ``encoder`` to ``path`` (replacing what is there) and embed with it."""
+        encoder.save(path)
+        embedding = cls(path, **kwargs)
+        embedding._encoder = encoder
+        return embedding
+
+    @classmethod
+    def from_nodes(
+        cls,
+        nodes: Sequence[BaseNode],
+        path: str | os.PathLike[str],
+        model: str = DEFAULT_MODEL,
+        shape: str | list[dict[str, Any]] = DEFAULT_SHAPE,
+        *,
+        max_samples: int = 100_000,
+        seed: int = 0,
+        **create_options: Any,
+    ) -> IsotropeEmbedding:
+        """Fit an encoder on the text LlamaIndex will embed for ``nodes`` (or documents), save it to ``path``.
+
+        ``create_options`` go to :meth:`ShapedEncoder.create` (pooling, layers, weights, ...).
+        """
+        texts = [text for node in nodes if (text := node.get_content(metadata_mode=MetadataMode.EMBED)).strip()]
+        if not texts:
+            raise ValueError(f"none of the {len(nodes)} nodes has text to fit the encoder on")
+        encoder = ShapedEncoder.create(model, shape=shape, **create_options)
+        encoder.fit(texts, max_samples=max_samples, seed=seed, fitted_on=f"{len(texts)} LlamaIndex nodes")
+        return cls.from_encoder(encoder, path)
+
+    @classmethod
+    def from_store(cls, uri: str | os.PathLike[str], **kwargs: Any) -> IsotropeEmbedding:
+        """The embedding of the encoder kept in an isotrope store (``faiss:DIR``, ``lancedb:DIR``)."""
+        _, path = parse_store_uri(uri)
+        return cls(path / ENCODER_DIR, **kwargs)
+
+    # -- the encoder ----------------------------------------------------------------
+    @property
+    def encoder(self) -> ShapedEncoder:
+        """The fitted encoder, loaded from ``encoder_path`` on first use (once per process)."""
+        if self._encoder is None:
+            with _LOAD_LOCK:
+                if self._encoder is None:
+                    saved = read_spec(self.encoder_path)["fingerprint"]
+                    if saved != self.fingerprint:
+                        raise EncoderMismatchError(
+                            f"{self.encoder_path} now holds encoder {saved}, not {self.fingerprint}: "
+                            "the folder was replaced after this embedding was created"
+                        )
+                    self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
+        return self._encoder
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the fields only; the encoder (torch weights) is reloaded from its folder."""
+        light = self.model_copy()
+        light._encoder = None
+        return super(IsotropeEmbedding, light).__getstate__()
+
+    # -- BaseEmbedding --------------------------------------------------------------
+    def _encode(self, texts: list[str], kind: str) -> list[Embedding]:
+        return self.encoder.encode(texts, kind=kind).tolist()
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self._encode([query], "query")[0]
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return self._encode([text], "document")[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return self._encode(list(texts), "document")
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+
+# --------------------------------------------------------------------------- filters
+
+_OPERATORS = {
+    FilterOperator.EQ: "$eq",
+    FilterOperator.NE: "$ne",
+    FilterOperator.GT: "$gt",
+    FilterOperator.GTE: "$gte",
+    FilterOperator.LT: "$lt",
+    FilterOperator.LTE: "$lte",
+    FilterOperator.IN: "$in",
+    FilterOperator.NIN: "$nin",
+}
+#: exact negations under isotrope's semantics (a missing field matches $ne and $nin only)
+_NEGATIONS = {"$eq": "$ne", "$ne": "$eq", "$in": "$nin", "$nin": "$in"}
+
+
+def _leaf(item: MetadataFilter) -> dict[str, Any]:
+    operator = FilterOperator(item.operator)
+    if operator not in _OPERATORS:
+        supported = ", ".join(op.value for op in _OPERATORS)
+        raise ValueError(
+            f"metadata filter on {item.key!r}: operator {operator.value!r} is not supported by "
+            f"IsotropeVectorStore (supported: {supported}; AND/OR/NOT and nested filters)"
+        )
+    value = list(item.value) if isinstance(item.value, (list, tuple)) else item.value
+    return {item.key: {_OPERATORS[operator]: value}}
+
+
+def _negate(where: dict[str, Any]) -> dict[str, Any]:
+    """The exact negation of a translated filter (De Morgan), or a ValueError for ordering operators."""
+    if "$and" in where:
+        return {"$or": [_negate(child) for child in where["$and"]]}
+    if "$or" in where:
+        return {"$and": [_negate(child) for child in where["$or"]]}
+    ((key, ops),) = where.items()
+    ((op, value),) = ops.items()
+    if op not in _NEGATIONS:
+        raise ValueError(
+            f"metadata filter on {key!r}: NOT over {op} is not supported (a missing field matches "
+            f"neither a comparison nor its opposite); use ==, !=, in or nin under NOT"
+        )
+    return {key: {_NEGATIONS[op]: value}}
+
+
+def to_where(filters: MetadataFilters | None) -> dict[str, Any] | None:
+    """Translate LlamaIndex ``MetadataFilters`` (nested, AND/OR/NOT) to isotrope's filter dict.
+
+    Supported operators: ``== != > >= < <= in nin``; any other raises ``ValueError`` instead of
+    being ignored. ``NOT`` (none of the filters matches) is supported over ``== != in nin``.
+    Returns None for no filters.
+    """
+    if filters is None or not filters.filters:
+        return None
+    children = []
+    for item in filters.filters:
+        child = to_where(item) if isinstance(item, MetadataFilters) else _leaf(item)
+        if child is not None:
+            children.append(child)
+    if not children:
+        return None
+    condition = FilterCondition(filters.condition or FilterCondition.AND)
+    if condition == FilterCondition.OR:
+        return {"$or": children}
+    if condition == FilterCondition.NOT:
+        return {"$and": [_negate(child) for child in children]}
+    return {"$and": children}
+
+
+def _in(key: str, values: Sequence[str] | None) -> dict[str, Any] | None:
+    """``key`` in ``values``; None (no restriction) when ``values`` is None, nothing when it is empty."""
+    return None if values is None else {key: {"$in": list(values)}}
+
+
+def _all_of(*parts: dict[str, Any] | None) -> dict[str, Any] | None:
+    kept = [part for part in parts if part]
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else {"$and": kept}
+
+
+# --------------------------------------------------------------------------- vector store
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (str, bool, int))
+
+
+class IsotropeVectorStore(BasePydanticVectorStore):
+    """A LlamaIndex vector store over an isotrope collection, with the encoder that wrote it.
+
+    ``IsotropeVectorStore(uri, embed_model)`` opens the store at ``uri`` (``faiss:DIR`` or
+    ``lancedb:DIR``) or creates it with ``embed_model``'s encoder; an ``embed_model`` whose
+    fingerprint differs from the store's raises :class:`EncoderMismatchError`. Query with
+    :attr:`embed_model` (the store's own encoder). Scores are similarities, higher is closer.
+
+    ``verify_vectors``: ``add`` re-encodes the first node of each call with the store's
+    encoder and refuses the batch unless its embedding matches (cosine >= 0.99), which
+    catches embeddings from another model or shaping of the same dimension.
+    ``autocommit``: commit after every ``add`` / ``delete`` (else call :meth:`persist`).
+    ``store_options`` (new stores only): passed to the store, e.g. ``factory="HNSW32"``
+    or ``metric="cosine"``.
+    """
+
+    stores_text: bool = True
+    flat_metadata: bool = False
+    uri: str = Field(description="faiss:DIR or lancedb:DIR")
+    fingerprint: str = Field(description="Fingerprint of the encoder that wrote the store.")
+    verify_vectors: bool = True
+    autocommit: bool = True
+
+    _collection: Collection = PrivateAttr()
+    _warned_keys: set[str] = PrivateAttr(default_factory=set)
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str],
+        embed_model: IsotropeEmbedding | None = None,
+        *,
+        store_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        uri = str(uri)
+        expected = kwargs.pop("fingerprint", None)
+        if embed_model is not None and not isinstance(embed_model, IsotropeEmbedding):
+            raise TypeError(f"embed_model must be an IsotropeEmbedding; got {type(embed_model).__name__}")
+        if Collection.exists(uri):
+            collection = Collection.open(uri, encoder=None if embed_model is None else embed_model.encoder)
+        elif embed_model is None:
+            raise FileNotFoundError(f"no isotrope store at {uri}: pass embed_model to create one")
+        else:
+            collection = Collection.create(uri, embed_model.encoder, **dict(store_options or {}))
+        recorded = collection.store.properties["fingerprint"]
+        if expected is not None and expected != recorded:
+            collection.close()
+            raise EncoderMismatchError(f"store {uri} holds encoder {recorded}, not the expected {expected}")
+        super().__init__(uri=uri, fingerprint=recorded, **kwargs)
+        self._collection = collection
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "IsotropeVectorStore"
+
+    @property
+    def client(self) -> Any:
+        """The underlying isotrope store (``FaissStore`` or ``LanceDBStore``)."""
+        return self._collection.store
+
+    @property
+    def collection(self) -> Collection:
+        return self._collection
+
+    @property
+    def embed_model(self) -> IsotropeEmbedding:
+        """An embedding model with this store's encoder (shares the loaded encoder)."""
+        embedding = IsotropeEmbedding(self._collection.path / ENCODER_DIR)
+        embedding._encoder = self._collection.encoder
+        return embedding
+
+    # -- writing --------------------------------------------------------------------
+    def _row_metadata(self, node: BaseNode) -> dict[str, Any]:
+        content = node_to_metadata_dict(node, remove_text=True, flat_metadata=False)
+        row: dict[str, Any] = {}
+        for key, value in node.metadata.items():
+            if key in RESERVED_KEYS:
+                continue
+            if _is_scalar(value):
+                row[key] = value
+            elif key not in self._warned_keys:
+                self._warned_keys.add(key)
+                logger.warning(
+                    "metadata %r of node %s is a %s: kept with the node but not filterable "
+                    "(only str, int, float, bool and None values are)", key, node.node_id, type(value).__name__,
+                )
+        row[NODE_CONTENT_KEY] = content[NODE_CONTENT_KEY]
+        row[NODE_TYPE_KEY] = content[NODE_TYPE_KEY]
+        row[NODE_ID_KEY] = node.node_id
+        if node.ref_doc_id is not None:
+            row[REF_DOC_ID_KEY] = node.ref_doc_id
+        return row
+
+    def _verify(self, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
+        """Re-encode the first node with text and compare it with its embedding."""
+        for node, vector in zip(nodes, vectors):
+            text = node.get_content(metadata_mode=MetadataMode.EMBED)
+            if not text.strip():
+                continue
+            expected = self._collection.encoder.encode([text], kind="document")[0].astype(np.float64)
+            given = vector.astype(np.float64)
+            cosine = float(expected @ given / max(np.linalg.norm(expected) * np.linalg.norm(given), 1e-12))
+            if cosine < MIN_VERIFY_COSINE:
+                raise EncoderMismatchError(
+                    f"node {node.node_id}: its embedding is not this store's encoder's ({self.fingerprint[:12]}) "
+                    f"vector of its text (cosine {cosine:.3f}); embed with IsotropeVectorStore.embed_model "
+                    f"(or IsotropeEmbedding.from_store({self.uri!r})), or pass verify_vectors=False"
+                )
+            return
+
+    def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
+        """Upsert nodes (with their embeddings) in one batch; returns their ids."""
+        nodes = list(nodes)
+        if not nodes:
+            return []
+        missing = next((node.node_id for node in nodes if node.embedding is None), None)
+        if missing is not None:
+            raise ValueError(f"node {missing} has no embedding: embed nodes before adding them")
+        vectors = np.asarray([node.get_embedding() for node in nodes], dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self._collection.store.dim:
+            raise ValueError(f"embeddings have shape {vectors.shape}; this store holds {self._collection.store.dim}-d vectors")
+        if self.verify_vectors:
+            self._verify(nodes, vectors)
+        ids = [node.node_id for node in nodes]
+        texts = [node.get_content(metadata_mode=MetadataMode.NONE) for node in nodes]
+        self._collection.store.add(ids, vectors, texts, [self._row_metadata(node) for node in nodes])
+        self._maybe_commit()
+        return ids
+
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Delete every node of the document ``ref_doc_id``."""
+        self._delete_where({REF_DOC_ID_KEY: ref_doc_id})
+
+    def delete_nodes(
+        self,
+        node_ids: list[str] | None = None,
+        filters: MetadataFilters | None = None,
+        **delete_kwargs: Any,
+    ) -> None:
+        """Delete the given nodes, those matching ``filters``, or those that are both."""
+        if node_ids is None and filters is None:
+            raise ValueError("delete_nodes needs node_ids or filters (use clear() to delete everything)")
+        self._delete_where(_all_of(to_where(filters), _in(NODE_ID_KEY, node_ids)))
+
+    def clear(self) -> None:
+        """Delete every node."""
+        self._delete_where(None)
+
+    def _delete_where(self, where: dict[str, Any] | None) -> None:
+        store = self._collection.store
+        ids = store.ids(where=where)
+        if ids:
+            store.delete(ids)
+            self._maybe_commit()
+
+    def _maybe_commit(self) -> None:
+        if self.autocommit:
+            self._collection.store.commit()
+
+    def persist(self, persist_path: str | None = None, fs: Any = None) -> None:
+        """Commit pending writes (the data lives at ``uri``, not at LlamaIndex's ``persist_path``)."""
+        self._collection.store.commit()
+
+    def close(self) -> None:
+        """Commit and release the store."""
+        self._collection.store.commit()
+        self._collection.close()
+
+    # -- reading --------------------------------------------------------------------
+    @staticmethod
+    def _node(text: str | None, metadata: dict[str, Any]) -> BaseNode:
+        return metadata_dict_to_node(metadata, text)
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """Top ``similarity_top_k`` nodes for the query embedding (or ``query_str``, encoded as a query),
+        restricted by ``filters``, ``doc_ids`` and ``node_ids``."""
+        if query.mode != VectorStoreQueryMode.DEFAULT:
+            raise ValueError(f"IsotropeVectorStore supports the default (dense) query mode, not {query.mode.value!r}")
+        if query.query_embedding is not None:
+            vector = np.asarray(query.query_embedding, dtype=np.float32)
+        elif query.query_str:
+            vector = self._collection.encoder.encode([query.query_str], kind="query")[0]
+        else:
+            raise ValueError("the query has neither query_embedding nor query_str")
+        where = _all_of(
+            to_where(query.filters),
+            _in(REF_DOC_ID_KEY, query.doc_ids),
+            _in(NODE_ID_KEY, query.node_ids),
+        )
+        hits = self._collection.store.search(vector[None, :], query.similarity_top_k, where=where)[0]
+        return VectorStoreQueryResult(
+            nodes=[self._node(hit.text, hit.metadata) for hit in hits],
+            similarities=[hit.score for hit in hits],
+            ids=[hit.id for hit in hits],
+        )
+
+    def get_nodes(
+        self,
+        node_ids: list[str] | None = None,
+        filters: MetadataFilters | None = None,
+    ) -> list[BaseNode]:
+        """Stored nodes by id and/or filter (all nodes when both are None)."""
+        store = self._collection.store
+        ids = store.ids(where=_all_of(to_where(filters), _in(NODE_ID_KEY, node_ids)))
+        if node_ids is not None:  # in the order asked for
+            found = set(ids)
+            ids = [node_id for node_id in node_ids if node_id in found]
+        return [self._node(hit.text, hit.metadata) for hit in store.get(ids) if hit is not None]
+
+
+__all__ = ["IsotropeEmbedding", "IsotropeVectorStore", "EncoderMismatchError", "to_where"]

@@ -1,0 +1,139 @@
+"""``isotrope eval TASK`` and ``isotrope sweep``: every quality claim is one command."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from isotrope.evaluate.harness import Evaluator, Recipe, encode_function, isotropy_of
+
+TASKS = ("sts", "retrieval", "clustering", "classification", "isotropy")
+
+
+def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
+            pairs: Sequence[Path] = (), fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+    """Spearman x100 per STS task (each task's pairs pooled and scored once: the "all" setting) and their mean."""
+    from isotrope.evaluate.data import load_pairs, load_sick, load_stsb
+    from isotrope.evaluate.tasks import eval_sts
+
+    loaders = {"stsb": load_stsb, "sickr": load_sick}
+    sets = []
+    for task in tasks:
+        if task not in loaders:
+            raise ValueError(f"unknown STS task {task!r}; choose from {', '.join(loaders)} or pass --pairs FILE")
+        if data_dir is None:
+            raise ValueError("--task needs --data-dir (the folder holding sts/stsbenchmark and sts/sick)")
+        sets.append((task, loaders[task](data_dir, "test")))
+    sets += [(Path(path).stem, load_pairs(path)) for path in pairs]
+    if not sets:
+        raise ValueError("nothing to evaluate: pass --task stsb/sickr with --data-dir, or --pairs FILE")
+    eval_texts = [s for _, p in sets for s in (*p.sentences1, *p.sentences2)]
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive)
+    encode = encode_function(encoder)
+    scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
+    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), "fitted_on": fitted_on,
+            "setting": "all: each task's pairs pooled and scored once"}
+
+
+def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,
+                  transductive: bool = False, split: str | None = None, **_: Any) -> dict:
+    """nDCG@10, recall@100, MRR@10 (x100) by exact search on the qrels ``split`` (default test);
+    ``fit_corpus="corpus"`` fits on the BEIR corpus."""
+    from isotrope.evaluate.data import load_beir
+    from isotrope.evaluate.tasks import document_text, eval_retrieval
+
+    if beir is None:
+        raise ValueError("retrieval needs --beir DIR (corpus.jsonl, queries.jsonl, qrels/test.tsv)")
+    dataset = load_beir(beir, split or "test")
+    documents = [document_text(doc) for doc in dataset.corpus.values()]
+    corpus = documents if fit_corpus == "corpus" else fit_corpus
+    if transductive and corpus is None:
+        raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
+    encoder, fitted_on = evaluator.fit(recipe, corpus)
+    result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
+    return {"scores": {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}, "fitted_on": fitted_on,
+            "queries": len(dataset.queries), "documents": len(dataset.corpus)}
+
+
+def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None = None, split: str | None = None,
+                   limit: int | None = None, fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+    """V-measure x100 of mini-batch k-means over 5 seeds (MTEB)."""
+    from isotrope.evaluate.data import load_clustering
+    from isotrope.evaluate.tasks import eval_clustering
+
+    if jsonl is None:
+        raise ValueError("clustering needs --jsonl FILE with text and label fields")
+    data = load_clustering(jsonl, split=split)
+    texts, labels = data.texts[:limit], data.labels[:limit]
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive)
+    result = eval_clustering(encode_function(encoder), texts, labels)
+    return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
+            "texts": len(texts), "fitted_on": fitted_on}
+
+
+def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
+                       fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+    """SentEval accuracy x100 (logistic regression; 10-fold CV, or the fixed split where one exists)."""
+    from isotrope.evaluate.data import load_senteval
+    from isotrope.evaluate.tasks import eval_classification
+
+    if data_dir is None or not tasks:
+        raise ValueError("classification needs --data-dir and --task (MR, CR, SUBJ, MPQA, TREC, SST2, SST5)")
+    sets = {}
+    for task in tasks:
+        if task in ("TREC", "SST2", "SST5"):
+            sets[task] = (load_senteval(data_dir, task, "train"), load_senteval(data_dir, task, "test"))
+        else:
+            sets[task] = (load_senteval(data_dir, task), None)
+    eval_texts = [t for train, test in sets.values() for t in train.texts + (test.texts if test else [])]
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive)
+    encode = encode_function(encoder)
+    scores = {}
+    for task, (train, test) in sets.items():
+        if test is None:
+            scores[task] = round(eval_classification(encode, train.texts, train.labels)["accuracy"], 2)
+        else:
+            scores[task] = round(eval_classification(encode, train.texts, train.labels, test_texts=test.texts,
+                                                     test_labels=test.labels)["accuracy"], 2)
+    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), "fitted_on": fitted_on}
+
+
+def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | None = None, limit: int | None = 5000,
+                 fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+    """Mean pairwise cosine, partition ratio I(W) and effective rank of the encoder's vectors for a text file."""
+    from isotrope.corpus import iter_texts
+    from isotrope.encoder import reservoir_sample
+
+    if texts_file is None:
+        raise ValueError("isotropy needs --texts FILE")
+    texts = reservoir_sample(iter_texts(texts_file), limit or 5000)
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive)
+    return {"scores": {key: round(value, 4) for key, value in isotropy_of(encoder, texts).items()}, "fitted_on": fitted_on}
+
+
+RUNNERS = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
+           "classification": run_classification, "isotropy": run_isotropy}
+
+
+def evaluate(task: str, recipe: Recipe, evaluator: Evaluator | None = None, **options: Any) -> dict:
+    """Run one task for one recipe; the result names the recipe and what the shaping was fitted on."""
+    if task not in RUNNERS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(RUNNERS)}")
+    import time
+
+    evaluator = evaluator or Evaluator()
+    tick = time.perf_counter()
+    result = RUNNERS[task](evaluator, recipe, **options)
+    transductive = result["fitted_on"].startswith("TRANSDUCTIVE")
+    return {"task": task, "recipe": recipe.label(), **result, "transductive": transductive,
+            "seconds": round(time.perf_counter() - tick, 1)}
+
+
+def write_json(result: Any, path: Path | None) -> str:
+    text = json.dumps(result, indent=2)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return text

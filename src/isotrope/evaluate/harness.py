@@ -1,0 +1,130 @@
+"""Build an encoder for an evaluation, fit it on the declared corpus, run a task, label the result.
+
+Every result says what the shaping was fitted on. Fitting on the evaluation
+texts themselves happens only when asked (``transductive=True``) and is labelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isotrope.backbones import is_static_source
+from isotrope.corpus import iter_texts
+from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.evaluate.cache import CachedBackbone
+from isotrope.evaluate.isotropy import isotropy_report
+
+logger = logging.getLogger(__name__)
+
+#: a fit corpus: a text/.jsonl file, a list of texts, or None (only for encoders that learn nothing)
+FitCorpus = str | Path | Sequence[str] | None
+
+
+@dataclass
+class Recipe:
+    """Everything ``ShapedEncoder.create`` takes, as the CLI and sweeps spell it."""
+
+    model: str = "all-MiniLM-L6-v2"
+    shape: str = "none"
+    pooling: str = "mean"
+    layers: Any = "last"
+    prompt: str | None = None
+    weights: str = "uniform"
+    frequencies: str = "corpus"
+    drop_top: int = 0
+    exclude_special: bool | None = None
+    exclude_punctuation: bool = False
+    max_length: int | None = None
+
+    def label(self) -> str:
+        parts = [self.model, f"pool={self.pooling}"]
+        if self.layers != "last":
+            parts.append(f"layers={self.layers}")
+        if self.prompt:
+            parts.append("prompt")
+        if self.weights != "uniform":
+            parts.append(f"w={self.weights}" + (f"[{Path(self.frequencies).name}]" if self.frequencies != "corpus" else ""))
+        if self.drop_top:
+            parts.append(f"drop_top={self.drop_top}")
+        if self.exclude_special:
+            parts.append("no-special")
+        if self.exclude_punctuation:
+            parts.append("no-punct")
+        parts.append(f"shape={self.shape}")
+        return " ".join(parts)
+
+
+@dataclass
+class Evaluator:
+    """Builds and fits encoders for recipes, sharing loaded backbones and a token-state cache.
+
+    Transformer backbones are wrapped in :class:`CachedBackbone` when ``cache_dir`` is
+    set (static tables are cheap lookups and are not cached). A backbone with fitted
+    state (a ``context:`` table) is shared only between recipes fitted on the same texts.
+    """
+
+    cache_dir: str | Path | None = None
+    fit_samples: int = 20_000
+    seed: int = 0
+    _backbones: dict[str, Any] = field(default_factory=dict)
+    _samples: dict[str, list[str]] = field(default_factory=dict)
+
+    def fit(self, recipe: Recipe, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False
+            ) -> tuple[ShapedEncoder, str]:
+        """A fitted encoder and a description of what it was fitted on."""
+        if corpus is None and transductive:
+            texts, fitted_on = list(dict.fromkeys(eval_texts)), "TRANSDUCTIVE: the evaluation texts"
+        elif corpus is None:
+            texts, fitted_on = None, ""
+        elif isinstance(corpus, (str, Path)):
+            texts, fitted_on = self._sample_file(corpus), str(corpus)
+        else:
+            texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), "the retrieval corpus"
+        encoder = self.build(recipe, texts)
+        if not encoder.needs_corpus:
+            return encoder, "nothing (no fitted statistics)"
+        if texts is None:
+            raise ValueError(f"model {recipe.model!r} / shaping {recipe.shape!r} / weights {recipe.weights!r} needs a "
+                             "fit corpus: pass --fit-corpus FILE (or --transductive to fit on the evaluation texts, "
+                             "labelled as such)")
+        fitted_on = f"{fitted_on} ({len(texts)} texts)"
+        encoder.fit_sample(texts, fitted_on=fitted_on)
+        return encoder, fitted_on
+
+    def build(self, recipe: Recipe, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:
+        """``ShapedEncoder.create`` with the backbone reused across recipes (and cached on disk)."""
+        return ShapedEncoder.create(**vars(recipe), backbone=self._backbone(recipe, fit_texts))
+
+    def _sample_file(self, path: str | Path) -> list[str]:
+        key = str(Path(path).resolve())
+        if key not in self._samples:
+            self._samples[key] = reservoir_sample(iter_texts(path), self.fit_samples, self.seed)
+        return self._samples[key]
+
+    def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
+        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length))
+        if "context:" in recipe.model:  # the table is computed from the fit texts: one backbone per sample
+            key += hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
+        if key not in self._backbones:
+            backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
+                                            max_length=recipe.max_length).backbone
+            if self.cache_dir and not is_static_source(recipe.model):
+                backbone = CachedBackbone(backbone, self.cache_dir)
+            self._backbones[key] = backbone
+        return self._backbones[key]
+
+
+def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.ndarray]:
+    return lambda texts, kind: encoder.encode(texts, kind=kind)
+
+
+def isotropy_of(encoder: ShapedEncoder, texts: Sequence[str]) -> dict[str, float]:
+    """Isotropy metrics of the encoder's vectors for ``texts``."""
+    return isotropy_report(encoder.encode(list(texts)))

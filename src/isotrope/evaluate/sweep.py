@@ -1,0 +1,98 @@
+"""Sweeps: a grid of recipes (backbone x layers x pooling x weights x shape x fit corpus) over tasks.
+
+Config (JSON)::
+
+    {"data_dir": "../shared/data", "cache_dir": ".cache/isotrope",
+     "tasks": {"sts": {"tasks": ["stsb", "sickr"]}, "retrieval": {"beir": "retrieval/scifact"}},
+     "grid": {"model": ["static:all-MiniLM-L6-v2"], "weights": ["uniform", "sif"],
+              "shape": ["none", "whiten"], "fit_corpus": ["corpus/general_english_sentences.txt.gz"]},
+     "recipes": [{"model": "glove-6b-50d", "shape": "abtt"}]}
+
+``grid`` is expanded as a Cartesian product; ``recipes`` adds single points (each
+may carry its own ``fit_corpus``). Relative paths are resolved against
+``data_dir``. The token-state cache makes every text pass the backbone once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from isotrope.evaluate.commands import evaluate
+from isotrope.evaluate.harness import Evaluator, Recipe
+
+logger = logging.getLogger(__name__)
+
+_RECIPE_FIELDS = {field.name for field in fields(Recipe)}
+_PATH_OPTIONS = ("beir", "jsonl", "texts_file", "pairs")
+
+
+def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
+    grid = config.get("grid", {})
+    unknown = set(grid) - _RECIPE_FIELDS - {"fit_corpus"}
+    if unknown:
+        raise ValueError(f"unknown grid keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | {'fit_corpus'})}")
+    keys = list(grid)
+    points = [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))] if keys else []
+    return points + list(config.get("recipes", []))
+
+
+def _resolve(value: Any, data_dir: Path | None) -> Any:
+    if isinstance(value, list):
+        return [_resolve(item, data_dir) for item in value]
+    if isinstance(value, str) and data_dir is not None and (data_dir / value).exists():
+        return data_dir / value
+    return value
+
+
+def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
+    """Evaluate every point on every task; write ``out.json`` (all results) and ``out.md`` (one table per task)."""
+    config_path = Path(config_path)
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    data_dir = Path(config["data_dir"]).expanduser() if config.get("data_dir") else None
+    if data_dir is not None and not data_dir.is_absolute():
+        data_dir = (config_path.parent / data_dir).resolve()
+    evaluator = Evaluator(cache_dir=config.get("cache_dir"), fit_samples=config.get("fit_samples", 20_000))
+    rows = []
+    for point in _points(config):
+        recipe = Recipe(**{key: value for key, value in point.items() if key in _RECIPE_FIELDS})
+        fit_corpus = point.get("fit_corpus")
+        for task, options in config.get("tasks", {}).items():
+            options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}
+            corpus = fit_corpus if fit_corpus in (None, "corpus") else str(_resolve(fit_corpus, data_dir))
+            logger.info("sweep: %s on %s", recipe.label(), task)
+            result = evaluate(task, recipe, evaluator, data_dir=data_dir, fit_corpus=corpus, **options)
+            rows.append({"point": point, **result})
+            _write(rows, Path(out))  # partial results survive an interrupted sweep
+    return rows
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown_table(rows))
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """One table per task: recipe, what it was fitted on, then every score."""
+    lines = []
+    for task in dict.fromkeys(row["task"] for row in rows):
+        task_rows = [row for row in rows if row["task"] == task]
+        metrics = list(dict.fromkeys(metric for row in task_rows for metric in row["scores"]))
+        has_average = any("average" in row for row in task_rows)
+        header = ["recipe", "fitted on", *metrics, *(["avg"] if has_average else [])]
+        lines += [f"### {task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in task_rows:
+            cells = [row["recipe"], row["fitted_on"], *(f"{row['scores'].get(m, '')}" for m in metrics)]
+            if has_average:
+                cells.append(f"{row.get('average', '')}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
