@@ -465,8 +465,8 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             raise ValueError("the query has neither query_embedding nor query_str")
         where = _all_of(
             to_where(query.filters),
-            _in(REF_DOC_ID_KEY, query.doc_ids),
-            _in(NODE_ID_KEY, query.node_ids),
+            _in(REF_DOC_ID_KEY, query.doc_ids or None),  # an empty list is "no restriction" here:
+            _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
         hits = self._collection.store.search(vector[None, :], query.similarity_top_k, where=where)[0]
         return VectorStoreQueryResult(

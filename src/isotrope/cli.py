@@ -83,9 +83,16 @@ def fit(
     from isotrope.corpus import iter_texts
     from isotrope.encoder import ShapedEncoder
 
-    encoder = ShapedEncoder.create(**encoder_options(model, shape, pooling, layers, prompt, weights, frequencies,
-                                                     drop_top, exclude_special, exclude_punctuation, max_length))
-    encoder.fit(iter_texts(corpus, text_field), max_samples=max_samples, fitted_on=str(corpus), show_progress=True)
+    options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
+                              exclude_special, exclude_punctuation, max_length)
+    if shape == "auto":
+        from isotrope.autoshape import choose_shape
+        from isotrope.encoder import reservoir_sample
+
+        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), options, fitted_on=str(corpus))
+    else:
+        encoder = ShapedEncoder.create(**options)
+        encoder.fit(iter_texts(corpus, text_field), max_samples=max_samples, fitted_on=str(corpus), show_progress=True)
     encoder.save(out)
     typer.echo(f"saved {encoder!r} to {out}\nfingerprint {encoder.fingerprint}")
 

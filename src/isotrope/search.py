@@ -125,7 +125,7 @@ class Collection:
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
         return {"store": f"{self.kind}:{self.path}", "chunks": len(self.store), **self.store.properties,
-                "fit": self.encoder.metadata.get("fit")}
+                **self.encoder.metadata}
 
     def close(self) -> None:
         self.store.close()

@@ -55,6 +55,9 @@ def parse_shape(shape: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Turn a preset name, a chain spec or a JSON list into ``[{"kind": ..., "config": {...}}, ...]``."""
     from isotrope.transforms import TRANSFORMS
 
+    if shape == "auto":
+        raise ValueError("shape 'auto' is chosen from a corpus: use it with `isotrope fit/index/eval`, "
+                         "or call isotrope.autoshape.choose_shape(texts, options)")
     if isinstance(shape, list):
         steps = shape
     else:

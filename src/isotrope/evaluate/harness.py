@@ -87,6 +87,8 @@ class Evaluator:
             texts, fitted_on = self._sample_file(corpus), str(corpus)
         else:
             texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), "the retrieval corpus"
+        if recipe.shape == "auto":
+            return self._auto(recipe, texts, fitted_on)
         encoder = self.build(recipe, texts)
         if not encoder.needs_corpus:
             return encoder, "nothing (no fitted statistics)"
@@ -97,6 +99,16 @@ class Evaluator:
         fitted_on = f"{fitted_on} ({len(texts)} texts)"
         encoder.fit_sample(texts, fitted_on=fitted_on)
         return encoder, fitted_on
+
+    def _auto(self, recipe: Recipe, texts: Sequence[str] | None, fitted_on: str) -> tuple[ShapedEncoder, str]:
+        """``--shape auto``: pick the shaping by pseudo-query MRR on the fit corpus (never on labels)."""
+        from isotrope.autoshape import choose_shape
+
+        if texts is None:
+            raise ValueError("--shape auto chooses from a corpus: pass --fit-corpus FILE (or 'corpus' for retrieval)")
+        fitted_on = f"{fitted_on} ({len(texts)} texts)"
+        encoder = choose_shape(texts, vars(recipe), fitted_on=fitted_on)
+        return encoder, f"{fitted_on}; auto chose {encoder.metadata['auto_shape']['chosen']}"
 
     def build(self, recipe: Recipe, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:
         """``ShapedEncoder.create`` with the backbone reused across recipes (and cached on disk)."""

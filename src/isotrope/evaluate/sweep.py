@@ -8,9 +8,10 @@ Config (JSON)::
               "shape": ["none", "whiten"], "fit_corpus": ["corpus/general_english_sentences.txt.gz"]},
      "recipes": [{"model": "glove-6b-50d", "shape": "abtt"}]}
 
-``grid`` is expanded as a Cartesian product; ``recipes`` adds single points (each
-may carry its own ``fit_corpus``). Relative paths are resolved against
-``data_dir``. The token-state cache makes every text pass the backbone once.
+``grid`` is expanded as a Cartesian product (a list of grids is expanded one
+after the other); ``recipes`` adds single points (each may carry its own
+``fit_corpus``). Relative paths (task files, ``fit_corpus``, ``frequencies``,
+a word-vector ``model`` file) are resolved against ``data_dir``. The token-state cache makes every text pass the backbone once.
 """
 
 from __future__ import annotations
@@ -29,16 +30,21 @@ logger = logging.getLogger(__name__)
 
 _RECIPE_FIELDS = {field.name for field in fields(Recipe)}
 _PATH_OPTIONS = ("beir", "jsonl", "texts_file", "pairs")
+_RECIPE_PATHS = ("model", "frequencies")
 
 
 def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
-    grid = config.get("grid", {})
-    unknown = set(grid) - _RECIPE_FIELDS - {"fit_corpus"}
-    if unknown:
-        raise ValueError(f"unknown grid keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | {'fit_corpus'})}")
-    keys = list(grid)
-    points = [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))] if keys else []
-    return points + list(config.get("recipes", []))
+    grids = config.get("grid", {})
+    points = []
+    for grid in grids if isinstance(grids, list) else [grids]:
+        keys = list(grid)
+        points += [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))] if keys else []
+    points += list(config.get("recipes", []))
+    for point in points:
+        unknown = set(point) - _RECIPE_FIELDS - {"fit_corpus"}
+        if unknown:
+            raise ValueError(f"unknown recipe keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | {'fit_corpus'})}")
+    return points
 
 
 def _resolve(value: Any, data_dir: Path | None) -> Any:
@@ -62,7 +68,8 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
     evaluator = Evaluator(cache_dir=config.get("cache_dir"), fit_samples=config.get("fit_samples", 20_000))
     rows = []
     for point in _points(config):
-        recipe = Recipe(**{key: value for key, value in point.items() if key in _RECIPE_FIELDS})
+        recipe = Recipe(**{key: str(_resolve(value, data_dir)) if key in _RECIPE_PATHS else value
+                           for key, value in point.items() if key in _RECIPE_FIELDS})
         fit_corpus = point.get("fit_corpus")
         for task, options in config.get("tasks", {}).items():
             options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}

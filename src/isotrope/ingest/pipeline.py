@@ -101,18 +101,25 @@ def index_documents(
         collection = Collection.open(store, encoder)
         logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
     else:
+        options = dict(encoder_options or {})
+        auto = options.get("shape") == "auto"
         built = encoder is None
-        encoder = encoder or ShapedEncoder.create(**(encoder_options or {}))
-        if encoder.needs_corpus and (built or not encoder.is_fitted()):
+        encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options.get("shape", "none")})
+        if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
             chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
             chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
             sample = reservoir_sample(chunks, fit_samples)
             if not sample:
                 raise ValueError(f"{source}: no text to index")
-            raw = encoder.fit_sample([chunk.text for chunk in sample], show_progress=show_progress,
-                                     fitted_on=f"{len(sample)} sampled chunks of {source}")
-            if raw is not None:  # reused when writing: the sample is not embedded twice
-                raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
+            texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
+            if auto:
+                from isotrope.autoshape import choose_shape
+
+                encoder = choose_shape(texts, options, fitted_on=fitted_on)
+            else:
+                raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
+                if raw is not None:  # reused when writing: the sample is not embedded twice
+                    raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
         collection = Collection.create(store, encoder, **(store_options or {}))
     report.seconds["fit"] = time.perf_counter() - started
     try:

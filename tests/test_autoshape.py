@@ -1,0 +1,98 @@
+"""--shape auto: label-free pseudo-queries and a deterministic choice among candidate shapings."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import GLOVE_WORDS
+
+from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10
+from isotrope.encoder import ShapedEncoder
+
+TOPICS = [
+    "the river flows past the old house",
+    "a cat sleeps by the warm window",
+    "the dog runs across the green field",
+    "children read books in the quiet school",
+]
+
+
+def _corpus(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = [w.lower() for w in GLOVE_WORDS]
+    texts = []
+    for _ in range(n):
+        sentences = [" ".join(rng.choice(words, size=6)).capitalize() + "." for _ in range(int(rng.integers(3, 6)))]
+        texts.append(" ".join(sentences))
+    return texts
+
+
+def test_pseudo_queries_are_sentences_cut_out_of_their_document() -> None:
+    texts = ["First sentence is here. Second one follows now. Third closes the text.",
+             "Too short.",
+             "Alpha beta gamma delta. Epsilon zeta eta theta. Iota kappa lambda mu."]
+    queries, documents = build_pseudo_queries(texts, n_queries=10, seed=3)
+    assert {q.document for q in queries} == {0, 2}  # the one-sentence text gives no query
+    for query in queries:
+        assert query.text in texts[query.document]
+        assert query.text not in documents[query.document]
+        assert documents[query.document]  # the rest of the text remains
+    assert documents[1] == texts[1]
+
+
+def test_pseudo_queries_use_titles_when_given() -> None:
+    queries, documents = build_pseudo_queries(["body one. more. text.", "body two"], titles=["Title A", "Title B"])
+    assert sorted((q.text, q.document) for q in queries) == [("Title A", 0), ("Title B", 1)]
+    assert documents == ["body one. more. text.", "body two"]
+
+
+def test_pseudo_queries_are_deterministic_for_a_seed() -> None:
+    texts = _corpus(50)
+    assert build_pseudo_queries(texts, 20, seed=1) == build_pseudo_queries(texts, 20, seed=1)
+    assert build_pseudo_queries(texts, 20, seed=1)[0] != build_pseudo_queries(texts, 20, seed=2)[0]
+
+
+def test_mrr_at_10_matches_a_brute_force_ranking() -> None:
+    rng = np.random.default_rng(0)
+    queries, documents = rng.normal(size=(30, 8)), rng.normal(size=(40, 8))
+    relevant = rng.integers(0, 40, size=30)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    expected = []
+    for q, r in zip(unit(queries), relevant):
+        ranking = list(np.argsort(-(unit(documents) @ q), kind="stable"))
+        rank = ranking.index(r) + 1
+        expected.append(1.0 / rank if rank <= 10 else 0.0)
+    assert mrr_at_10(queries, documents, relevant) == pytest.approx(np.mean(expected))
+
+
+def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_path: str, tmp_path) -> None:
+    texts = _corpus(120)
+    candidates = [{"shape": "none"}, {"shape": "center"}, {"shape": "whiten"}, {"weights": "sif", "shape": "none"}]
+    first = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, n_queries=40, seed=0)
+    second = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, n_queries=40, seed=0)
+    report = first.metadata["auto_shape"]
+    assert report == second.metadata["auto_shape"]
+    assert [row["shape"] for row in report["candidates"]] == ["none", "center", "whiten", "none"]
+    best = max(report["candidates"], key=lambda row: row["mrr@10"])
+    assert report["chosen"] == {k: v for k, v in best.items() if k != "mrr@10"}
+    assert first.fingerprint == second.fingerprint
+    # the returned encoder is the chosen recipe fitted on all texts
+    reference = ShapedEncoder.create(tiny_glove_path, **report["chosen"])
+    if reference.needs_corpus:
+        reference.fit_sample(texts)
+    np.testing.assert_allclose(first.encode(texts[:5]), reference.encode(texts[:5]), atol=1e-6)
+    first.save(tmp_path / "enc")
+    saved = json.loads((tmp_path / "enc" / "isotrope.json").read_text())
+    assert saved["metadata"]["auto_shape"]["chosen"] == report["chosen"]
+
+
+def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:
+    with pytest.raises(ValueError, match="larger corpus"):
+        choose_shape(["one. two. three four five six."] * 3, {"model": tiny_glove_path})
+
+
+def test_auto_is_not_a_fixed_chain() -> None:
+    with pytest.raises(ValueError, match="chosen from a corpus"):
+        ShapedEncoder.create("glove-6b-50d", shape="auto")

@@ -1,0 +1,195 @@
+"""Collections (a store plus the encoder that wrote it) and the index/search/info commands, checked
+against float64 brute force over the in-memory encoder's vectors of the chunker's chunks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from isotrope.cli import main
+from isotrope.encoder import ShapedEncoder
+from isotrope.ingest.chunking import Chunk, TokenChunker
+from isotrope.ingest.loaders import iter_documents
+from isotrope.ingest.pipeline import index_documents
+from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
+from isotrope.stores.base import Hit
+
+pytest.importorskip("faiss")
+pytest.importorskip("lancedb")
+
+CHUNKING = {"chunk_tokens": 32, "overlap_tokens": 8}
+K = 5
+QUERIES = ["the cat runs in the city", "a big red car", "where is the river?", "music and rain"]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_bert_path) -> ShapedEncoder:
+    return ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu").fit(make_sentences(200, seed=3))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for seed, name in enumerate(["a.md", "b.txt", "c.md"]):
+        sentences = make_sentences(12, seed=20 + seed)
+        (folder / name).write_text("\n\n".join(" ".join(sentences[i : i + 4]) for i in range(0, 12, 4)) + "\n")
+    (folder / "blob.txt").write_bytes(b"\x00\x01binary")
+    return folder
+
+
+def expected_chunks(folder: Path, encoder: ShapedEncoder) -> list[Chunk]:
+    chunker = TokenChunker(encoder.tokenizer, **CHUNKING)
+    return [chunk for document in iter_documents(folder) for chunk in chunker.chunk(document)]
+
+
+def check_against_brute_force(hits: list[list[Hit]], queries: list[str], chunks: list[Chunk], encoder: ShapedEncoder,
+                              where=lambda chunk: True) -> None:
+    """Tie-aware: each hit's score is its float64 reference score, and the scores are the reference top k."""
+    allowed = [chunk for chunk in chunks if where(chunk)]
+    vectors = encoder.encode([chunk.text for chunk in allowed]).astype(np.float64)
+    reference = encoder.encode(queries, kind="query").astype(np.float64) @ vectors.T
+    column = {chunk.id: j for j, chunk in enumerate(allowed)}
+    assert len(hits) == len(queries)
+    for row, found in zip(reference, hits):
+        assert len(found) == min(K, len(allowed))
+        assert all(hit.id in column for hit in found)
+        np.testing.assert_allclose([hit.score for hit in found], [row[column[hit.id]] for hit in found], atol=1e-5)
+        np.testing.assert_allclose([hit.score for hit in found], np.sort(row)[::-1][:K], atol=1e-5)
+
+
+def test_parse_store_uri(tmp_path):
+    assert parse_store_uri(f"faiss:{tmp_path}/x") == ("faiss", tmp_path / "x")
+    assert parse_store_uri(f"lancedb:{tmp_path}/y") == ("lancedb", tmp_path / "y")
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "store.sqlite").touch()
+    (tmp_path / "l" / "chunks.lance").mkdir(parents=True)
+    assert parse_store_uri(tmp_path / "f") == ("faiss", tmp_path / "f")
+    assert parse_store_uri(str(tmp_path / "l")) == ("lancedb", tmp_path / "l")
+    with pytest.raises(ValueError, match="cannot tell the store kind of .*nowhere.*faiss:DIR or lancedb:DIR"):
+        parse_store_uri(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="cannot tell the store kind"):
+        parse_store_uri(f"milvus:{tmp_path}")
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_persist_reopen_gives_identical_results(tmp_path, corpus, encoder, kind):
+    uri = f"{kind}:{tmp_path / 'store'}"
+    chunks = expected_chunks(corpus, encoder)
+    index_documents(corpus, uri, encoder=encoder, show_progress=False, **CHUNKING)
+    with Collection.open(uri) as collection:  # the encoder loaded from the store
+        assert collection.encoder is not encoder and collection.encoder.fingerprint == encoder.fingerprint
+        first = collection.search(QUERIES, k=K)
+        single = collection.search(QUERIES[0], k=K)
+        filtered = collection.search(QUERIES, k=K, where="source = 'b.txt'")
+        assert collection.search(QUERIES, k=K, where={"source": "b.txt"}) == filtered
+        info = collection.info()
+    check_against_brute_force(first, QUERIES, chunks, encoder)
+    assert [hit.id for hit in single] == [hit.id for hit in first[0]]  # one query alone or in a batch
+    np.testing.assert_allclose([hit.score for hit in single], [hit.score for hit in first[0]], atol=1e-6)
+    check_against_brute_force(filtered, QUERIES, chunks, encoder, where=lambda chunk: chunk.source == "b.txt")
+    assert all(hit.metadata["source"] == "b.txt" for hits in filtered for hit in hits)
+    assert info["store"] == uri and info["chunks"] == len(chunks)
+    assert info["fingerprint"] == encoder.fingerprint and info["shape"] == "center,l2" and info["dim"] == str(encoder.dim)
+
+    with Collection.open(uri, encoder=encoder) as collection:  # reopened, with the in-memory encoder
+        assert collection.search(QUERIES, k=K) == first
+        assert collection.search(QUERIES, k=K, where="source = 'b.txt'") == filtered
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_encoder_mismatch_names_both_fingerprints(tmp_path, corpus, encoder, tiny_bert_path, kind):
+    uri = f"{kind}:{tmp_path / 'store'}"
+    index_documents(corpus, uri, encoder=encoder, show_progress=False, **CHUNKING)
+    other = ShapedEncoder.create(tiny_bert_path, shape="abtt(2)", device="cpu").fit(make_sentences(100, seed=4))
+    assert other.fingerprint != encoder.fingerprint
+    with pytest.raises(EncoderMismatchError) as error:
+        Collection.open(uri, encoder=other)
+    assert encoder.fingerprint in str(error.value) and other.fingerprint in str(error.value)
+    (corpus / "d.md").write_text("the dog sees the moon.\n")
+    with pytest.raises(EncoderMismatchError, match=other.fingerprint):
+        index_documents(corpus, uri, encoder=other, show_progress=False, **CHUNKING)
+    with Collection.open(uri) as collection:  # nothing was written
+        assert len(collection.store) == len(expected_chunks(corpus, encoder)) - 1
+
+
+def test_create_and_open_errors(tmp_path, encoder, tiny_bert_path):
+    uri = f"faiss:{tmp_path / 'store'}"
+    assert not Collection.exists(uri)
+    with pytest.raises(FileNotFoundError, match="no isotrope store at .*store"):
+        Collection.open(uri)
+    Collection.create(uri, encoder).close()
+    assert Collection.exists(uri) and Collection.exists(tmp_path / "store")
+    with pytest.raises(FileExistsError, match="already holds an isotrope store"):
+        Collection.create(uri, encoder)
+    with Collection.open(tmp_path / "store") as collection:
+        assert len(collection.store) == 0 and collection.search("the cat", k=3) == []
+    unfitted = ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu")
+    with pytest.raises(Exception, match="not fitted"):
+        Collection.create(f"lancedb:{tmp_path / 'other'}", unfitted)
+    assert not Collection.exists(f"lancedb:{tmp_path / 'other'}")
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_index_search_info(monkeypatch, capsys, tmp_path, corpus, tiny_bert_path):
+    store = tmp_path / "store"
+    uri = f"faiss:{store}"
+    code, out, err = run_cli(monkeypatch, capsys, "index", corpus, "--store", uri, "--model", tiny_bert_path,
+                             "--shape", "center", "--chunk-tokens", 32, "--overlap-tokens", 8)
+    assert code == 0, err
+    assert "skipped blob.txt: binary file" in err
+    loaded = ShapedEncoder.load(store / "encoder", device="cpu")
+    assert loaded.shape == "center,l2"
+    chunks = expected_chunks(corpus, loaded)
+    assert f"3 documents, {len(chunks)} chunks: {len(chunks)} added" in out
+
+    code, out, err = run_cli(monkeypatch, capsys, "search", uri, QUERIES[1], "-k", K, "--json")
+    assert code == 0, err
+    hits = [Hit(**hit) for hit in json.loads(out)]
+    check_against_brute_force([hits], [QUERIES[1]], chunks, loaded)
+    texts = {chunk.id: chunk.text for chunk in chunks}
+    assert all(hit.text == texts[hit.id] for hit in hits)
+
+    code, out, err = run_cli(monkeypatch, capsys, "search", uri, QUERIES[1], "-k", K, "--json", "--where", "source = 'c.md'")
+    assert code == 0, err
+    filtered = [Hit(**hit) for hit in json.loads(out)]
+    check_against_brute_force([filtered], [QUERIES[1]], chunks, loaded, where=lambda chunk: chunk.source == "c.md")
+
+    code, out, err = run_cli(monkeypatch, capsys, "search", store, QUERIES[1], "-k", 2)  # a bare folder, plain text
+    assert code == 0, err
+    assert out.startswith(f" 1. {hits[0].score:.3f}  {hits[0].metadata['source']}\n") and "\n 2. " in out
+
+    code, out, err = run_cli(monkeypatch, capsys, "info", uri)
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["chunks"] == len(chunks) and info["fingerprint"] == loaded.fingerprint
+    assert (info["model"], info["shape"], info["dim"]) == (tiny_bert_path, "center,l2", "32")
+
+    code, out, err = run_cli(monkeypatch, capsys, "index", corpus, "--store", uri, "--chunk-tokens", 32, "--overlap-tokens", 8)
+    assert code == 0, err
+    assert f"0 added, {len(chunks)} unchanged" in out
+
+
+def test_cli_errors_are_one_line(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "search", f"faiss:{tmp_path / 'none'}", "the cat")
+    assert code == 1 and err.splitlines() == [f"error: no isotrope store at {tmp_path / 'none'} (missing encoder/isotrope.json)"]
+    code, _, err = run_cli(monkeypatch, capsys, "info", tmp_path)
+    assert code == 1 and len(err.splitlines()) == 1 and "cannot tell the store kind" in err
