@@ -380,7 +380,7 @@ class _Actors:
         return dataset.map_batches(
             _Embedder,
             fn_constructor_kwargs=kwargs,
-            concurrency=self.num_actors,
+            compute=ray.data.ActorPoolStrategy(size=self.num_actors),
             num_gpus=self.gpus_per_actor or None,
             batch_size=self.batch_size,
             batch_format="numpy",

@@ -209,6 +209,25 @@ def test_context_tables_are_shared_only_between_equal_fit_samples(tiny_bert_path
     np.testing.assert_allclose(tables[0], fresh.backbone.get_state()["context.1.table_"], atol=1e-5)
 
 
+def test_context_corpus_fits_the_table_apart_from_the_shaping(tiny_bert_path, tmp_path):
+    table_corpus = tmp_path / "general.txt"
+    table_corpus.write_text("\n".join(make_sentences(30, seed=1)) + "\n")
+    documents = make_sentences(12, seed=9)
+    evaluator = Evaluator()
+    recipe = Recipe(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}", shape="center")
+    encoder, fitted_on = evaluator.fit(recipe, documents, context_corpus=str(table_corpus))
+    assert fitted_on == f"the retrieval corpus (12 texts); context table: {table_corpus} (30 texts)"
+    table_only, _ = evaluator.fit(Recipe(model=recipe.model), str(table_corpus))
+    assert table_only.backbone is encoder.backbone  # the table came from the context corpus
+    np.testing.assert_allclose(encoder.transforms[0].mean_, encoder.embed_raw(documents).astype(np.float64).mean(0),
+                               atol=1e-5)
+    _, fitted_on = evaluator.fit(Recipe(model=recipe.model), None, context_corpus=str(table_corpus))
+    assert fitted_on == f"context table: {table_corpus} (30 texts)"
+    with pytest.raises(ValueError, match="has none"):
+        evaluator.fit(Recipe(model=f"static:{tiny_bert_path}", shape="center"), documents,
+                      context_corpus=str(table_corpus))
+
+
 # -- evaluate ----------------------------------------------------------------------
 def test_evaluate_sts_on_a_pairs_file(tiny_glove_path, tmp_path):
     pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
@@ -266,6 +285,20 @@ def test_evaluate_retrieval_fits_on_the_documents_never_the_queries(tiny_glove_p
         evaluate("retrieval", recipe, Evaluator(), beir=beir, transductive=True)
 
 
+def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tmp_path):
+    import gzip
+
+    words = ["cat", "dog", "house", "river"]
+    path = tmp_path / "clusters.jsonl.gz"
+    with gzip.open(path, "wt") as handle:  # sorted by label, as 20 Newsgroups is
+        for label, word in enumerate(words):
+            for i in range(10):
+                handle.write(json.dumps({"text": f"{word} {word} the", "label": label, "split": "test"}) + "\n")
+    result = evaluate("clustering", Recipe(model=tiny_glove_path), Evaluator(), jsonl=path, split="test", limit=12)
+    assert result["texts"] == 12 and result["labels"] == 4
+    assert result["scores"]["v_measure"] == 100.0  # identical texts per label, distinct across labels
+
+
 # -- sweeps ------------------------------------------------------------------------
 def test_run_sweep_writes_json_and_markdown(tiny_glove_path, tiny_bert_path, tmp_path):
     data = tmp_path / "data"
@@ -296,7 +329,26 @@ def test_run_sweep_writes_json_and_markdown(tiny_glove_path, tiny_bert_path, tmp
     header = markdown.index("| recipe | fitted on | tiny_pairs | avg |")
     body = markdown[header + 2: header + 5]
     for line, row in zip(body, rows):
-        assert line.startswith(f"| {row['recipe']} | {row['fitted_on']} | {row['scores']['tiny_pairs']} |")
+        fitted_on = row["fitted_on"].replace(f"{data}/", "")  # paths shown relative to data_dir
+        assert line == f"| {row['recipe']} | {fitted_on} | {row['scores']['tiny_pairs']} | {row['average']} |"
+    assert "| fit.txt (8 texts) |" in body[1]
+
+
+def test_run_sweep_task_fit_corpus_is_a_default(tiny_glove_path, tmp_path):
+    data = tmp_path / "data"
+    _write_pairs(data / "tiny_pairs.tsv")
+    (data / "fit.txt").write_text("\n".join(FIT_TEXTS) + "\n")
+    (data / "other.txt").write_text("\n".join(FIT_TEXTS[:5]) + "\n")
+    config = {
+        "data_dir": str(data),
+        "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"], "fit_corpus": "fit.txt"}},
+        "recipes": [{"model": tiny_glove_path, "shape": "center"},
+                    {"model": tiny_glove_path, "shape": "center", "fit_corpus": "other.txt"}],
+    }
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(config))
+    rows = run_sweep(path, tmp_path / "out")
+    assert [row["fitted_on"] for row in rows] == [f"{data / 'fit.txt'} (8 texts)", f"{data / 'other.txt'} (5 texts)"]
 
 
 def test_run_sweep_rejects_bad_configs(tmp_path):

@@ -32,15 +32,6 @@ def non_gaussian(n: int, dim: int, seed: int) -> np.ndarray:
     return (base @ mixing + 3.0).astype(np.float32)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data() -> tuple[np.ndarray, np.ndarray]:
     return non_gaussian(3000, 8, seed=0), non_gaussian(2000, 8, seed=1)
@@ -152,10 +143,13 @@ def test_density_integrates_to_one() -> None:
     assert np.exp(flow.log_prob(grid)).sum() * cell == pytest.approx(1.0, abs=0.01)
 
 
-def test_save_load_gives_identical_outputs(fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray], tmp_path) -> None:
+def test_save_load_gives_identical_outputs(
+    fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray], tmp_path
+) -> None:
     state = fitted.get_state()
-    assert all(name.endswith("_") for name in state)
-    assert {"mean_", "scale_", "blocks.0.actnorm.bias_", "blocks.2.coupling.net.4.weight_"} <= set(state)
+    assert sorted(state) == sorted(FlowTransform.state_names)
+    assert state["actnorm_bias_"].shape == (3, 8) and state["mixing_lower_"].shape == (3, 8, 8)
+    assert state["coupling_net_4_weight_"].shape == (3, 8, 32)  # affine: shift and log scale of 4 features
     path = tmp_path / "state.safetensors"
     save_file({f"transforms.0.{name}": array for name, array in state.items()}, str(path))
     loaded = {name.removeprefix("transforms.0."): array for name, array in load_file(str(path)).items()}
@@ -192,14 +186,33 @@ def test_fit_is_deterministic_for_a_seed(data: tuple[np.ndarray, np.ndarray]) ->
 def test_from_state_rejects_bad_state(fitted: FlowTransform) -> None:
     state = fitted.get_state()
     config = fitted.get_config()
-    with pytest.raises(ValueError, match="blocks.1.mixing.log_diag_"):
-        FlowTransform.from_state(config, {k: v for k, v in state.items() if k != "blocks.1.mixing.log_diag_"})
-    with pytest.raises(ValueError, match="mean_"):
-        FlowTransform.from_state(config, {k: v for k, v in state.items() if k != "mean_"})
-    with pytest.raises(ValueError, match="n_blocks=4"):
+    for name in ("mixing_log_diag_", "mean_"):
+        with pytest.raises(ValueError, match=f"missing arrays: {name}"):
+            FlowTransform.from_state(config, {k: v for k, v in state.items() if k != name})
+    with pytest.raises(ValueError, match=r"actnorm_bias_ has shape \(3, 8\); expected \(4, 8\)"):
         FlowTransform.from_state({**config, "n_blocks": 4}, state)
-    with pytest.raises(ValueError, match="hidden=64"):
+    with pytest.raises(ValueError, match=r"coupling_net_0_weight_ has shape \(3, 32, 4\); expected \(3, 64, 4\)"):
         FlowTransform.from_state({**config, "hidden": 64}, state)
+    with pytest.raises(ValueError, match=r"coupling_net_4_weight_ has shape \(3, 8, 32\); expected \(3, 4, 32\)"):
+        FlowTransform.from_state({**config, "coupling": "additive"}, state)
+    with pytest.raises(ValueError, match="scale_ must be positive"):
+        FlowTransform.from_state(config, {**state, "scale_": np.zeros(8)})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"coupling": "spline"},
+        {"n_blocks": 0},
+        {"hidden": 2.5},
+        {"max_steps": -1},
+        {"validation_fraction": 1.0},
+        {"lr": 0.0},
+    ],
+)
+def test_invalid_parameters_raise(config: dict) -> None:
+    with pytest.raises(ValueError, match="flow transform: " + next(iter(config))):
+        FlowTransform(**config)
 
 
 def test_unfitted_and_bad_input_raise(fitted: FlowTransform) -> None:
@@ -214,7 +227,5 @@ def test_unfitted_and_bad_input_raise(fitted: FlowTransform) -> None:
         fitted.transform(np.ones((3, 5), dtype=np.float32))
     with pytest.raises(ValueError, match="8 latent features; got 5"):
         fitted.inverse(np.ones((3, 5), dtype=np.float32))
-    with pytest.raises(ValueError, match="coupling"):
-        FlowTransform(coupling="spline").fit(X)
     with pytest.raises(ValueError, match="at least 2 features"):
         FlowTransform().fit(np.ones((10, 1)))

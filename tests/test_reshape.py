@@ -15,7 +15,8 @@ from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.pipeline import index_documents
-from isotrope.reshape import MARKER, RETIRED, STAGED, reshape_store
+import isotrope.reshape
+from isotrope.reshape import MARKER, RETIRED, STAGED, ReshapeInProgressError, reshape_store
 from isotrope.search import ENCODER_DIR, Collection
 
 pytest.importorskip("lancedb")
@@ -109,7 +110,7 @@ def test_reshape_refits_on_the_raw_vectors_and_rewrites_every_vector(store, base
 
     encoder = reshape_store(uri, "abtt(2),l2")  # from the shaped store: the raw vectors are still there
     again = snapshot(store)
-    assert again["fingerprint"] == encoder.fingerprint and again["properties"]["shape"] == "abtt(2),l2"
+    assert again["fingerprint"] == encoder.fingerprint and again["properties"]["shape"] == "abtt(n_components=2),l2"
     np.testing.assert_allclose(again["vectors"], abtt_reference(before["raw"], 2), atol=1e-4)
 
     (tmp_path / "more").mkdir()  # new chunks get the new shaping (and their raw vectors)
@@ -186,6 +187,28 @@ def test_an_interrupted_reshape_is_recovered_on_the_next_open(store, monkeypatch
         np.testing.assert_array_equal(after["vectors"], before["vectors"])
     encoder = reshape_store(uri, "abtt(2),l2")  # and the store can be reshaped again
     assert snapshot(store)["fingerprint"] == encoder.fingerprint
+
+
+def test_a_store_being_reshaped_is_refused_not_recovered(store, monkeypatch):
+    uri = f"lancedb:{store}"
+    before = snapshot(store)
+    real_describe = isotrope.reshape.describe_encoder
+    seen = []
+
+    def describe_encoder(encoder):  # called between the vector rewrite and the encoder swap
+        seen.append(leftovers(store))
+        with pytest.raises(ReshapeInProgressError, match="is being reshaped"):
+            Collection.open(uri)  # must not roll back the live reshape
+        with pytest.raises(ReshapeInProgressError):
+            reshape_store(uri, "abtt(2),l2")
+        return real_describe(encoder)
+
+    monkeypatch.setattr(isotrope.reshape, "describe_encoder", describe_encoder)
+    encoder = reshape_store(uri, "center", batch_size=4)
+    assert seen == [{MARKER, STAGED}]
+    after = snapshot(store)
+    assert after["fingerprint"] == encoder.fingerprint and leftovers(store) == set()
+    np.testing.assert_allclose(after["vectors"], center_reference(before["raw"]), atol=1e-5)
 
 
 def test_a_shape_of_another_dimension_is_refused_before_writing(store):

@@ -29,6 +29,7 @@ CONFIGS: dict[str, dict] = {
     "pca": {"n_components": 3},
     "quantile": {"n_quantiles": 50},
     "l2": {},
+    "flow": {"n_blocks": 2, "hidden": 16, "max_epochs": 2, "device": "cpu"},
 }
 OUTPUT_WIDTH = {"whiten": 8, "pca": 3}
 MOMENT_KINDS = ["center", "zscore", "whiten", "pca", "abtt"]

@@ -3,7 +3,9 @@
 Crash safety: a marker file records the table version before the rewrite; the new
 encoder is staged in ``encoder.next/``; all vectors are replaced in one table
 version; the encoder folders are swapped last. Opening a store whose marker is
-still there rolls an unfinished reshape back (or completes the final swap).
+still there rolls an unfinished reshape back (or completes the final swap). A running
+reshape holds a lock on the store folder (released by the system if the process dies), so
+a store opened meanwhile is refused instead of "recovered" under the live reshape.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +33,40 @@ STAGED = "encoder.next"
 RETIRED = "encoder.old"
 
 
+class ReshapeInProgressError(RuntimeError):
+    """The store is being reshaped by another process (or another handle in this one)."""
+
+
+@contextmanager
+def _reshape_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive, non-blocking flock on the store folder; the system drops it when the process dies."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no guard against concurrent reshapes
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ReshapeInProgressError(f"{path} is being reshaped; open it when the reshape has finished") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def recover_interrupted_reshape(path: Path, store: Any) -> None:
     """Undo (or finish) a reshape that was killed; a no-op when none was running."""
     marker = path / MARKER
     if not marker.exists():
         return
+    with _reshape_lock(path):
+        if marker.exists():  # another process may have recovered it before we took the lock
+            _recover(path, marker, store)
+
+
+def _recover(path: Path, marker: Path, store: Any) -> None:
     current, staged, retired = path / ENCODER_DIR, path / STAGED, path / RETIRED
     if staged.exists():  # the encoder swap did not happen: roll the table back
         from_version = json.loads(marker.read_text())["from_version"]
@@ -55,7 +87,7 @@ def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
     """Fit ``shape`` on (a sample of) the stored raw vectors and rewrite every shaped vector."""
     kind, path = parse_store_uri(uri)
-    with Collection.open(uri) as collection:
+    with Collection.open(uri) as collection, _reshape_lock(path):
         store = collection.store
         if not getattr(store, "stores_raw_vectors", False):
             raise ValueError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")

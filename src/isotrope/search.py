@@ -95,7 +95,11 @@ class Collection:
         store = _store_class(kind)(path)
         from isotrope.reshape import recover_interrupted_reshape
 
-        recover_interrupted_reshape(path, store)
+        try:
+            recover_interrupted_reshape(path, store)
+        except BaseException:
+            store.close()
+            raise
         recorded = store.properties.get("fingerprint")
         if encoder is None:
             encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)

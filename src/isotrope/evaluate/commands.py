@@ -13,7 +13,8 @@ TASKS = ("sts", "retrieval", "clustering", "classification", "isotropy")
 
 
 def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
-            pairs: Sequence[Path] = (), fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+            pairs: Sequence[Path] = (), fit_corpus: str | None = None, transductive: bool = False,
+            context_corpus: str | None = None, **_: Any) -> dict:
     """Spearman x100 per STS task (each task's pairs pooled and scored once: the "all" setting) and their mean."""
     from isotrope.evaluate.data import load_pairs, load_sick, load_stsb
     from isotrope.evaluate.tasks import eval_sts
@@ -30,7 +31,7 @@ def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), 
     if not sets:
         raise ValueError("nothing to evaluate: pass --task stsb/sickr with --data-dir, or --pairs FILE")
     eval_texts = [s for _, p in sets for s in (*p.sentences1, *p.sentences2)]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive)
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
     return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), "fitted_on": fitted_on,
@@ -38,7 +39,8 @@ def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), 
 
 
 def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,
-                  transductive: bool = False, split: str | None = None, **_: Any) -> dict:
+                  transductive: bool = False, split: str | None = None,
+                  context_corpus: str | None = None, **_: Any) -> dict:
     """nDCG@10, recall@100, MRR@10 (x100) by exact search on the qrels ``split`` (default test);
     ``fit_corpus="corpus"`` fits on the BEIR corpus."""
     from isotrope.evaluate.data import load_beir
@@ -51,30 +53,41 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
     corpus = documents if fit_corpus == "corpus" else fit_corpus
     if transductive and corpus is None:
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
-    encoder, fitted_on = evaluator.fit(recipe, corpus)
+    encoder, fitted_on = evaluator.fit(recipe, corpus, context_corpus=context_corpus)
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
     return {"scores": {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}, "fitted_on": fitted_on,
             "queries": len(dataset.queries), "documents": len(dataset.corpus)}
 
 
 def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None = None, split: str | None = None,
-                   limit: int | None = None, fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
-    """V-measure x100 of mini-batch k-means over 5 seeds (MTEB)."""
+                   limit: int | None = None, fit_corpus: str | None = None, transductive: bool = False,
+                   context_corpus: str | None = None, **_: Any) -> dict:
+    """V-measure x100 of mini-batch k-means over 5 seeds (MTEB).
+
+    ``limit`` keeps a seeded uniform sample of that many texts (in file order), not
+    the first ones: files are often sorted by label.
+    """
+    import numpy as np
+
     from isotrope.evaluate.data import load_clustering
     from isotrope.evaluate.tasks import eval_clustering
 
     if jsonl is None:
         raise ValueError("clustering needs --jsonl FILE with text and label fields")
     data = load_clustering(jsonl, split=split)
-    texts, labels = data.texts[:limit], data.labels[:limit]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive)
+    texts, labels = data.texts, data.labels
+    if limit is not None and limit < len(texts):
+        keep = np.sort(np.random.default_rng(evaluator.seed).choice(len(texts), size=limit, replace=False))
+        texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus)
     result = eval_clustering(encode_function(encoder), texts, labels)
     return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
-            "texts": len(texts), "fitted_on": fitted_on}
+            "texts": len(texts), "labels": len(set(labels)), "fitted_on": fitted_on}
 
 
 def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
-                       fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+                       fit_corpus: str | None = None, transductive: bool = False,
+                       context_corpus: str | None = None, **_: Any) -> dict:
     """SentEval accuracy x100 (logistic regression; 10-fold CV, or the fixed split where one exists)."""
     from isotrope.evaluate.data import load_senteval
     from isotrope.evaluate.tasks import eval_classification
@@ -88,7 +101,7 @@ def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[
         else:
             sets[task] = (load_senteval(data_dir, task), None)
     eval_texts = [t for train, test in sets.values() for t in train.texts + (test.texts if test else [])]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive)
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {}
     for task, (train, test) in sets.items():
@@ -101,7 +114,8 @@ def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[
 
 
 def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | None = None, limit: int | None = 5000,
-                 fit_corpus: str | None = None, transductive: bool = False, **_: Any) -> dict:
+                 fit_corpus: str | None = None, transductive: bool = False,
+                 context_corpus: str | None = None, **_: Any) -> dict:
     """Mean pairwise cosine, partition ratio I(W) and effective rank of the encoder's vectors for a text file."""
     from isotrope.corpus import iter_texts
     from isotrope.encoder import reservoir_sample
@@ -109,7 +123,7 @@ def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | Non
     if texts_file is None:
         raise ValueError("isotropy needs --texts FILE")
     texts = reservoir_sample(iter_texts(texts_file), limit or 5000)
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive)
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus)
     return {"scores": {key: round(value, 4) for key, value in isotropy_of(encoder, texts).items()}, "fitted_on": fitted_on}
 
 

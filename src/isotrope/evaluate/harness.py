@@ -76,9 +76,13 @@ class Evaluator:
     _backbones: dict[str, Any] = field(default_factory=dict)
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
-    def fit(self, recipe: Recipe, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False
-            ) -> tuple[ShapedEncoder, str]:
-        """A fitted encoder and a description of what it was fitted on."""
+    def fit(self, recipe: Recipe, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False,
+            context_corpus: str | Path | None = None) -> tuple[ShapedEncoder, str]:
+        """A fitted encoder and a description of what it was fitted on.
+
+        ``context_corpus`` (a text file) gives the backbone's context tables their own
+        corpus; weights and transforms are still fitted on ``corpus``.
+        """
         if corpus is None and transductive:
             texts, fitted_on = list(dict.fromkeys(eval_texts)), "TRANSDUCTIVE: the evaluation texts"
         elif corpus is None:
@@ -89,14 +93,24 @@ class Evaluator:
             texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), "the retrieval corpus"
         if recipe.shape == "auto":
             return self._auto(recipe, texts, fitted_on)
-        encoder = self.build(recipe, texts)
+        table_on = ""
+        if context_corpus is not None:
+            if "context:" not in recipe.model:
+                raise ValueError(f"a context corpus is for context tables; model {recipe.model!r} has none")
+            table_texts = self._sample_file(context_corpus)
+            encoder = self.build(recipe, table_texts)
+            if encoder.backbone.needs_fit:
+                encoder.backbone.fit(table_texts)
+            table_on = f"; context table: {context_corpus} ({len(table_texts)} texts)"
+        else:
+            encoder = self.build(recipe, texts)
         if not encoder.needs_corpus:
-            return encoder, "nothing (no fitted statistics)"
+            return encoder, table_on.removeprefix("; ") or "nothing (no fitted statistics)"
         if texts is None:
             raise ValueError(f"model {recipe.model!r} / shaping {recipe.shape!r} / weights {recipe.weights!r} needs a "
                              "fit corpus: pass --fit-corpus FILE (or --transductive to fit on the evaluation texts, "
                              "labelled as such)")
-        fitted_on = f"{fitted_on} ({len(texts)} texts)"
+        fitted_on = f"{fitted_on} ({len(texts)} texts){table_on}"
         encoder.fit_sample(texts, fitted_on=fitted_on)
         return encoder, fitted_on
 

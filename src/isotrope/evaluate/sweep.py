@@ -9,9 +9,13 @@ Config (JSON)::
      "recipes": [{"model": "glove-6b-50d", "shape": "abtt"}]}
 
 ``grid`` is expanded as a Cartesian product (a list of grids is expanded one
-after the other); ``recipes`` adds single points (each may carry its own
-``fit_corpus``). Relative paths (task files, ``fit_corpus``, ``frequencies``,
-a word-vector ``model`` file) are resolved against ``data_dir``. The token-state cache makes every text pass the backbone once.
+after the other); ``recipes`` adds single points. A point may carry its own
+``fit_corpus`` (a file, or ``"corpus"`` for the retrieval corpus) and
+``context_corpus`` (the file that ``context:`` tables are averaged over).
+Relative paths (task files, fit corpora, ``frequencies``, a word-vector
+``model`` file) are resolved against ``data_dir``. A task's options may set
+``fit_corpus``/``context_corpus`` defaults for the points that do not. The token-state cache makes
+every text pass a transformer once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ logger = logging.getLogger(__name__)
 _RECIPE_FIELDS = {field.name for field in fields(Recipe)}
 _PATH_OPTIONS = ("beir", "jsonl", "texts_file", "pairs")
 _RECIPE_PATHS = ("model", "frequencies")
+_FIT_KEYS = {"fit_corpus", "context_corpus"}
 
 
 def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -41,9 +46,9 @@ def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
         points += [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))] if keys else []
     points += list(config.get("recipes", []))
     for point in points:
-        unknown = set(point) - _RECIPE_FIELDS - {"fit_corpus"}
+        unknown = set(point) - _RECIPE_FIELDS - _FIT_KEYS
         if unknown:
-            raise ValueError(f"unknown recipe keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | {'fit_corpus'})}")
+            raise ValueError(f"unknown recipe keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | _FIT_KEYS)}")
     return points
 
 
@@ -70,21 +75,25 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
     for point in _points(config):
         recipe = Recipe(**{key: str(_resolve(value, data_dir)) if key in _RECIPE_PATHS else value
                            for key, value in point.items() if key in _RECIPE_FIELDS})
-        fit_corpus = point.get("fit_corpus")
         for task, options in config.get("tasks", {}).items():
             options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}
-            corpus = fit_corpus if fit_corpus in (None, "corpus") else str(_resolve(fit_corpus, data_dir))
+            # a task may set default fit corpora (e.g. retrieval: "corpus"); the point's own win
+            fits = {key: point.get(key, options.pop(key, None)) for key in sorted(_FIT_KEYS)}
+            fits = {key: value if value in (None, "corpus") else str(_resolve(value, data_dir)) for key, value in fits.items()}
             logger.info("sweep: %s on %s", recipe.label(), task)
-            result = evaluate(task, recipe, evaluator, data_dir=data_dir, fit_corpus=corpus, **options)
+            result = evaluate(task, recipe, evaluator, data_dir=data_dir, **fits, **options)
             rows.append({"point": point, **result})
-            _write(rows, Path(out))  # partial results survive an interrupted sweep
+            _write(rows, Path(out), data_dir)  # partial results survive an interrupted sweep
     return rows
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
+def _write(rows: list[dict[str, Any]], out: Path, data_dir: Path | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown_table(rows))
+    table = markdown_table(rows)
+    if data_dir is not None:  # shorter cells: paths relative to data_dir
+        table = table.replace(f"{data_dir}/", "")
+    out.with_suffix(".md").write_text(table)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from isotrope.transforms.abtt import ABTT
 from isotrope.transforms.base import NotFittedError, Transform
 from isotrope.transforms.center import Center
+from isotrope.transforms.flow import FlowTransform
 from isotrope.transforms.l2 import L2
 from isotrope.transforms.moments import Moments, MomentsTransform
 from isotrope.transforms.pca import PCA
@@ -25,6 +26,7 @@ TRANSFORMS: dict[str, type[Transform]] = {
         Whiten,
         PCA,
         Quantile,
+        FlowTransform,
         L2,
     )
 }

@@ -17,12 +17,8 @@ import numpy as np
 import torch
 
 from isotrope.transforms._flow_modules import Flow
-from isotrope.transforms.base import Transform, as_matrix
-
-try:  # Python 3.11+
-    from typing import Self
-except ImportError:  # pragma: no cover - Python 3.10
-    from typing_extensions import Self
+from isotrope.transforms._validation import as_output, check_positive_int, check_state_array
+from isotrope.transforms.base import Self, Transform, as_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +49,29 @@ class FlowTransform(Transform):
 
     Fitted attributes: ``mean_``, ``scale_`` (float64, the standardisation), ``flow_`` (the torch
     module, float64 for inference), ``history_`` (per-epoch training and held-aside NLL in nats per
-    dimension of the standardised vectors; not saved).
+    dimension of the standardised vectors; not saved). The state holds ``mean_``, ``scale_`` and
+    every flow parameter or buffer stacked over the blocks, e.g. ``actnorm_bias_`` of shape
+    ``(n_blocks, d)``; the names do not depend on the configuration.
     """
 
     kind: ClassVar[str] = "flow"
+    state_names: ClassVar[tuple[str, ...]] = (
+        "mean_",
+        "scale_",
+        "actnorm_bias_",
+        "actnorm_log_scale_",
+        "mixing_row_order_",
+        "mixing_sign_diag_",
+        "mixing_lower_",
+        "mixing_upper_",
+        "mixing_log_diag_",
+        "coupling_net_0_weight_",
+        "coupling_net_0_bias_",
+        "coupling_net_2_weight_",
+        "coupling_net_2_bias_",
+        "coupling_net_4_weight_",
+        "coupling_net_4_bias_",
+    )
 
     def __init__(
         self,
@@ -73,6 +88,17 @@ class FlowTransform(Transform):
         device: str = "auto",
         standardize: bool = True,
     ) -> None:
+        if coupling not in _COUPLINGS:
+            raise ValueError(f"flow transform: coupling must be one of {_COUPLINGS}; got {coupling!r}")
+        positive = {"n_blocks": n_blocks, "hidden": hidden, "max_epochs": max_epochs, "batch_size": batch_size}
+        for name, value in {**positive, "patience": patience}.items():
+            check_positive_int(self.kind, name, value)
+        if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 0):
+            raise ValueError(f"flow transform: max_steps must be None or an int >= 0; got {max_steps!r}")
+        if not 0.0 <= validation_fraction < 1.0:
+            raise ValueError(f"flow transform: validation_fraction must be in [0, 1); got {validation_fraction!r}")
+        if not lr > 0:
+            raise ValueError(f"flow transform: lr must be positive; got {lr!r}")
         self.n_blocks = n_blocks
         self.hidden = hidden
         self.coupling = coupling
@@ -88,11 +114,10 @@ class FlowTransform(Transform):
 
     # -- fitting -------------------------------------------------------------------
     def fit(self, X: Any) -> Self:
-        self._validate_params()
         data = as_matrix(X)
         n, dim = data.shape
         if dim < 2:
-            raise ValueError(f"flow transform needs at least 2 features to couple; got shape {data.shape}")
+            raise ValueError(f"flow transform: needs at least 2 features to couple; got shape {data.shape}")
         if self.standardize:
             mean = data.mean(axis=0)
             std = data.std(axis=0)
@@ -104,7 +129,7 @@ class FlowTransform(Transform):
         order = np.random.default_rng(self.seed).permutation(n)
         n_val = math.ceil(self.validation_fraction * n)
         if n - n_val < 1:
-            raise ValueError(f"flow transform needs at least 2 rows with validation_fraction > 0; got {n}")
+            raise ValueError(f"flow transform: needs at least 2 rows with validation_fraction > 0; got {n}")
         device = self._torch_device()
         train = torch.from_numpy(standardized[order[n_val:]]).to(device)
         val = torch.from_numpy(standardized[order[:n_val]]).to(device) if n_val else None
@@ -127,19 +152,6 @@ class FlowTransform(Transform):
         self.flow_ = _for_inference(flow, device)
         return self
 
-    def _validate_params(self) -> None:
-        if self.coupling not in _COUPLINGS:
-            raise ValueError(f"flow coupling must be one of {_COUPLINGS}; got {self.coupling!r}")
-        for name in ("n_blocks", "hidden", "batch_size", "max_epochs", "patience"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"flow {name} must be a positive integer; got {getattr(self, name)!r}")
-        if self.max_steps is not None and self.max_steps < 0:
-            raise ValueError(f"flow max_steps must be None or >= 0; got {self.max_steps!r}")
-        if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(f"flow validation_fraction must be in [0, 1); got {self.validation_fraction!r}")
-        if not self.lr > 0:
-            raise ValueError(f"flow lr must be positive; got {self.lr!r}")
-
     def _torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -155,7 +167,7 @@ class FlowTransform(Transform):
     def transform(self, X: Any) -> np.ndarray:
         """Map ``X`` to the flow's latent space (float32; not normalised)."""
         standardized = (self._check_input(X) - self.mean_) / self.scale_
-        return self._map(standardized, lambda x: self.flow_(x)[0]).astype(np.float32)
+        return as_output(self._map(standardized, lambda x: self.flow_(x)[0]))
 
     def inverse(self, Z: Any) -> np.ndarray:
         """Map latent vectors back to the input space (float32)."""
@@ -164,7 +176,7 @@ class FlowTransform(Transform):
         if latent.shape[1] != self.n_features_in:
             raise ValueError(f"flow transform has {self.n_features_in} latent features; got {latent.shape[1]}")
         standardized = self._map(latent, self.flow_.inverse)
-        return (standardized * self.scale_ + self.mean_).astype(np.float32)
+        return as_output(standardized * self.scale_ + self.mean_)
 
     def log_prob(self, X: Any) -> np.ndarray:
         """Log density of each row of ``X`` under the fitted model (float64, nats)."""
@@ -192,61 +204,51 @@ class FlowTransform(Transform):
         return int(self.mean_.shape[0]) if hasattr(self, "mean_") else None
 
     def is_fitted(self) -> bool:
-        return all(hasattr(self, name) for name in ("mean_", "scale_", "flow_"))
+        return hasattr(self, "flow_")
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """``mean_``, ``scale_`` and one array per flow parameter or buffer, e.g. ``blocks.0.actnorm.bias_``."""
+        """``mean_``, ``scale_`` and each flow parameter stacked over the blocks (leading axis ``n_blocks``)."""
         self.check_is_fitted()
-        state = {"mean_": np.asarray(self.mean_), "scale_": np.asarray(self.scale_)}
-        for name, tensor in self.flow_.state_dict().items():
+        per_block: dict[str, list[np.ndarray]] = {}
+        for key, tensor in self.flow_.state_dict().items():
             tensor = tensor.detach().cpu()
             if tensor.is_floating_point():  # trained in float32: the cast back is exact
                 tensor = tensor.float()
-            state[f"{name}_"] = tensor.numpy()
-        return state
+            per_block.setdefault(_state_name(key), []).append(tensor.numpy())
+        state = {name: np.stack(arrays) for name, arrays in per_block.items()}
+        return {"mean_": self.mean_, "scale_": self.scale_, **state}
 
     @classmethod
     def from_state(cls, config: dict[str, Any], state: dict[str, np.ndarray]) -> Self:
         transform = cls(**config)
-        transform._validate_params()
-        missing = [name for name in ("mean_", "scale_") if name not in state]
+        missing = [name for name in cls.state_names if name not in state]
         if missing:
             raise ValueError(f"flow transform state is missing arrays: {', '.join(missing)}")
         transform.mean_ = np.asarray(state["mean_"], dtype=np.float64)
         transform.scale_ = np.asarray(state["scale_"], dtype=np.float64)
-        transform._check_state_shapes()
-
+        check_state_array(cls.kind, "mean_", transform.mean_, (None,))
+        check_state_array(cls.kind, "scale_", transform.scale_, transform.mean_.shape)
+        if transform.mean_.shape[0] < 2 or not (transform.scale_ > 0).all():
+            raise ValueError("flow transform state: mean_ needs at least 2 features and scale_ must be positive")
         flow = transform._build_flow(transform.n_features_in)
-        expected = flow.state_dict()
-        names = {f"{name}_" for name in expected}
-        missing = sorted(names - set(state))
-        unexpected = sorted(set(state) - names - {"mean_", "scale_"})
-        if missing or unexpected:
-            raise ValueError(
-                f"flow transform state does not match n_blocks={transform.n_blocks}, coupling="
-                f"{transform.coupling!r}: missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
-            )
         loaded = {}
-        for name, tensor in expected.items():
-            array = np.asarray(state[f"{name}_"])
-            if array.shape != tuple(tensor.shape):
-                raise ValueError(
-                    f"flow transform state array {name}_ has shape {array.shape}; expected {tuple(tensor.shape)} "
-                    f"for dim={transform.n_features_in}, hidden={transform.hidden}"
-                )
-            loaded[name] = torch.from_numpy(np.array(array)).to(tensor.dtype)
+        for key, tensor in flow.state_dict().items():
+            name = _state_name(key)
+            array = np.asarray(state[name])
+            check_state_array(cls.kind, name, array, (transform.n_blocks, *tensor.shape))
+            loaded[key] = torch.from_numpy(np.array(array[_block_index(key)])).to(tensor.dtype)
         flow.load_state_dict(loaded)
         transform.flow_ = _for_inference(flow, transform._torch_device())
         return transform
 
-    def _check_state_shapes(self) -> None:
-        if self.mean_.ndim != 1 or self.mean_.shape[0] < 2 or self.scale_.shape != self.mean_.shape:
-            raise ValueError(
-                f"flow transform mean_ {self.mean_.shape} and scale_ {self.scale_.shape} must be equal 1-D "
-                "shapes with at least 2 features"
-            )
-        if not (np.isfinite(self.scale_).all() and (self.scale_ > 0).all()):
-            raise ValueError("flow transform scale_ must be finite and positive")
+
+def _state_name(key: str) -> str:
+    """``blocks.3.coupling.net.0.weight`` -> ``coupling_net_0_weight_`` (stacked over blocks in the state)."""
+    return key.split(".", 2)[2].replace(".", "_") + "_"
+
+
+def _block_index(key: str) -> int:
+    return int(key.split(".", 2)[1])
 
 
 def _nll_per_dim(flow: Flow, x: torch.Tensor) -> torch.Tensor:
@@ -303,8 +305,9 @@ def _train(
         if diverged:
             break
         val_nll = _evaluate(flow, val) if val is not None else math.nan
-        history.append({"epoch": epoch, "steps": steps, "train_nll": total / max(rows, 1), "val_nll": val_nll})
-        logger.info("flow epoch %d: train NLL %.4f, held-aside NLL %.4f (nats/dim)", epoch, total / max(rows, 1), val_nll)
+        train_nll = total / max(rows, 1)
+        history.append({"epoch": epoch, "steps": steps, "train_nll": train_nll, "val_nll": val_nll})
+        logger.info("flow epoch %d: train NLL %.4f, held-aside NLL %.4f (nats/dim)", epoch, train_nll, val_nll)
         if val is None or val_nll < best_nll:
             best_nll, stale = val_nll, 0
             best_state = {name: tensor.clone() for name, tensor in flow.state_dict().items()}
