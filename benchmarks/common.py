@@ -38,14 +38,18 @@ def thread_env(threads: int) -> dict[str, str]:
     return {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
         "RAYON_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "true",
     }
 
 
 def set_threads(threads: int) -> None:
-    """Use ``threads`` intra-op threads in torch and faiss (whichever is installed)."""
+    """Use ``threads`` threads in torch, faiss and the BLAS/OpenMP pools already loaded (numpy, scipy)."""
+    from threadpoolctl import threadpool_limits
+
     os.environ.update(thread_env(threads))
+    threadpool_limits(limits=threads)
     try:
         import torch
 

@@ -18,7 +18,7 @@ from benchmarks.common import MAX_SEQ_LENGTH, MODEL, compare, ratio, scifact_doc
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 32  # sentence-transformers' default
-SIZES = {"quick": {"scifact_abstracts": 48, "sts_sentences": 512},
+SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 384},
          "full": {"scifact_abstracts": 1024, "sts_sentences": None}}
 WARMUP_TEXTS = 16
 
@@ -75,12 +75,14 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
     results: dict[str, Any] = {"model": MODEL, "batch_size": batch_size, "max_seq_length": MAX_SEQ_LENGTH,
                                "device": device, "dtype": dtype, "repeat": repeat, "sets": {}}
     for name, texts in text_sets(data_dir, quick).items():
-        def run_isotrope(texts: list[str] = texts) -> np.ndarray:
-            return isotrope_encoder.encode(texts, batch_size=batch_size)
+        outputs: dict[str, np.ndarray] = {}
 
-        def run_st(texts: list[str] = texts) -> np.ndarray:
-            return st_model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False,
-                                   show_progress_bar=False)
+        def run_isotrope(texts: list[str] = texts) -> None:
+            outputs["isotrope"] = isotrope_encoder.encode(texts, batch_size=batch_size)
+
+        def run_st(texts: list[str] = texts) -> None:
+            outputs["sentence_transformers"] = st_model.encode(
+                texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False, show_progress_bar=False)
 
         timings = compare(
             {"isotrope": run_isotrope, "sentence_transformers": run_st},
@@ -90,7 +92,7 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
         )
         for side in timings.values():
             side["texts_per_s"] = len(texts) / side["median_s"]
-        difference = np.abs(run_isotrope().astype(np.float32) - run_st().astype(np.float32)).max()
+        difference = np.abs(outputs["isotrope"] - outputs["sentence_transformers"].astype(np.float32)).max()
         results["sets"][name] = {
             "texts": len(texts),
             "tokens": count_tokens(isotrope_encoder.tokenizer, texts),

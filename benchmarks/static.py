@@ -25,8 +25,8 @@ STATIC_ENCODERS: dict[str, dict[str, Any]] = {
     "static MiniLM table, sif + whiten": {"model": f"static:{MODEL}", "weights": "sif", "shape": "whiten"},
     "GloVe 6B 50d, sif + abtt": {"model": "glove-6b-50d", "weights": "sif", "shape": "abtt"},
 }
-SIZES = {"quick": {"throughput_docs": 48, "quality_queries": 50, "quality_docs": 300},
-         "full": {"throughput_docs": 512, "quality_queries": None, "quality_docs": None}}
+SIZES = {"quick": {"throughput_docs": 32, "quality_queries": 30, "quality_docs": 200, "fit_docs": 2000},
+         "full": {"throughput_docs": 512, "quality_queries": None, "quality_docs": None, "fit_docs": None}}
 
 
 def quality_dataset(data_dir: str | Path, queries: int | None, documents: int | None) -> Any:
@@ -65,7 +65,7 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
     from isotrope.evaluate.tasks import eval_retrieval
 
     sizes = SIZES["quick" if quick else "full"]
-    corpus = [text for _, text in scifact_documents(data_dir)]
+    corpus = [text for _, text in scifact_documents(data_dir, sizes["fit_docs"])]
     encoders = build_encoders(corpus)
     texts = corpus[: sizes["throughput_docs"]]
     timings = compare({name: lambda e=encoder: e.encode(texts) for name, encoder in encoders.items()}, repeat,

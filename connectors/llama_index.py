@@ -334,6 +334,11 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     def class_name(cls) -> str:
         return "IsotropeVectorStore"
 
+    @staticmethod
+    def exists(uri: str | os.PathLike[str]) -> bool:
+        """Whether ``uri`` already holds an isotrope store (opening it needs no ``embed_model``)."""
+        return Collection.exists(uri)
+
     @property
     def client(self) -> Any:
         """The underlying isotrope store (``FaissStore`` or ``LanceDBStore``)."""

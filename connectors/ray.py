@@ -10,19 +10,25 @@ Ray cluster (or a local Ray runtime), and writes the same store:
    and seed, over the same id stream, so both paths fit on the same chunks.
 3. **token counts** (idf, SIF, uSIF, drop_top): a :class:`~isotrope.weighting.TokenCounts`
    per block, summed on the driver.
-4. **raw vectors**: an actor pool (each actor loads the encoder once) embeds the sampled
-   chunks; the result is materialized, the other chunks pass through untouched.
+4. **raw vectors**: an actor pool (each actor loads the encoder once) embeds every chunk,
+   once, and the raw vectors are materialized in the object store (spilled to disk when
+   large). Like the single-process path, no chunk goes through the backbone twice.
 5. **transforms, in order**: the statistics of step ``i`` are computed per block on the
-   materialized raw vectors with the already fitted steps ``0..i-1`` applied, and reduced
-   on the driver. :class:`~isotrope.transforms.Moments` (center, zscore, whiten, pca, abtt)
-   merge exactly. Other steps (quantile, sif_removal) are fitted on a bounded bottom-k
-   sample by id hash, merged across blocks: it is the whole fit sample, in the
-   single-process order, unless the sample exceeds ``reservoir_size`` rows.
-   The backbone runs once; each extra step costs one pass of matrix products.
-6. **write**: shaped vectors stream back to the driver in corpus order and are added
-   through the store (LanceDB or FAISS) exactly as the single-process path adds them;
-   sampled chunks reuse their raw vectors. The encoder and its fingerprint are recorded by
-   :meth:`~isotrope.search.Collection.create`, as in the single-process path.
+   sampled rows' raw vectors with the already fitted steps ``0..i-1`` applied, and reduced
+   on the driver: one cheap pass of matrix products per step instead of one backbone pass
+   per step. :class:`~isotrope.transforms.Moments` (center, zscore, whiten, pca, abtt)
+   merge exactly. Other steps (quantile, sif_removal) are fitted on the sampled rows with
+   the smallest id hashes (a bottom-k sample, merged across blocks): the whole fit sample,
+   in the single-process order, unless it exceeds ``reservoir_size`` rows.
+6. **write**: tasks apply the fitted chain; shaped vectors stream back to the driver in
+   corpus order and are added through the store (LanceDB or FAISS) as the single-process
+   path adds them. The encoder and its fingerprint are recorded by
+   :meth:`~isotrope.search.Collection.create`, as in the single-process path. A store that
+   exists already, or a fitted encoder, skips 2-5 and the actors embed and shape at once.
+
+Two fits are not distributed: ``shape="auto"`` scores candidate shapings, and a
+context-averaged table (``model+context:model``) is computed, on the driver from the fit
+sample's texts, as in the single-process path; the corpus is still embedded by the actors.
 
 Files are read by the workers: on a multi-node cluster the source must be on a filesystem
 that every node mounts at the same path. The store is written by the driver.
@@ -54,7 +60,7 @@ from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
 from isotrope.ingest.pipeline import IngestReport
-from isotrope.search import ENCODER_DIR, Collection
+from isotrope.search import Collection
 from isotrope.stores.base import check_metadata, dumps_metadata
 from isotrope.transforms import Moments, MomentsTransform, Transform
 from isotrope.weighting import TokenCounts
@@ -124,7 +130,9 @@ class _Chunks:
     ids: list[str]
     documents: set[str]
     skipped: list[SkippedFile]
-    chunks: int
+    #: documents and chunks read, counted as the single-process report counts them
+    n_documents: int
+    n_chunks: int
     #: (unit, id) of rows repeating an id already produced by an earlier unit
     repeated: set[tuple[int, str]]
 
@@ -198,7 +206,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker, loader_options: dict[str, Any
     return table, _UnitSummary(columns["id"], documents, skipped, produced)
 
 
-def read_chunks(
+def _read_chunks(
     source: str | Path | Iterable[Document],
     chunker: TokenChunker,
     loader_options: dict[str, Any] | None = None,
@@ -224,7 +232,8 @@ def read_chunks(
                 produced.add(chunk_id)
                 ids.append(chunk_id)
     dataset = ray.data.from_arrow_refs([table for table, _ in refs]) if refs else None
-    return _Chunks(dataset, ids, documents, skipped, sum(s.chunks for s in summaries), repeated)
+    n_documents, n_chunks = sum(len(s.documents) for s in summaries), sum(s.chunks for s in summaries)
+    return _Chunks(dataset, ids, documents, skipped, n_documents, n_chunks, repeated)
 
 
 # -- per-block functions (run in Ray workers) ----------------------------------------
@@ -243,6 +252,11 @@ def _mark_sample(batch: dict[str, np.ndarray], ranks: Any) -> dict[str, np.ndarr
     """Add ``rank``: the row's position in the fit sample, -1 outside it."""
     ranks = ray.get(ranks)
     return {**batch, "rank": np.array([ranks.get(i, -1) for i in batch["id"]], dtype=np.int64)}
+
+
+def _sampled_texts(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sampled = batch["rank"] >= 0
+    return {"rank": batch["rank"][sampled], "text": batch["text"][sampled]}
 
 
 def _count_tokens(batch: dict[str, np.ndarray], backbone: Any) -> dict[str, np.ndarray]:
@@ -297,10 +311,10 @@ def _block_reservoir(batch: dict[str, np.ndarray], transforms: list[Transform], 
 
 
 class _Embedder:
-    """Ray actor: loads a saved encoder once, then embeds batches.
+    """Ray actor: loads a saved encoder once, then embeds every row of each batch.
 
-    ``shape=False`` (fitting): rows of the fit sample (``rank >= 0``) get ``raw_vector``.
-    ``shape=True`` (writing): rows without a raw vector are embedded, every row gets ``vector``.
+    ``shape=False`` adds ``raw_vector`` (the shaping is fitted afterwards); ``shape=True``
+    gives the rows to write: ``raw_vector`` and the shaped ``vector``.
     """
 
     def __init__(self, files: dict[str, bytes], device: str, batch_size: int, max_batch_tokens: int | None, shape: bool) -> None:
@@ -316,14 +330,7 @@ class _Embedder:
         self.shape = shape
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = len(batch["id"])
-        if "raw_vector" in batch:
-            raw, todo = batch["raw_vector"].astype(np.float32, copy=True), batch["rank"] < 0
-        else:
-            raw = np.zeros((n, self.encoder.backbone.dim), dtype=np.float32)
-            todo = batch["rank"] >= 0 if not self.shape and "rank" in batch else np.ones(n, dtype=bool)
-        if todo.any():
-            raw[todo] = self.encoder.embed_raw([str(text) for text in batch["text"][todo]], kind="document")
+        raw = self.encoder.embed_raw([str(text) for text in batch["text"]], kind="document")
         if not self.shape:
             return {**batch, "raw_vector": raw}
         return _output(batch, raw, self.encoder.apply_transforms(raw))
@@ -334,7 +341,7 @@ def _output(batch: dict[str, np.ndarray], raw: np.ndarray, vectors: np.ndarray) 
 
 
 def _shape_cached(batch: dict[str, np.ndarray], transforms: list[Transform]) -> dict[str, np.ndarray]:
-    """Apply the fitted chain to raw vectors already computed (every row was in the fit sample)."""
+    """Apply the fitted chain to the raw vectors computed while fitting."""
     raw = batch["raw_vector"].astype(np.float32, copy=False)
     vectors = raw
     for transform in transforms:
@@ -445,6 +452,7 @@ def _fit_encoder(
     encoder.weighting.fit(backbone.vocabulary(), backbone.special_ids(), statistics.token_counts)
     if not any(transform.requires_fit for transform in encoder.transforms):
         return None, statistics
+    # every chunk is embedded here, once: the write pass only applies the fitted chain
     raw_encoder = ShapedEncoder(backbone, encoder.pooling, encoder.weighting, [], encoder.batch_size,
                                 max_batch_tokens=encoder.max_batch_tokens)
     raw = actors.map(marked, raw_encoder, shape=False).materialize()
@@ -515,9 +523,9 @@ def index_with_ray(
 
     ``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``); None joins the runtime
     already initialised in this process or starts a local one. ``num_actors`` embedding actors
-    each load the encoder once and get ``gpus_per_actor`` GPUs (fractions share a GPU).
-    Steps that are not fitted from moments (quantile, sif_removal) are fitted on at most
-    ``reservoir_size`` rows of the fit sample.
+    each load the encoder once and get ``gpus_per_actor`` GPUs (fractions share a GPU);
+    ``batch_size`` chunks go to an actor at a time. Steps that are not fitted from moments
+    (quantile, sif_removal) are fitted on at most ``reservoir_size`` rows of the fit sample.
     """
     if num_actors < 1:
         raise ValueError(f"num_actors must be >= 1; got {num_actors}")
@@ -529,59 +537,77 @@ def index_with_ray(
     actors = _Actors(num_actors, gpus_per_actor, batch_size)
     with _ray_runtime(address, show_progress):
         started = time.perf_counter()
-        existing_store, built, raw = Collection.exists(store), False, None
-        if existing_store:
-            collection = Collection.open(store, encoder)
-            encoder = collection.encoder
-            existing = set(collection.store.ids())
-        else:
-            built = encoder is None
-            encoder = encoder or ShapedEncoder.create(**(encoder_options or {}))
-            existing = set()
-        chunks = read_chunks(source, TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
-        report.skipped, report.documents, report.chunks = chunks.skipped, len(chunks.documents), chunks.chunks
-        pending = [chunk_id for chunk_id in chunks.ids if chunk_id not in existing]
-        report.unchanged = len(chunks.ids) - len(pending)
-        report.seconds["read"] = time.perf_counter() - started
-
-        started = time.perf_counter()
-        dataset = chunks.dataset
-        if dataset is not None and (chunks.repeated or report.unchanged):
-            drop = {"drop_ids": ray.put(existing), "repeated": ray.put(chunks.repeated)}
-            dataset = dataset.map_batches(_select_rows, fn_kwargs=drop, batch_size=None, batch_format="numpy")
-        fit_needed = not existing_store and encoder.needs_corpus and (built or not encoder.is_fitted())
-        sample_ids: list[str] = []
-        if fit_needed:
-            sample_ids = reservoir_sample(pending, fit_samples)
-            if not sample_ids:
-                raise ValueError(f"{source}: no text to index")
-            ranks = ray.put({chunk_id: rank for rank, chunk_id in enumerate(sample_ids)})
-            dataset = dataset.map_batches(_mark_sample, fn_kwargs={"ranks": ranks}, batch_size=None, batch_format="numpy")
-        if pending:
-            dataset = dataset.repartition(_block_count(len(pending), num_actors)).materialize()
-        if fit_needed:
-            raw, report.statistics = _fit_encoder(encoder, dataset, sample_ids, actors, reservoir_size)
-            encoder.metadata["fit"] = {"fitted_on": f"{len(sample_ids)} sampled chunks of {source}", "n_texts": len(sample_ids)}
-            dataset = raw if raw is not None else dataset
-        if not existing_store:
-            collection = Collection.create(store, encoder, **(store_options or {}))
-        report.seconds["fit"] = time.perf_counter() - started
-
-        started = time.perf_counter()
+        collection = Collection.open(store, encoder) if Collection.exists(store) else None
         try:
-            if pending:
-                if fit_needed and raw is not None and len(sample_ids) == len(pending):
-                    shaped = dataset.map_batches(_shape_cached, fn_kwargs={"transforms": encoder.transforms},
-                                                 batch_size=None, batch_format="numpy")
+            options = dict(encoder_options or {})
+            auto = collection is None and options.get("shape") == "auto"
+            if collection is None:
+                built = encoder is None
+                encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options.get("shape", "none")})
+                fit_needed = auto or encoder.needs_corpus and (built or not encoder.is_fitted())
+                existing: set[str] = set()
+            else:
+                fit_needed, encoder = False, collection.encoder
+                existing = set(collection.store.ids())
+            chunks = _read_chunks(source, TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
+            pending = [chunk_id for chunk_id in chunks.ids if chunk_id not in existing]
+            report.skipped, report.documents, report.chunks = chunks.skipped, chunks.n_documents, chunks.n_chunks
+            report.unchanged = len(chunks.ids) - len(pending)
+            report.seconds["read"] = time.perf_counter() - started
+
+            started = time.perf_counter()
+            sample_ids = reservoir_sample(pending, fit_samples) if fit_needed else []
+            if fit_needed and not sample_ids:
+                raise ValueError(f"{source}: no text to index")
+            dataset = _rows_to_index(chunks, existing, sample_ids, len(pending), num_actors) if pending else None
+            raw, fitted_on = None, f"{len(sample_ids)} sampled chunks of {source}"
+            if auto:  # scores candidate shapings on the driver, as the single-process path does
+                from isotrope.autoshape import choose_shape
+
+                encoder = choose_shape(_sample_texts(dataset), options, fitted_on=fitted_on)
+            elif fit_needed:
+                if encoder.backbone.needs_fit:  # a context-averaged table: fitted on the driver
+                    encoder.backbone.fit(_sample_texts(dataset))
+                raw, report.statistics = _fit_encoder(encoder, dataset, sample_ids, actors, reservoir_size)
+                encoder.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": len(sample_ids)}
+            if collection is None:
+                collection = Collection.create(store, encoder, **(store_options or {}))
+            report.seconds["fit"] = time.perf_counter() - started
+
+            started = time.perf_counter()
+            if dataset is not None:
+                if raw is not None:  # embedded while fitting: only the fitted chain is left to apply
+                    shaped = raw.map_batches(_shape_cached, fn_kwargs={"transforms": encoder.transforms},
+                                             batch_size=None, batch_format="numpy")
                 else:
                     shaped = actors.map(dataset, collection.encoder, shape=True)
                 report.added = _write(collection, shaped, commit_every, show_progress)
             report.deleted = _delete_stale(collection, existing, set(chunks.ids), chunks.documents, sync)
             collection.store.commit()
+            report.seconds["embed_write"] = time.perf_counter() - started
         finally:
-            collection.close()
-        report.seconds["embed_write"] = time.perf_counter() - started
+            if collection is not None:
+                collection.close()
     return report
+
+
+def _sample_texts(dataset: ray.data.Dataset) -> list[str]:
+    """The fit sample's texts, in sample order, gathered on the driver."""
+    picked = dataset.map_batches(_sampled_texts, batch_size=None, batch_format="numpy")
+    rows = [(int(rank), str(text)) for batch in _collect(picked) for rank, text in zip(batch["rank"], batch["text"])]
+    return [text for _, text in sorted(rows)]
+
+
+def _rows_to_index(chunks: _Chunks, existing: set[str], sample_ids: list[str], rows: int, num_actors: int) -> ray.data.Dataset:
+    """The chunk rows to embed, in corpus order, ``rank`` marking the fit sample, in balanced blocks (materialized)."""
+    dataset = chunks.dataset
+    if chunks.repeated or existing:
+        drop = {"drop_ids": ray.put(existing), "repeated": ray.put(chunks.repeated)}
+        dataset = dataset.map_batches(_select_rows, fn_kwargs=drop, batch_size=None, batch_format="numpy")
+    if sample_ids:
+        ranks = ray.put({chunk_id: rank for rank, chunk_id in enumerate(sample_ids)})
+        dataset = dataset.map_batches(_mark_sample, fn_kwargs={"ranks": ranks}, batch_size=None, batch_format="numpy")
+    return dataset.repartition(_block_count(rows, num_actors)).materialize()
 
 
 def _write(collection: Collection, shaped: ray.data.Dataset, commit_every: int, show_progress: bool) -> int:
@@ -619,4 +645,4 @@ def _delete_stale(collection: Collection, existing: set[str], produced: set[str]
     return len(stale)
 
 
-__all__ = ["FitStatistics", "RayIngestReport", "index_with_ray", "read_chunks"]
+__all__ = ["FitStatistics", "RayIngestReport", "index_with_ray"]

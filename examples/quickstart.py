@@ -16,10 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from isotrope.encoder import ShapedEncoder
-from isotrope.ingest.loaders import iter_documents
-from isotrope.ingest.pipeline import index_documents
-from isotrope.search import Collection
+from isotrope import Collection, ShapedEncoder, index_documents
 
 DOCUMENTS = {
     "cooking/bread.md": """# Bread
@@ -96,8 +93,7 @@ def main() -> None:
                  collection.search("how often should I water", k=2, where={"source": "garden/tomatoes.txt"}))
 
         # 3. the same with FAISS and an encoder fitted beforehand (e.g. on a larger, general corpus)
-        texts = [document.text for document in iter_documents(docs)]
-        encoder = ShapedEncoder.create("all-MiniLM-L6-v2", shape="center").fit(texts)
+        encoder = ShapedEncoder.create("all-MiniLM-L6-v2", shape="center").fit(DOCUMENTS.values())
         report = index_documents(docs, f"faiss:{tmp}/faiss", encoder=encoder, chunk_tokens=64, overlap_tokens=16,
                                  show_progress=False)
         print(f"\nfaiss: {report.summary()}")

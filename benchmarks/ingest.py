@@ -1,0 +1,192 @@
+"""Item 2: ingestion end to end (load, chunk, embed, write) of SciFact into FAISS and LanceDB.
+
+isotrope's ``index_documents`` (its default chunking and shaping, as ``isotrope index``) vs
+LlamaIndex's ``VectorStoreIndex.from_documents`` with ``HuggingFaceEmbedding`` and its
+``FaissVectorStore`` (persisted with ``storage_context.persist``) / ``LanceDBVectorStore``
+(default ``SentenceSplitter`` chunking). Same model, max length, batch size and threads.
+
+Every side runs in its own process (``python -m benchmarks.ingest --side ...``): a warm-up
+ingestion of a few documents, then the timed runs, each into a fresh directory and each
+building its embedding model anew; the process reports its peak RSS (VmHWM) at the end.
+Both sides read the same JSON-lines file (``_id`` and ``text`` = title + abstract).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import MAX_SEQ_LENGTH, MODEL, child_main, child_parser, ratio, run_child, scifact_documents
+
+logger = logging.getLogger(__name__)
+
+SIDES = ("isotrope-faiss", "isotrope-lancedb", "llamaindex-faiss", "llamaindex-lancedb")
+BATCH_SIZE = 32
+DIM = 384
+WARMUP_DOCS = 4
+SIZES = {"quick": 30, "full": None}  # documents of SciFact (None: the whole corpus)
+
+
+# -- the child process: one side ----------------------------------------------------
+def read_records(corpus: Path) -> list[dict[str, str]]:
+    with open(corpus, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
+    from isotrope.encoder import DEFAULT_SHAPE
+    from isotrope.ingest.pipeline import index_documents
+
+    report = index_documents(
+        corpus,
+        f"{store}:{target}",
+        encoder_options={"model": MODEL, "shape": DEFAULT_SHAPE, "max_length": MAX_SEQ_LENGTH, "device": device,
+                         "batch_size": batch_size},
+        loader_options={"id_field": "_id"},
+        show_progress=False,
+    )
+    return {"documents": report.documents, "chunks": report.chunks,
+            "steps_s": {step: round(value, 3) for step, value in report.seconds.items()}}
+
+
+def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
+    import faiss
+    from llama_index.core import Document, StorageContext, VectorStoreIndex
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from benchmarks.encode import model_path
+
+    documents = [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
+    options: dict[str, Any] = {}
+    if device != "cpu":
+        import torch
+
+        options["model_kwargs"] = {"dtype": torch.bfloat16}
+    embed_model = HuggingFaceEmbedding(model_name=model_path(), max_length=MAX_SEQ_LENGTH, embed_batch_size=batch_size,
+                                       device=device, normalize=True, **options)
+    if store == "faiss":
+        from llama_index.vector_stores.faiss import FaissVectorStore
+
+        vector_store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(DIM))
+    else:
+        from llama_index.vector_stores.lancedb import LanceDBVectorStore
+
+        vector_store = LanceDBVectorStore(uri=str(target), table_name="chunks", mode="overwrite")
+    storage = StorageContext.from_defaults(vector_store=vector_store)
+    VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=embed_model)
+    if store == "faiss":
+        storage.persist(persist_dir=str(target))
+        chunks = vector_store.client.ntotal
+    else:
+        chunks = vector_store.table.count_rows()
+    return {"documents": len(documents), "chunks": int(chunks)}
+
+
+def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, batch_size: int) -> dict[str, Any]:
+    """Warm up on a few documents, then ``repeat`` timed ingestions of ``corpus`` into fresh directories."""
+    library, store = side.split("-")
+    ingest = ingest_isotrope if library == "isotrope" else ingest_llamaindex
+    warmup = workdir / "warmup.jsonl"
+    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    warmup.write_text("".join(lines[:WARMUP_DOCS]), encoding="utf-8")
+    ingest(warmup, workdir / "warmup", store, device, batch_size)
+    times, detail = [], {}
+    for run_index in range(repeat):
+        target = workdir / f"run{run_index}"
+        start = time.perf_counter()
+        detail = ingest(corpus, target, store, device, batch_size)
+        times.append(time.perf_counter() - start)
+        shutil.rmtree(target, ignore_errors=True)
+    return {"side": side, **detail, "median_s": statistics.median(times), "min_s": min(times),
+            "runs_s": [round(t, 3) for t in times]}
+
+
+def _child(args: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
+        return run_side(args.side, args.corpus, Path(tmp), args.repeat, args.device, args.batch_size)
+
+
+# -- the parent: all sides ----------------------------------------------------------
+def write_corpus(data_dir: str | Path, path: Path, limit: int | None) -> int:
+    """The benchmark's input file: SciFact as JSON lines ``{"_id", "text"}`` (the first ``limit`` documents)."""
+    documents = scifact_documents(data_dir, limit)
+    with open(path, "w", encoding="utf-8") as handle:
+        for doc_id, text in documents:
+            handle.write(json.dumps({"_id": doc_id, "text": text}) + "\n")
+    return len(documents)
+
+
+def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
+    """Chunks each side's default chunking makes and the tokens the model then sees (<= 256 per chunk)."""
+    from llama_index.core import Document
+    from llama_index.core.node_parser import SentenceSplitter
+    from llama_index.core.schema import MetadataMode
+    from transformers import AutoTokenizer
+
+    from benchmarks.encode import model_path
+    from isotrope.ingest.chunking import TokenChunker
+    from isotrope.ingest.loaders import iter_documents
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path())
+    chunker = TokenChunker(tokenizer, 256, 32)  # index_documents' defaults
+    isotrope_texts = [chunk.text for document in iter_documents(corpus, id_field="_id")
+                      for chunk in chunker.chunk(document)]
+    nodes = SentenceSplitter().get_nodes_from_documents(
+        [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)])
+    llama_texts = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
+
+    def tokens(texts: list[str]) -> int:
+        encoded = tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]
+        return sum(len(ids) for ids in encoded)
+
+    return {"isotrope": {"chunks": len(isotrope_texts), "model_tokens": tokens(isotrope_texts)},
+            "llamaindex": {"chunks": len(llama_texts), "model_tokens": tokens(llama_texts)}}
+
+
+def run(data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device: str = "cpu",
+        batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+    """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store."""
+    with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
+        corpus = Path(tmp) / "scifact.jsonl"
+        documents = write_corpus(data_dir, corpus, SIZES["quick" if quick else "full"])
+        results: dict[str, Any] = {"documents": documents, "model": MODEL, "batch_size": batch_size,
+                                   "max_seq_length": MAX_SEQ_LENGTH, "device": device, "repeat": repeat,
+                                   "chunking": chunk_statistics(corpus), "sides": {}}
+        for side in SIDES:
+            args = ["--side", side, "--corpus", str(corpus), "--repeat", str(repeat), "--device", device,
+                    "--batch-size", str(batch_size)]
+            results["sides"][side] = run_child("benchmarks.ingest", args, threads)
+            logger.info("ingest %s: %.1fs", side, results["sides"][side]["median_s"])
+    sides = results["sides"]
+    for side, entry in sides.items():
+        entry["model_tokens_per_s"] = results["chunking"][side.split("-")[0]]["model_tokens"] / entry["median_s"]
+    results["ratios"] = {
+        store: {
+            "speedup": ratio(sides[f"llamaindex-{store}"]["median_s"], sides[f"isotrope-{store}"]["median_s"]),
+            "peak_rss_ratio": ratio(sides[f"isotrope-{store}"]["peak_rss_mb"], sides[f"llamaindex-{store}"]["peak_rss_mb"]),
+            "token_throughput_ratio": ratio(sides[f"isotrope-{store}"]["model_tokens_per_s"],
+                                            sides[f"llamaindex-{store}"]["model_tokens_per_s"]),
+        }
+        for store in ("faiss", "lancedb")
+    }
+    return results
+
+
+def main() -> None:
+    parser = child_parser("One ingestion side, in its own process (used by benchmarks.run).")
+    parser.add_argument("--side", choices=SIDES, required=True)
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    child_main(parser, _child)
+
+
+if __name__ == "__main__":
+    main()
