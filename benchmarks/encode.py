@@ -81,8 +81,8 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
             outputs["isotrope"] = isotrope_encoder.encode(texts, batch_size=batch_size)
 
         def run_st(texts: list[str] = texts) -> None:
-            outputs["sentence_transformers"] = st_model.encode(
-                texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False, show_progress_bar=False)
+            outputs["sentence_transformers"] = st_model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
+                                                               normalize_embeddings=False, show_progress_bar=False)
 
         timings = compare(
             {"isotrope": run_isotrope, "sentence_transformers": run_st},

@@ -90,8 +90,9 @@ def _child(args: Any) -> dict[str, Any]:
     baseline = current_rss_mb()
     start = time.perf_counter()
     fit_seconds, _ = FITS[args.method](args.n, args.subsample)
+    total = time.perf_counter() - start
     return {"method": args.method, "n": args.n, "subsample": args.subsample, "fit_s": fit_seconds,
-            "total_s": time.perf_counter() - start, "baseline_rss_mb": baseline, "peak_delta_mb": peak_rss_mb() - baseline,
+            "total_s": total, "baseline_rss_mb": baseline, "peak_delta_mb": peak_rss_mb() - baseline,
             "input_mb": args.n * DIM * 4 / 2**20}
 
 
@@ -102,8 +103,8 @@ def run(*, quick: bool, threads: int) -> dict[str, Any]:
     results: dict[str, Any] = {"dim": DIM, "sizes": list(sizes), "block_rows": BLOCK, "subsample": subsample,
                                "methods": {}}
     for method in METHODS:
-        entry = {str(n): run_child("benchmarks.fitting", ["--method", method, "--n", str(n), "--subsample", str(subsample)],
-                                   threads)
+        entry = {str(n): run_child("benchmarks.fitting",
+                                   ["--method", method, "--n", str(n), "--subsample", str(subsample)], threads)
                  for n in sizes}
         small, large = entry[str(sizes[0])], entry[str(sizes[-1])]
         entry["memory_growth"] = large["peak_delta_mb"] / max(small["peak_delta_mb"], 1.0)

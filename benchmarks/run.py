@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="data root with retrieval/scifact and sts/stsbenchmark")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--only", default=",".join(ITEMS), help=f"comma-separated subset of {','.join(ITEMS)}")
-    parser.add_argument("--threads", type=int, default=None, help="threads for torch/faiss/BLAS (default: usable cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch, faiss and BLAS (default: the usable cores)")
     parser.add_argument("--repeat", type=int, default=None, help="timed repeats per comparison (default per item)")
     parser.add_argument("--workdir", type=Path, default=None, help="where temporary stores are written")
     args = parser.parse_args(argv)

@@ -102,7 +102,8 @@ def compare_search(ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray
         result["batch"][side] = {**batch[side], "queries_per_s": len(queries) / batch[side]["median_s"]}
         result["single"][side] = {**latency[side], "latency_ms": 1000 * latency[side]["median_s"] / single}
     for mode in ("batch", "single"):
-        result[mode]["overhead_pct"] = 100.0 * (result[mode]["isotrope"]["median_s"] / result[mode]["bare"]["median_s"] - 1)
+        ours, bare_side = result[mode]["isotrope"]["median_s"], result[mode]["bare"]["median_s"]
+        result[mode]["overhead_pct"] = 100.0 * (ours / bare_side - 1)
     return result
 
 
@@ -212,9 +213,9 @@ def run(*, quick: bool, repeat: int, workdir: str | Path | None = None, gpu: boo
     with tempfile.TemporaryDirectory(prefix="isotrope-search-", dir=workdir) as tmp:
         for n in sorted(set(sizes["faiss"]) | (set() if gpu else set(sizes["lancedb"]))):
             truth = exact_top_k(mixture, n, queries)
+            setup = (mixture, n, queries, truth, sizes["single"], repeat, Path(tmp))
             if n in sizes["faiss"]:
-                results["faiss"][str(n)] = bench_faiss(mixture, n, queries, truth, sizes["single"], repeat, Path(tmp),
-                                                       gpu)
+                results["faiss"][str(n)] = bench_faiss(*setup, gpu=gpu)
             if n in sizes["lancedb"] and not gpu:
-                results["lancedb"][str(n)] = bench_lancedb(mixture, n, queries, truth, sizes["single"], repeat, Path(tmp))
+                results["lancedb"][str(n)] = bench_lancedb(*setup)
     return results

@@ -79,6 +79,7 @@ class IsotropeEmbedding(BaseEmbedding):
     Build it with :meth:`from_encoder`, :meth:`from_nodes` (fit on LlamaIndex nodes),
     :meth:`from_store`, or ``IsotropeEmbedding(encoder_path)``. The encoder is loaded on
     first use; a folder whose fingerprint differs from ``fingerprint`` is an error.
+    LlamaIndex's optional ``embeddings_cache`` is keyed by text alone: give each encoder its own.
     """
 
     encoder_path: str = Field(description="Folder of the fitted encoder (isotrope.json + state.safetensors).")
@@ -424,9 +425,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         **delete_kwargs: Any,
     ) -> None:
         """Delete the given nodes, those matching ``filters``, or those that are both."""
-        if node_ids is None and filters is None:
-            raise ValueError("delete_nodes needs node_ids or filters (use clear() to delete everything)")
-        self._delete_where(_all_of(to_where(filters), _in(NODE_ID_KEY, node_ids)))
+        where = _all_of(to_where(filters), _in(NODE_ID_KEY, node_ids))
+        if where is None:
+            raise ValueError("delete_nodes needs node_ids or non-empty filters (clear() deletes everything)")
+        self._delete_where(where)
 
     def clear(self) -> None:
         """Delete every node."""
@@ -453,10 +455,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         self._collection.close()
 
     # -- reading --------------------------------------------------------------------
-    @staticmethod
-    def _node(text: str | None, metadata: dict[str, Any]) -> BaseNode:
-        return metadata_dict_to_node(metadata, text)
-
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Top ``similarity_top_k`` nodes for the query embedding (or ``query_str``, encoded as a query),
         restricted by ``filters``, ``doc_ids`` and ``node_ids``."""
@@ -475,7 +473,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         )
         hits = self._collection.store.search(vector[None, :], query.similarity_top_k, where=where)[0]
         return VectorStoreQueryResult(
-            nodes=[self._node(hit.text, hit.metadata) for hit in hits],
+            nodes=[metadata_dict_to_node(hit.metadata, hit.text) for hit in hits],
             similarities=[hit.score for hit in hits],
             ids=[hit.id for hit in hits],
         )
@@ -491,7 +489,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         if node_ids is not None:  # in the order asked for
             found = set(ids)
             ids = [node_id for node_id in node_ids if node_id in found]
-        return [self._node(hit.text, hit.metadata) for hit in store.get(ids) if hit is not None]
+        return [metadata_dict_to_node(hit.metadata, hit.text) for hit in store.get(ids) if hit is not None]
 
 
 __all__ = ["IsotropeEmbedding", "IsotropeVectorStore", "EncoderMismatchError", "to_where"]

@@ -265,6 +265,24 @@ def test_ingestion_pipeline_one_worker(kind: str, embedding: IsotropeEmbedding, 
     nodes = IngestionPipeline(transformations=[embedding], vector_store=store).run(documents=documents)
     ids = [node.node_id for node in nodes]
     assert np.array_equal(store.client.vectors(ids), encoder.encode([d.text for d in documents]))
+    assert [node.text for node in store.get_nodes(node_ids=ids)] == [d.text for d in documents]
+
+
+def test_pipeline_upserts_replace_the_nodes_of_a_changed_document(embedding: IsotropeEmbedding, tmp_path: Path) -> None:
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+
+    store = IsotropeVectorStore(store_uri("faiss", tmp_path), embed_model=embedding)
+    pipeline = IngestionPipeline(transformations=[SentenceSplitter(chunk_size=32, chunk_overlap=0), embedding],
+                                 docstore=SimpleDocumentStore(), vector_store=store)
+    texts = {f"doc-{i}": " ".join(make_sentences(3, seed=40 + i)) for i in range(3)}
+    pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()])
+    before = {node.node_id: node.ref_doc_id for node in store.get_nodes()}
+    texts["doc-1"] = " ".join(make_sentences(2, seed=99))
+    new_nodes = pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()])
+    after = {node.node_id: node.ref_doc_id for node in store.get_nodes()}
+    kept = {node_id: ref for node_id, ref in before.items() if ref != "doc-1"}
+    assert after == {**kept, **{node.node_id: "doc-1" for node in new_nodes}}
+    assert {node.ref_doc_id for node in new_nodes} == {"doc-1"}
 
 
 def _reference_ids(nodes: list[TextNode], filters: MetadataFilters) -> set[str]:
@@ -322,6 +340,9 @@ def test_metadata_filters_are_translated(kind: str, embedding: IsotropeEmbedding
     assert 0 < len(_reference_ids(nodes, FILTER_CASES[-3])) < len(nodes)
     result = store.query(VectorStoreQuery(query_embedding=probe, similarity_top_k=50, doc_ids=["doc-1", "doc-4"]))
     assert {node.ref_doc_id for node in result.nodes} == {"doc-1", "doc-4"} and len(result.ids) == 6
+    result = store.query(VectorStoreQuery(query_embedding=probe, similarity_top_k=50, node_ids=["node-7", "node-2"]))
+    assert sorted(result.ids) == ["node-2", "node-7"]
+    assert [node.node_id for node in store.get_nodes(node_ids=["node-7", "node-2", "missing"])] == ["node-7", "node-2"]
 
 
 @pytest.mark.parametrize(
@@ -357,6 +378,8 @@ def test_delete_by_document_node_and_filter(kind: str, embedding: IsotropeEmbedd
     assert set(store.client.ids()) == remaining
     store.delete_nodes(node_ids=sorted(remaining)[:1], filters=MetadataFilters(filters=[F(key="lang", value="fr")]))
     assert set(store.client.ids()) == remaining  # both conditions: nothing left that is French
+    with pytest.raises(ValueError, match="delete_nodes needs"):
+        store.delete_nodes(filters=MetadataFilters(filters=[]))  # never "delete everything" by accident
     store.clear()
     assert store.client.ids() == []
 
@@ -372,8 +395,9 @@ def test_persist_and_reload(kind: str, embedding: IsotropeEmbedding, tmp_path: P
     context.persist(str(tmp_path / "llama"))
     store.collection.close()  # no commit on this path: persist() must have written everything
 
+    assert IsotropeVectorStore.exists(uri)
     reopened = IsotropeVectorStore(uri)  # the store's own encoder
-    assert reopened.fingerprint == embedding.fingerprint
+    assert reopened.fingerprint == embedding.fingerprint == IsotropeEmbedding.from_store(uri).fingerprint
     again = VectorStoreIndex.from_vector_store(reopened, embed_model=reopened.embed_model)
     after = again.as_retriever(similarity_top_k=4).retrieve("a dog eats food")
     assert [r.node.node_id for r in after] == [r.node.node_id for r in before]

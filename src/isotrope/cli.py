@@ -151,13 +151,14 @@ def index(
     text_field: TextField = "text",
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
-    from isotrope.encoder import DEFAULT_SHAPE
     from isotrope.ingest.pipeline import index_documents
 
+    if factory and not store.startswith("faiss:"):
+        raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     report = index_documents(
         source,
         store,
-        encoder_options={"model": model, "shape": shape or DEFAULT_SHAPE, "pooling": pooling, "weights": weights},
+        encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
         store_options={"factory": factory} if factory else None,
         loader_options={"text_field": text_field},
         chunk_tokens=chunk_tokens,

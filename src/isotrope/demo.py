@@ -84,7 +84,6 @@ def stdlib_docstrings(root: Path | None = None, max_chars: int = 400) -> Iterato
 
 def run_demo(store: str, show_progress: bool = True) -> tuple[list[tuple[str, list]], Any, dict[str, float], dict]:
     """Index the docstrings into ``store`` (reused when it exists) and answer :data:`QUESTIONS`."""
-    from isotrope.encoder import DEFAULT_SHAPE
     from isotrope.ingest.pipeline import index_documents
     from isotrope.search import Collection
 
@@ -94,7 +93,7 @@ def run_demo(store: str, show_progress: bool = True) -> tuple[list[tuple[str, li
     timings["read docstrings"] = time.perf_counter() - tick
     logger.info("read %d docstrings from %s", len(documents), stdlib_root())
     tick = time.perf_counter()
-    report = index_documents(documents, store, encoder_options={"shape": DEFAULT_SHAPE}, chunk_tokens=128,
+    report = index_documents(documents, store, chunk_tokens=128,
                              overlap_tokens=16, show_progress=show_progress)
     timings["index"] = time.perf_counter() - tick
     tick = time.perf_counter()

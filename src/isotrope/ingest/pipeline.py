@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
 from isotrope.ingest.chunking import Chunk, TokenChunker
 from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
 from isotrope.search import Collection
+from isotrope.shapes import format_shape, parse_shape
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +100,20 @@ def index_documents(
     started = time.perf_counter()
     if Collection.exists(store):
         collection = Collection.open(store, encoder)
+        recorded = collection.store.properties
+        asked_model, asked_shape = (encoder_options or {}).get("model"), (encoder_options or {}).get("shape")
+        if (asked_model and asked_model != recorded.get("model")) or (
+            asked_shape and asked_shape != "auto" and format_shape(parse_shape(asked_shape)) != collection.encoder.shape
+        ):
+            logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
+                           "(use `isotrope reshape` or a new store)", store, recorded.get("model"), recorded.get("shape"))
         logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
     else:
         options = dict(encoder_options or {})
-        auto = options.get("shape") == "auto"
+        options["shape"] = options.get("shape") or DEFAULT_SHAPE
+        auto = options["shape"] == "auto"
         built = encoder is None
-        encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options.get("shape", "none")})
+        encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
         if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
             chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
             chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
