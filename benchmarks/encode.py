@@ -57,10 +57,23 @@ def text_sets(data_dir: str | Path, quick: bool) -> dict[str, list[str]]:
     }
 
 
-def count_tokens(tokenizer: Any, texts: list[str]) -> int:
-    """Tokens the model sees (special tokens included, truncated to max_seq_length)."""
-    encoded = tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)
-    return sum(len(ids) for ids in encoded["input_ids"])
+def token_counts(encoder: Any, texts: list[str], batch_size: int) -> dict[str, int]:
+    """Real tokens (special tokens included, truncated to max_seq_length) and the padded tokens each
+    side's batching computes: isotrope sorts by token count under a token budget, sentence-transformers
+    sorts by character length."""
+    from isotrope.backbones.base import plan_batches
+
+    lengths = np.array([len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)[
+        "input_ids"]])
+    by_characters = np.argsort([-len(text) for text in texts], kind="stable")
+    st_batches = [by_characters[start : start + batch_size] for start in range(0, len(texts), batch_size)]
+    ours = plan_batches(lengths, batch_size, encoder.max_batch_tokens)
+
+    def padded(batches: list[np.ndarray]) -> int:
+        return int(sum(lengths[batch].max() * len(batch) for batch in batches))
+
+    return {"tokens": int(lengths.sum()), "padded_tokens_isotrope": padded(ours),
+            "padded_tokens_sentence_transformers": padded(st_batches)}
 
 
 def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", bf16: bool = False,
@@ -95,7 +108,7 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
         difference = np.abs(outputs["isotrope"] - outputs["sentence_transformers"].astype(np.float32)).max()
         results["sets"][name] = {
             "texts": len(texts),
-            "tokens": count_tokens(isotrope_encoder.tokenizer, texts),
+            **token_counts(isotrope_encoder, texts, batch_size),
             **timings,
             "speedup": ratio(timings["sentence_transformers"]["median_s"], timings["isotrope"]["median_s"]),
             "max_abs_diff": float(difference),

@@ -172,9 +172,10 @@ def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
-    if args.side == "single":
-        return run_single(args.corpus, args.store)
-    return run_ray(args.corpus, args.store, args.threads)
+    load_before = os.getloadavg()
+    result = run_single(args.corpus, args.store) if args.side == "single" else run_ray(args.corpus, args.store, args.threads)
+    result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    return result
 
 
 # -- the parent: both sides ---------------------------------------------------------

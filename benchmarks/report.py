@@ -101,15 +101,21 @@ def render_machine(results: dict[str, Any]) -> str:
     machine = results["machine"]
     versions = ", ".join(f"{name} {version}" for name, version in machine["libraries"].items())
     load = machine["load_average_at_start"], machine.get("load_average_at_end")
-    return "\n".join([
-        f"- command: `{results['command']}` ({results['mode']} mode, {results.get('total_seconds', '?')} s in all)",
+    busy = max(load[0][0], (load[1] or [0])[0]) > machine["usable_cores"]
+    lines = [
+        f"- command: `{results['command']}` ({results['mode']} mode, {results.get('total_seconds', '?')} s in all, "
+        f"{results.get('cpu_seconds', '?')} CPU s)",
         f"- started: {results['started']}, commit {machine.get('git_commit')}",
         f"- CPU: {machine['cpu']}, {machine['usable_cores']} usable of {machine['logical_cores']} logical cores, "
         f"{machine['ram_gb']} GB RAM, {machine['threads']} threads; GPU: {machine['gpu'] or 'none'}",
         f"- load average (1, 5, 15 min) at start {load[0]}, at end {load[1]}",
         f"- Python {machine['python']} on {machine['platform']}",
         f"- {versions}",
-    ])
+    ]
+    if busy:
+        lines.append("- **the machine was busy** (load average above the core count): other work shared the "
+                     "cores, so absolute figures are low and noisy; ratios are less affected (interleaved runs)")
+    return "\n".join(lines)
 
 
 def render_targets(rows: list[dict[str, Any]]) -> str:
@@ -121,11 +127,18 @@ def render_targets(rows: list[dict[str, Any]]) -> str:
 def render_encode(item: dict[str, Any]) -> str:
     head = (f"{item['model']}, batch size {item['batch_size']}, max_seq_length {item['max_seq_length']}, "
             f"{item['device']} {item['dtype']}, median of {item['repeat']} after a warm-up.\n\n")
-    rows = [[name, e["texts"], e["tokens"], e["isotrope"]["texts_per_s"], e["sentence_transformers"]["texts_per_s"],
-             f"{e['speedup']:.2f}x", f"{e['max_abs_diff']:.1e}", runs(e["isotrope"]), runs(e["sentence_transformers"])]
+    rows = [[name, e["texts"], e["tokens"], _padding(e, "isotrope"), _padding(e, "sentence_transformers"),
+             e["isotrope"]["texts_per_s"], e["sentence_transformers"]["texts_per_s"], f"{e['speedup']:.2f}x",
+             f"{e['max_abs_diff']:.1e}", runs(e["isotrope"]), runs(e["sentence_transformers"])]
             for name, e in item["sets"].items()]
-    return head + table(["texts", "n", "tokens", "isotrope texts/s", "sentence-transformers texts/s", "speedup",
-                         "max abs diff", "isotrope runs (s)", "s-t runs (s)"], rows)
+    return head + table(["texts", "n", "tokens", "isotrope padded/real", "s-t padded/real", "isotrope texts/s",
+                         "sentence-transformers texts/s", "speedup", "max abs diff", "isotrope runs (s)",
+                         "s-t runs (s)"], rows)
+
+
+def _padding(entry: dict[str, Any], side: str) -> str:
+    padded = entry.get(f"padded_tokens_{side}")
+    return "–" if padded is None else f"{padded / entry['tokens']:.3f}"
 
 
 def render_ingest(item: dict[str, Any]) -> str:

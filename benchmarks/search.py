@@ -35,7 +35,7 @@ K = 10
 CLUSTERS = 1000
 ADD_BATCH = 50_000
 SIZES = {
-    "quick": {"faiss": (100_000,), "lancedb": (20_000,), "queries": 200, "single": 50},
+    "quick": {"faiss": (100_000,), "lancedb": (20_000,), "queries": 200, "single": 20},
     "full": {"faiss": (100_000, 1_000_000), "lancedb": (100_000, 1_000_000), "queries": 1000, "single": 200},
 }
 NPROBE = 16  # FaissStore's default

@@ -25,7 +25,7 @@ STATIC_ENCODERS: dict[str, dict[str, Any]] = {
     "static MiniLM table, sif + whiten": {"model": f"static:{MODEL}", "weights": "sif", "shape": "whiten"},
     "GloVe 6B 50d, sif + abtt": {"model": "glove-6b-50d", "weights": "sif", "shape": "abtt"},
 }
-SIZES = {"quick": {"throughput_docs": 32, "quality_queries": 30, "quality_docs": 200, "fit_docs": 2000},
+SIZES = {"quick": {"throughput_docs": 32, "quality_queries": 30, "quality_docs": 200, "fit_docs": 1000},
          "full": {"throughput_docs": 512, "quality_queries": None, "quality_docs": None, "fit_docs": None}}
 
 

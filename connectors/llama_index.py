@@ -404,8 +404,9 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         if missing is not None:
             raise ValueError(f"node {missing} has no embedding: embed nodes before adding them")
         vectors = np.asarray([node.get_embedding() for node in nodes], dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != self._collection.store.dim:
-            raise ValueError(f"embeddings have shape {vectors.shape}; this store holds {self._collection.store.dim}-d vectors")
+        dim = self._collection.store.dim
+        if vectors.ndim != 2 or vectors.shape[1] != dim:
+            raise ValueError(f"embeddings have shape {vectors.shape}; this store holds {dim}-d vectors")
         if self.verify_vectors:
             self._verify(nodes, vectors)
         ids = [node.node_id for node in nodes]

@@ -56,11 +56,12 @@ import ray
 import ray.data
 from tqdm.auto import tqdm
 
-from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
 from isotrope.ingest.pipeline import IngestReport
 from isotrope.search import Collection
+from isotrope.shapes import format_shape, parse_shape
 from isotrope.stores.base import check_metadata, dumps_metadata
 from isotrope.transforms import Moments, MomentsTransform, Transform
 from isotrope.weighting import TokenCounts
@@ -481,7 +482,7 @@ def _ray_runtime(address: str | None, show_progress: bool) -> Iterator[None]:
     if started:
         ray.init(address=address)
     elif address is not None:
-        logger.info("Ray is already initialised in this process: ignoring address %r", address)
+        logger.warning("Ray is already initialised in this process: ignoring address %r", address)
     context = ray.data.DataContext.get_current()
     saved = context.execution_options.preserve_order, context.enable_progress_bars
     context.execution_options.preserve_order = True
@@ -539,14 +540,15 @@ def index_with_ray(
         started = time.perf_counter()
         collection = Collection.open(store, encoder) if Collection.exists(store) else None
         try:
-            options = dict(encoder_options or {})
-            auto = collection is None and options.get("shape") == "auto"
+            options = {**(encoder_options or {}), "shape": (encoder_options or {}).get("shape") or DEFAULT_SHAPE}
+            auto = collection is None and options["shape"] == "auto"
             if collection is None:
                 built = encoder is None
-                encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options.get("shape", "none")})
+                encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
                 fit_needed = auto or encoder.needs_corpus and (built or not encoder.is_fitted())
                 existing: set[str] = set()
             else:
+                _warn_if_ignored(collection, encoder_options or {})
                 fit_needed, encoder = False, collection.encoder
                 existing = set(collection.store.ids())
             chunks = _read_chunks(source, TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
@@ -589,6 +591,17 @@ def index_with_ray(
             if collection is not None:
                 collection.close()
     return report
+
+
+def _warn_if_ignored(collection: Collection, encoder_options: dict[str, Any]) -> None:
+    """An existing store keeps its encoder: say so when another model or shape was asked for (as index_documents)."""
+    recorded = collection.store.properties
+    model, shape = encoder_options.get("model"), encoder_options.get("shape")
+    if (model and model != recorded.get("model")) or (
+        shape and shape != "auto" and format_shape(parse_shape(shape)) != collection.encoder.shape
+    ):
+        logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
+                       "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
 
 
 def _sample_texts(dataset: ray.data.Dataset) -> list[str]:
