@@ -5,9 +5,11 @@ LlamaIndex's ``VectorStoreIndex.from_documents`` with ``HuggingFaceEmbedding`` a
 ``FaissVectorStore`` (persisted with ``storage_context.persist``) / ``LanceDBVectorStore``
 (default ``SentenceSplitter`` chunking). Same model, max length, batch size and threads.
 
-Every side runs in its own process (``python -m benchmarks.ingest --side ...``): a warm-up
-ingestion of a few documents, then the timed runs, each into a fresh directory and each
-building its embedding model anew; the process reports its peak RSS (VmHWM) at the end.
+Every timed run is a process of its own (``python -m benchmarks.ingest --side ...``): a
+warm-up ingestion of a few documents, then the timed run into a fresh directory, building
+its embedding model anew; the process reports its peak RSS (VmHWM) at the end. Rounds are
+interleaved across the sides in rotating order; the median time and the largest peak RSS
+of each side's processes are reported.
 Both sides read the same JSON-lines file (``_id`` and ``text`` = title + abstract).
 """
 
@@ -149,6 +151,19 @@ def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
             "llamaindex": {"chunks": len(llama_texts), "model_tokens": tokens(llama_texts)}}
 
 
+def merge_runs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's processes (one timed run each) as one entry: median time, the largest peak RSS."""
+    times = [entry["median_s"] for entry in entries]
+    merged = {**entries[-1], "median_s": statistics.median(times), "min_s": min(times),
+              "runs_s": [round(t, 3) for t in times],
+              "peak_rss_mb": max(entry["peak_rss_mb"] for entry in entries),
+              "peak_rss_runs_mb": [round(entry["peak_rss_mb"], 1) for entry in entries],
+              "process_wall_s": statistics.median(entry["process_wall_s"] for entry in entries)}
+    if "steps_s" in merged:
+        merged["steps_s"] = [entry["steps_s"] for entry in entries]
+    return merged
+
+
 def run(data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device: str = "cpu",
         batch_size: int = BATCH_SIZE) -> dict[str, Any]:
     """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store."""
@@ -158,11 +173,15 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device:
         results: dict[str, Any] = {"documents": documents, "model": MODEL, "batch_size": batch_size,
                                    "max_seq_length": MAX_SEQ_LENGTH, "device": device, "repeat": repeat,
                                    "chunking": chunk_statistics(corpus), "sides": {}}
-        for side in SIDES:
-            args = ["--side", side, "--corpus", str(corpus), "--repeat", str(repeat), "--device", device,
-                    "--batch-size", str(batch_size)]
-            results["sides"][side] = run_child("benchmarks.ingest", args, threads)
-            logger.info("ingest %s: %.1fs", side, results["sides"][side]["median_s"])
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        for round_index in range(repeat):  # interleaved rounds, rotating order: a busy spell hits every side
+            shift = round_index % len(SIDES)
+            for side in SIDES[shift:] + SIDES[:shift]:
+                args = ["--side", side, "--corpus", str(corpus), "--repeat", "1", "--device", device,
+                        "--batch-size", str(batch_size)]
+                runs[side].append(run_child("benchmarks.ingest", args, threads))
+                logger.info("ingest %s round %d: %.1fs", side, round_index + 1, runs[side][-1]["median_s"])
+    results["sides"] = {side: merge_runs(entries) for side, entries in runs.items()}
     sides = results["sides"]
     for side, entry in sides.items():
         entry["model_tokens_per_s"] = results["chunking"][side.split("-")[0]]["model_tokens"] / entry["median_s"]

@@ -144,8 +144,8 @@ def _padding(entry: dict[str, Any], side: str) -> str:
 def render_ingest(item: dict[str, Any]) -> str:
     chunking = item["chunking"]
     head = (f"{item['documents']:,} SciFact documents, {item['model']}, batch size {item['batch_size']}, "
-            f"max_seq_length {item['max_seq_length']}, {item['device']}; each side in its own process, "
-            f"median of {item['repeat']} after a warm-up.\n\n")
+            f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
+            f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n")
     chunks = table(["chunking", "chunks", "tokens the model sees"],
                    [["isotrope (TokenChunker 256/32 tokens)", chunking["isotrope"]["chunks"],
                      chunking["isotrope"]["model_tokens"]],

@@ -149,23 +149,28 @@ def index(
     factory: Annotated[Optional[str], typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
     text_field: TextField = "text",
+    engine: Annotated[str, typer.Option(help="local: this process; ray: Ray tasks and embedding actors")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
+    num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
+    gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.ingest.pipeline import index_documents
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
-    report = index_documents(
-        source,
-        store,
-        encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
-        store_options={"factory": factory} if factory else None,
-        loader_options={"text_field": text_field},
-        chunk_tokens=chunk_tokens,
-        overlap_tokens=overlap_tokens,
-        fit_samples=fit_samples,
-        sync=sync,
-    )
+    if engine not in ("local", "ray"):
+        raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
+    options = dict(encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
+                   store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
+                   chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
+    if engine == "ray":
+        from isotrope.connectors.ray import index_with_ray
+
+        report = index_with_ray(source, store, address=address, num_actors=num_actors,
+                                gpus_per_actor=gpus_per_actor, **options)
+    else:
+        report = index_documents(source, store, **options)
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped}", err=True)
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
