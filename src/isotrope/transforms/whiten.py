@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class Whiten(MomentsTransform):
     """Rotate centred vectors onto the covariance eigenvectors and rescale axis i by ``(s_i + eps)^power``.
 
-    Eigenvalues at numerical zero (below ``s_max * d * machine epsilon``: the covariance is
+    Eigenvalues at numerical zero (below ``s_max`` times float32 epsilon: the covariance is
     singular, e.g. when fitted on fewer samples than dimensions) get scale 0 for negative
     powers, as in a pseudo-inverse, instead of exploding.
     """
@@ -50,7 +50,8 @@ class Whiten(MomentsTransform):
         k = d if self.n_components is None else resolve_n_components(self.kind, self.n_components, d)
         values, components = top_eigenpairs(moments.covariance(), k)
         values = np.clip(values, 0.0, None)
-        null = values <= values[0] * d * np.finfo(np.float64).eps
+        # inputs are float32: variance below its rounding level is noise, not a direction to amplify
+        null = values <= values[0] * np.finfo(np.float32).eps
         if moments.count <= d:
             logger.warning(
                 "whiten fitted on %d samples in %d dimensions: the covariance is singular", moments.count, d
