@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
-from isotrope.ingest.pipeline import IngestReport
+from isotrope.ingest.pipeline import IngestReport, chunk_document, make_chunker
 from isotrope.search import Collection
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.stores.base import check_metadata, dumps_metadata
@@ -177,7 +177,7 @@ def _unit_documents(unit: _Unit, loader_options: dict[str, Any], on_error: Any) 
         yield from load_file(path, name=name, on_error=on_error, **loader_options)
 
 
-def _read_unit(unit: _Unit, chunker: TokenChunker, loader_options: dict[str, Any]) -> tuple[pa.Table, _UnitSummary]:
+def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[str, Any]) -> tuple[pa.Table, _UnitSummary]:
     """Load and chunk one unit; an id repeated within the unit keeps its first chunk, as the single-process loop does."""
     skipped: list[SkippedFile] = []
     documents: list[str] = []
@@ -188,7 +188,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker, loader_options: dict[str, Any
         if not document.text.strip():
             continue
         documents.append(document.key)
-        for chunk in chunker.chunk(document):
+        for chunk in chunk_document(document, chunker):
             produced += 1
             if chunk.id in seen:
                 continue
@@ -209,7 +209,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker, loader_options: dict[str, Any
 
 def _read_chunks(
     source: str | Path | Iterable[Document],
-    chunker: TokenChunker,
+    chunker: TokenChunker | None,
     loader_options: dict[str, Any] | None = None,
 ) -> _Chunks:
     """Load and chunk ``source`` in Ray tasks; the rows (id, text, metadata JSON, unit) stay in the object store."""
@@ -551,7 +551,7 @@ def index_with_ray(
                 _warn_if_ignored(collection, encoder_options or {})
                 fit_needed, encoder = False, collection.encoder
                 existing = set(collection.store.ids())
-            chunks = _read_chunks(source, TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
+            chunks = _read_chunks(source, make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
             pending = [chunk_id for chunk_id in chunks.ids if chunk_id not in existing]
             report.skipped, report.documents, report.chunks = chunks.skipped, chunks.n_documents, chunks.n_chunks
             report.unchanged = len(chunks.ids) - len(pending)

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
-from isotrope.ingest.chunking import Chunk, TokenChunker
+from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
 from isotrope.search import Collection
 from isotrope.shapes import format_shape, parse_shape
@@ -66,10 +66,19 @@ def _document_stream(source: DocumentSource, report: IngestReport, loader_option
     return lambda: iter(documents)
 
 
-def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker) -> Iterator[tuple[Document, list[Chunk]]]:
+def make_chunker(tokenizer: Any, chunk_tokens: int, overlap_tokens: int) -> TokenChunker | None:
+    """A token chunker, or None for ``chunk_tokens <= 0``: each document is one chunk (the encoder truncates)."""
+    return TokenChunker(tokenizer, chunk_tokens, overlap_tokens) if chunk_tokens > 0 else None
+
+
+def chunk_document(document: Document, chunker: TokenChunker | None) -> list[Chunk]:
+    return chunker.chunk(document) if chunker else make_chunks(document, [(0, len(document.text))])
+
+
+def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker | None) -> Iterator[tuple[Document, list[Chunk]]]:
     for document in documents:
         if document.text.strip():
-            yield document, chunker.chunk(document)
+            yield document, chunk_document(document, chunker)
 
 
 def index_documents(
@@ -115,7 +124,7 @@ def index_documents(
         built = encoder is None
         encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
         if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
-            chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+            chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
             chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
             sample = reservoir_sample(chunks, fit_samples)
             if not sample:
@@ -151,7 +160,7 @@ def _write(
     show_progress: bool,
 ) -> None:
     store, encoder = collection.store, collection.encoder
-    chunker = TokenChunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+    chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
     existing = set(store.ids())
     produced: set[str] = set()
     seen_documents: set[str] = set()
