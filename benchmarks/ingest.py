@@ -32,7 +32,7 @@ SIDES = ("isotrope-faiss", "isotrope-lancedb", "llamaindex-faiss", "llamaindex-l
 BATCH_SIZE = 32
 DIM = 384
 WARMUP_DOCS = 4
-SIZES = {"quick": 30, "full": None}  # documents of SciFact (None: the whole corpus)
+SIZES = {"quick": 20, "full": None}  # documents of SciFact (None: the whole corpus)
 
 
 # -- the child process: one side ----------------------------------------------------
