@@ -59,9 +59,14 @@ from tqdm.auto import tqdm
 from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
-from isotrope.ingest.pipeline import IngestReport, chunk_document, make_chunker
+from isotrope.ingest.pipeline import (
+    IngestReport,
+    chunk_document,
+    delete_stale,
+    make_chunker,
+    warn_if_encoder_differs,
+)
 from isotrope.search import Collection
-from isotrope.shapes import format_shape, parse_shape
 from isotrope.stores.base import check_metadata, dumps_metadata
 from isotrope.transforms import Moments, MomentsTransform, Transform
 from isotrope.weighting import TokenCounts
@@ -548,7 +553,7 @@ def index_with_ray(
                 fit_needed = auto or encoder.needs_corpus and (built or not encoder.is_fitted())
                 existing: set[str] = set()
             else:
-                _warn_if_ignored(collection, encoder_options or {})
+                warn_if_encoder_differs(collection, encoder_options or {})
                 fit_needed, encoder = False, collection.encoder
                 existing = set(collection.store.ids())
             chunks = _read_chunks(source, make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
@@ -584,24 +589,13 @@ def index_with_ray(
                 else:
                     shaped = actors.map(dataset, collection.encoder, shape=True)
                 report.added = _write(collection, shaped, commit_every, show_progress)
-            report.deleted = _delete_stale(collection, existing, set(chunks.ids), chunks.documents, sync)
+            report.deleted = delete_stale(collection.store, existing, set(chunks.ids), chunks.documents, sync)
             collection.store.commit()
             report.seconds["embed_write"] = time.perf_counter() - started
         finally:
             if collection is not None:
                 collection.close()
     return report
-
-
-def _warn_if_ignored(collection: Collection, encoder_options: dict[str, Any]) -> None:
-    """An existing store keeps its encoder: say so when another model or shape was asked for (as index_documents)."""
-    recorded = collection.store.properties
-    model, shape = encoder_options.get("model"), encoder_options.get("shape")
-    if (model and model != recorded.get("model")) or (
-        shape and shape != "auto" and format_shape(parse_shape(shape)) != collection.encoder.shape
-    ):
-        logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
-                       "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
 
 
 def _sample_texts(dataset: ray.data.Dataset) -> list[str]:
@@ -645,17 +639,6 @@ def _write(collection: Collection, shaped: ray.data.Dataset, commit_every: int, 
                 since_commit = 0
             progress.update(len(batch["id"]))
     return added
-
-
-def _delete_stale(collection: Collection, existing: set[str], produced: set[str], documents: set[str], sync: bool) -> int:
-    """Delete stored chunks no longer produced: all of them with ``sync``, else those of re-read documents."""
-    stale = existing - produced
-    if stale and not sync:
-        hits = collection.store.get(sorted(stale))
-        stale = {hit.id for hit in hits if hit is not None and hit.metadata.get("document") in documents}
-    if stale:
-        collection.store.delete(sorted(stale))
-    return len(stale)
 
 
 __all__ = ["FitStatistics", "RayIngestReport", "index_with_ray"]

@@ -81,6 +81,28 @@ def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker | None) -
             yield document, chunk_document(document, chunker)
 
 
+def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, Any]) -> None:
+    """An existing store keeps its encoder: say so when another model or shape was asked for."""
+    recorded = collection.store.properties
+    model, shape = encoder_options.get("model"), encoder_options.get("shape")
+    if (model and model != recorded.get("model")) or (
+        shape and shape != "auto" and format_shape(parse_shape(shape)) != collection.encoder.shape
+    ):
+        logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
+                       "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
+
+
+def delete_stale(store: Any, existing: set[str], produced: set[str], documents: set[str], sync: bool) -> int:
+    """Delete stored chunks no longer produced: all of them with ``sync``, else those of re-read documents."""
+    stale = existing - produced
+    if stale and not sync:
+        hits = store.get(sorted(stale))
+        stale = {hit.id for hit in hits if hit is not None and hit.metadata.get("document") in documents}
+    if stale:
+        store.delete(sorted(stale))
+    return len(stale)
+
+
 def index_documents(
     source: DocumentSource,
     store: str | Path,
@@ -109,13 +131,7 @@ def index_documents(
     started = time.perf_counter()
     if Collection.exists(store):
         collection = Collection.open(store, encoder)
-        recorded = collection.store.properties
-        asked_model, asked_shape = (encoder_options or {}).get("model"), (encoder_options or {}).get("shape")
-        if (asked_model and asked_model != recorded.get("model")) or (
-            asked_shape and asked_shape != "auto" and format_shape(parse_shape(asked_shape)) != collection.encoder.shape
-        ):
-            logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
-                           "(use `isotrope reshape` or a new store)", store, recorded.get("model"), recorded.get("shape"))
+        warn_if_encoder_differs(collection, encoder_options or {})
         logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
     else:
         options = dict(encoder_options or {})
@@ -212,13 +228,7 @@ def _write(
                 if len(pending) >= batch_size:
                     flush()
         flush()
-    stale = existing - produced
-    if stale and not sync:
-        hits = store.get(sorted(stale))
-        stale = {hit.id for hit in hits if hit is not None and hit.metadata.get("document") in seen_documents}
-    if stale:
-        store.delete(sorted(stale))
-        report.deleted = len(stale)
+    report.deleted = delete_stale(store, existing, produced, seen_documents, sync)
     tick = time.perf_counter()
     store.commit()
     timer["write"] += time.perf_counter() - tick
