@@ -19,8 +19,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: the transformer every comparison uses, and sentence-transformers' max_seq_length for it
 MODEL = "all-MiniLM-L6-v2"

@@ -6,14 +6,11 @@ Detects CUDA through torch (and GPUs through faiss for the search part) and retu
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from benchmarks import encode, ingest, search
 from benchmarks.common import cuda_device
-
-logger = logging.getLogger(__name__)
 
 
 def faiss_gpus() -> int:
