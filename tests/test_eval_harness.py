@@ -16,6 +16,7 @@ from conftest import make_sentences, read_glove
 from scipy import stats
 
 from isotrope.backbones import make_backbone
+from isotrope.backbones.hf import HFBackbone
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.evaluate.commands import evaluate
@@ -191,14 +192,15 @@ def test_fit_on_a_corpus_file_samples_it(tiny_glove_path, tmp_path):
     assert fitted_on.endswith("(3 texts)") and encoder.metadata["fit"]["n_texts"] == 3
 
 
-def test_context_tables_are_shared_only_between_equal_fit_samples(tiny_bert_path, tmp_path):
+def test_context_tables_are_shared_only_between_equal_fit_samples(tiny_bert_path, tmp_path, monkeypatch):
     corpora = []
     for seed in (1, 2):
         corpora.append(tmp_path / f"corpus{seed}.txt")
         corpora[-1].write_text("\n".join(make_sentences(30, seed=seed)) + "\n")
     evaluator = Evaluator(cache_dir=tmp_path / "cache")
     recipe = Recipe(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}")
-    first, _ = evaluator.fit(recipe, str(corpora[0]))
+    first, fitted_on = evaluator.fit(recipe, str(corpora[0]))
+    assert fitted_on == f"{corpora[0]} (30 texts)"  # the table is fitted even when nothing else is
     other, _ = evaluator.fit(recipe, str(corpora[1]))
     again, fitted_on = evaluator.fit(Recipe(model=recipe.model, shape="center"), str(corpora[0]))
     assert fitted_on == f"{corpora[0]} (30 texts)"
@@ -207,6 +209,14 @@ def test_context_tables_are_shared_only_between_equal_fit_samples(tiny_bert_path
     assert np.abs(tables[0] - tables[1]).max() > 1e-4
     fresh = ShapedEncoder.create(recipe.model).fit(corpora[0].read_text().split("\n")[:-1])
     np.testing.assert_allclose(tables[0], fresh.backbone.get_state()["context.1.table_"], atol=1e-5)
+
+    # the tables were averaged through the token-state cache: a new run never calls the transformer
+    calls = []
+    forward = HFBackbone.forward
+    monkeypatch.setattr(HFBackbone, "forward", lambda self, *args: calls.append(1) or forward(self, *args))
+    rerun, _ = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpora[1]))
+    assert not calls
+    np.testing.assert_array_equal(rerun.backbone.get_state()["context.1.table_"], tables[1])
 
 
 def test_context_corpus_fits_the_table_apart_from_the_shaping(tiny_bert_path, tmp_path):

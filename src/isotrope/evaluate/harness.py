@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.backbones import is_static_source
+from isotrope.backbones import is_static_source, make_backbone
+from isotrope.backbones.context import context_average
 from isotrope.corpus import iter_texts
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.evaluate.cache import CachedBackbone
@@ -104,7 +105,8 @@ class Evaluator:
             table_on = f"; context table: {context_corpus} ({len(table_texts)} texts)"
         else:
             encoder = self.build(recipe, texts)
-        if not encoder.needs_corpus:
+        tables_from_corpus = "context:" in recipe.model and context_corpus is None  # fitted even when cached
+        if not encoder.needs_corpus and not tables_from_corpus:
             return encoder, table_on.removeprefix("; ") or "nothing (no fitted statistics)"
         if texts is None:
             raise ValueError(f"model {recipe.model!r} / shaping {recipe.shape!r} / weights {recipe.weights!r} needs a "
@@ -143,8 +145,20 @@ class Evaluator:
                                             max_length=recipe.max_length).backbone
             if self.cache_dir and not is_static_source(recipe.model):
                 backbone = CachedBackbone(backbone, self.cache_dir)
+            elif self.cache_dir and backbone.needs_fit and fit_texts:
+                backbone = self._static_with_context_tables(backbone, fit_texts)
             self._backbones[key] = backbone
         return self._backbones[key]
+
+    def _static_with_context_tables(self, backbone: Any, fit_texts: Sequence[str]) -> Any:
+        """The static backbone with its ``context:`` tables averaged through the cached transformer
+        (as ``StaticBackbone.fit`` does, but each text's states come from the token-state cache)."""
+        state = {}
+        for index, part in enumerate(backbone.get_config()["source"].split("+")):
+            if part.startswith("context:"):
+                transformer = self._backbone(Recipe(model=part.split(":", 1)[1]), None)
+                state[f"context.{index}.table_"] = context_average(transformer, fit_texts)[0]
+        return make_backbone(backbone.get_config(), state)
 
 
 def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.ndarray]:
