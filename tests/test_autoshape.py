@@ -88,6 +88,23 @@ def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_pa
     assert saved["metadata"]["auto_shape"]["chosen"] == report["chosen"]
 
 
+def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, tmp_path, monkeypatch) -> None:
+    from isotrope.backbones.hf import HFBackbone
+    from isotrope.evaluate.harness import Evaluator, Recipe
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(_corpus(60)) + "\n")
+    recipe = Recipe(model=tiny_bert_path, shape="auto")
+    first, fitted_on = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
+    assert "auto chose" in fitted_on
+    calls = []
+    forward = HFBackbone.forward
+    monkeypatch.setattr(HFBackbone, "forward", lambda self, *args: calls.append(1) or forward(self, *args))
+    second, _ = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
+    assert not calls  # every candidate was scored from cached token states
+    assert second.metadata["auto_shape"] == first.metadata["auto_shape"]
+
+
 def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:
     with pytest.raises(ValueError, match="larger corpus"):
         choose_shape(["one. two. three four five six."] * 3, {"model": tiny_glove_path})

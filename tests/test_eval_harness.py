@@ -308,6 +308,23 @@ def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tm
     assert result["texts"] == 12 and result["labels"] == 4
 
 
+def test_clustering_fits_on_another_split_of_the_file(tiny_glove_path, tmp_path):
+    path = tmp_path / "clusters.jsonl"
+    rows = [{"text": f"{word} {word} the", "label": label, "split": "test"}
+            for label, word in enumerate(["cat", "dog", "house"]) for _ in range(4)]
+    rows += [{"text": f"the {word} river", "label": 0, "split": "train"} for word in ["cat", "dog", "green", "red", "old"]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = Recipe(model=tiny_glove_path, shape="center")
+    result = evaluate("clustering", recipe, Evaluator(), jsonl=path, split="test", fit_corpus="split:train")
+    assert result["fitted_on"] == "clusters.jsonl split train (5 texts)" and result["texts"] == 12
+    encoder, _ = Evaluator().fit(recipe, [row["text"] for row in rows if row["split"] == "train"])
+    center = encoder.transforms[0].mean_
+    raw = ShapedEncoder.create(tiny_glove_path).embed_raw([f"the {w} river" for w in ["cat", "dog", "green", "red", "old"]])
+    np.testing.assert_allclose(center, raw.mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="is the evaluated split"):
+        evaluate("clustering", recipe, Evaluator(), jsonl=path, split="test", fit_corpus="split:test")
+
+
 # -- sweeps ------------------------------------------------------------------------
 def test_run_sweep_writes_json_and_markdown(tiny_glove_path, tiny_bert_path, tmp_path):
     data = tmp_path / "data"
@@ -358,6 +375,32 @@ def test_run_sweep_task_fit_corpus_is_a_default(tiny_glove_path, tmp_path):
     path.write_text(json.dumps(config))
     rows = run_sweep(path, tmp_path / "out")
     assert [row["fitted_on"] for row in rows] == [f"{data / 'fit.txt'} (8 texts)", f"{data / 'other.txt'} (5 texts)"]
+
+
+def test_an_interrupted_sweep_resumes_with_the_rows_it_wrote(tiny_glove_path, tmp_path, monkeypatch):
+    from isotrope.evaluate import sweep
+
+    data = tmp_path / "data"
+    _write_pairs(data / "tiny_pairs.tsv")
+    (data / "fit.txt").write_text("\n".join(FIT_TEXTS) + "\n")
+    config = {"data_dir": str(data), "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"], "fit_corpus": "fit.txt"}},
+              "grid": {"model": [tiny_glove_path], "shape": ["none", "center"]}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(config))
+    first = run_sweep(path, tmp_path / "out")
+    evaluated = []
+    real_evaluate = sweep.evaluate
+    monkeypatch.setattr(sweep, "evaluate", lambda task, recipe, *a, **k: evaluated.append(recipe.shape)
+                        or real_evaluate(task, recipe, *a, **k))
+    config["grid"]["shape"].append("whiten")
+    path.write_text(json.dumps(config))
+    second = run_sweep(path, tmp_path / "out")
+    assert evaluated == ["whiten"] and second[:2] == first
+    config["tasks"]["sts"]["fit_corpus"] = "tiny_pairs.tsv"  # other task options: nothing is reused
+    path.write_text(json.dumps(config))
+    evaluated.clear()
+    run_sweep(path, tmp_path / "out")
+    assert evaluated == ["none", "center", "whiten"]
 
 
 def test_run_sweep_rejects_bad_configs(tmp_path):

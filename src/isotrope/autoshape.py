@@ -96,11 +96,14 @@ def choose_shape(
     seed: int = 0,
     titles: Sequence[str] | None = None,
     fitted_on: str | None = None,
+    backbone: Any = None,
 ) -> ShapedEncoder:
     """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``) by
     pseudo-query MRR@10 and return an encoder with the best one, fitted on all of ``texts``.
 
-    The scores of every candidate are kept in ``encoder.metadata["auto_shape"]``.
+    The scores of every candidate are kept in ``encoder.metadata["auto_shape"]``. A ``backbone``
+    given by the caller (one with its own token-state cache, say) is used as is; otherwise the
+    model's backbone is wrapped in a temporary cache for the duration of the selection.
     """
     from isotrope.evaluate.cache import CachedBackbone
 
@@ -120,7 +123,9 @@ def choose_shape(
     base = {key: value for key, value in options.items() if key != "shape"}
     results = []
     with tempfile.TemporaryDirectory(prefix="isotrope-auto-") as cache_dir:
-        backbone = CachedBackbone(ShapedEncoder.create(**{**base, "shape": "none"}).backbone, cache_dir)
+        owned = backbone is None
+        if owned:
+            backbone = CachedBackbone(ShapedEncoder.create(**{**base, "shape": "none"}).backbone, cache_dir)
         for candidate in candidates:
             encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=backbone)
             if encoder.needs_corpus:
@@ -133,8 +138,9 @@ def choose_shape(
         choice = {key: value for key, value in best.items() if key != "mrr@10"}
         encoder = ShapedEncoder.create(**{**base, **choice}, backbone=backbone)
         encoder.fit_sample(texts, fitted_on=fitted_on)
-        encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
-        backbone.close()
+        if owned:
+            encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
+            backbone.close()
     encoder.metadata["auto_shape"] = {"chosen": choice, "candidates": results, "pseudo_queries": len(queries),
                                       "held_aside_texts": len(held), "seed": seed}
     return encoder

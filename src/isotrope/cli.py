@@ -245,7 +245,9 @@ def evaluate(
     drop_top: Annotated[int, typer.Option(help="drop the N most frequent tokens")] = 0,
     exclude_special: Annotated[Optional[bool], typer.Option("--exclude-special/--include-special")] = None,
     exclude_punctuation: Annotated[bool, typer.Option("--exclude-punctuation")] = False,
-    fit_corpus: Annotated[Optional[str], typer.Option(help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus")] = None,
+    fit_corpus: Annotated[Optional[str], typer.Option(
+        help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
+    )] = None,
     fit_samples: Annotated[int, typer.Option(help="texts sampled from the fit corpus")] = 20_000,
     transductive: Annotated[bool, typer.Option("--transductive", help="fit on the evaluation texts (labelled so)")] = False,
     data_dir: Annotated[Optional[Path], typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,

@@ -65,7 +65,8 @@ def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None =
     """V-measure x100 of mini-batch k-means over 5 seeds (MTEB).
 
     ``limit`` keeps a seeded uniform sample of that many texts (in file order), not
-    the first ones: files are often sorted by label.
+    the first ones: files are often sorted by label. ``fit_corpus="split:NAME"`` fits on
+    the texts of another split of the same file (their labels unused).
     """
     import numpy as np
 
@@ -79,7 +80,13 @@ def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None =
     if limit is not None and limit < len(texts):
         keep = np.sort(np.random.default_rng(evaluator.seed).choice(len(texts), size=limit, replace=False))
         texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus)
+    corpus_name = "the retrieval corpus"
+    if fit_corpus is not None and fit_corpus.startswith("split:"):
+        other = fit_corpus.removeprefix("split:")
+        if other == (split or ""):
+            raise ValueError(f"--fit-corpus {fit_corpus} is the evaluated split: pass --transductive to fit on it")
+        fit_corpus, corpus_name = load_clustering(jsonl, split=other).texts, f"{Path(jsonl).name} split {other}"
+    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus, corpus_name)
     result = eval_clustering(encode_function(encoder), texts, labels)
     return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
             "texts": len(texts), "labels": len(set(labels)), "fitted_on": fitted_on}

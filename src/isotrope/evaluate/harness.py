@@ -78,8 +78,9 @@ class Evaluator:
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
     def fit(self, recipe: Recipe, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False,
-            context_corpus: str | Path | None = None) -> tuple[ShapedEncoder, str]:
-        """A fitted encoder and a description of what it was fitted on.
+            context_corpus: str | Path | None = None,
+            corpus_name: str = "the retrieval corpus") -> tuple[ShapedEncoder, str]:
+        """A fitted encoder and a description of what it was fitted on (``corpus_name`` names a list of texts).
 
         ``context_corpus`` (a text file) gives the backbone's context tables their own
         corpus; weights and transforms are still fitted on ``corpus``.
@@ -91,7 +92,7 @@ class Evaluator:
         elif isinstance(corpus, (str, Path)):
             texts, fitted_on = self._sample_file(corpus), str(corpus)
         else:
-            texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), "the retrieval corpus"
+            texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), corpus_name
         if recipe.shape == "auto":
             return self._auto(recipe, texts, fitted_on)
         table_on = ""
@@ -123,7 +124,8 @@ class Evaluator:
         if texts is None:
             raise ValueError("--shape auto chooses from a corpus: pass --fit-corpus FILE (or 'corpus' for retrieval)")
         fitted_on = f"{fitted_on} ({len(texts)} texts)"
-        encoder = choose_shape(texts, vars(recipe), fitted_on=fitted_on)
+        encoder = choose_shape(texts, vars(recipe), fitted_on=fitted_on, seed=self.seed,
+                               backbone=self._backbone(recipe, texts))
         return encoder, f"{fitted_on}; auto chose {encoder.metadata['auto_shape']['chosen']}"
 
     def build(self, recipe: Recipe, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:

@@ -15,7 +15,9 @@ after the other); ``recipes`` adds single points. A point may carry its own
 Relative paths (task files, fit corpora, ``frequencies``, a word-vector
 ``model`` file) are resolved against ``data_dir``. A task's options may set
 ``fit_corpus``/``context_corpus`` defaults for the points that do not. The token-state cache makes
-every text pass a transformer once.
+every text pass a transformer once. A sweep rerun with the same ``out`` keeps the
+rows already written for the same point, task and task options, so an interrupted
+sweep resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -71,20 +73,41 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
     if data_dir is not None and not data_dir.is_absolute():
         data_dir = (config_path.parent / data_dir).resolve()
     evaluator = Evaluator(cache_dir=config.get("cache_dir"), fit_samples=config.get("fit_samples", 20_000))
+    done = _finished_rows(Path(out), config.get("fit_samples", 20_000))
     rows = []
     for point in _points(config):
         recipe = Recipe(**{key: str(_resolve(value, data_dir)) if key in _RECIPE_PATHS else value
                            for key, value in point.items() if key in _RECIPE_FIELDS})
         for task, options in config.get("tasks", {}).items():
+            key = _row_key(point, task, options, config.get("fit_samples", 20_000))
+            if key in done:
+                logger.info("sweep: %s on %s already in %s", recipe.label(), task, Path(out).with_suffix(".json"))
+                rows.append(done[key])
+                continue
+            task_options = options
             options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}
             # a task may set default fit corpora (e.g. retrieval: "corpus"); the point's own win
             fits = {key: point.get(key, options.pop(key, None)) for key in sorted(_FIT_KEYS)}
             fits = {key: value if value in (None, "corpus") else str(_resolve(value, data_dir)) for key, value in fits.items()}
             logger.info("sweep: %s on %s", recipe.label(), task)
             result = evaluate(task, recipe, evaluator, data_dir=data_dir, **fits, **options)
-            rows.append({"point": point, **result})
+            rows.append({"point": point, "task_options": task_options, "fit_samples": evaluator.fit_samples, **result})
             _write(rows, Path(out), data_dir)  # partial results survive an interrupted sweep
     return rows
+
+
+def _row_key(point: dict[str, Any], task: str, options: dict[str, Any], fit_samples: int) -> str:
+    return json.dumps([point, task, options, fit_samples], sort_keys=True)
+
+
+def _finished_rows(out: Path, fit_samples: int) -> dict[str, dict[str, Any]]:
+    """Rows of an earlier run of this sweep, keyed by what produced them."""
+    path = out.with_suffix(".json")
+    if not path.exists():
+        return {}
+    rows = json.loads(path.read_text())
+    return {_row_key(row["point"], row["task"], row["task_options"], row["fit_samples"]): row
+            for row in rows if "task_options" in row and "fit_samples" in row}
 
 
 def _write(rows: list[dict[str, Any]], out: Path, data_dir: Path | None = None) -> None:
