@@ -53,6 +53,9 @@ INDEX_NAME = "index.faiss"
 _CHUNK = 900  # SQLite variables per statement
 _ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
+#: SQLite reads the database through a memory map up to this size: looking up the rows of the
+#: hits then costs no read() system call per page
+_MMAP_BYTES = 256 * 1024 * 1024
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS properties (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,6 +72,11 @@ CREATE TABLE IF NOT EXISTS items (
 def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for start in range(0, len(values), size):
         yield values[start : start + size]
+
+
+def _load_metadata(value: str) -> dict[str, Any]:
+    """A stored metadata JSON object; the common empty one is not parsed."""
+    return {} if value == "{}" else json.loads(value)
 
 
 def _inner(index: faiss.Index) -> faiss.Index:
@@ -161,6 +169,7 @@ class FaissStore(VectorStore):
         self.exact_filter_limit = exact_filter_limit
         self.use_gpu = faiss.get_num_gpus() > 0 if use_gpu is None else use_gpu
         self._gpu_index: faiss.Index | None = None
+        self._plain_params: tuple[int, int, faiss.SearchParameters | None] | None = None
         self._dirty = False
         self._conn = self._connect(dim, factory, metric)
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
@@ -198,6 +207,7 @@ class FaissStore(VectorStore):
         try:
             conn = sqlite3.connect(db_path, isolation_level=None)
             conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as error:
             raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
@@ -311,9 +321,27 @@ class FaissStore(VectorStore):
             return isinstance(faiss.downcast_index(top.index), faiss.IndexFlatCodes)
         return faiss.try_extract_index_ivf(top) is not None
 
+    @property
+    def _index(self) -> faiss.Index:
+        return self._cpu_index
+
+    @_index.setter
+    def _index(self, index: faiss.Index) -> None:
+        self._cpu_index = index
+        self._plain_params = None
+
     def _search_params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
-        """Search breadth for IVF / HNSW, plus the selector; None where there is nothing to pass."""
-        return _params_for(self._index, selector, self.nprobe, self.ef_search)
+        """Search breadth for IVF / HNSW, plus the selector; None where there is nothing to pass.
+
+        The parameters without a selector are built once per index object and setting.
+        """
+        if selector is not None:
+            return _params_for(self._index, selector, self.nprobe, self.ef_search)
+        cached = self._plain_params
+        if cached is None or cached[:2] != (self.nprobe, self.ef_search):
+            cached = (self.nprobe, self.ef_search, _params_for(self._index, None, self.nprobe, self.ef_search))
+            self._plain_params = cached
+        return cached[2]
 
     # ------------------------------------------------------------------ writing
 
@@ -437,19 +465,22 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
-        wanted = sorted({int(k) for k in keys.ravel() if k >= 0})
-        rows: dict[int, tuple[str, str | None, str]] = {}
-        for part in _chunks(wanted):
+    def _rows(self, keys: Iterable[int]) -> dict[int, tuple[int, str, str | None, str]]:
+        """``key -> (key, id, text, metadata JSON)`` of the given keys, in one SELECT per 900 keys."""
+        rows = {}
+        for part in _chunks(sorted(keys)):
             query = f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * len(part))})"
-            rows.update((r[0], r[1:]) for r in self._conn.execute(query, part))
+            rows.update((row[0], row) for row in self._conn.execute(query, part))
+        return rows
+
+    def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
+        """One list of hits per row of faiss results; a key of -1 (no result) is skipped."""
+        key_rows, score_rows = keys.tolist(), scores.tolist()
+        rows = self._rows({key for row in key_rows for key in row if key >= 0})
         return [
-            [
-                Hit(rows[int(k)][0], float(s), rows[int(k)][1], json.loads(rows[int(k)][2]))
-                for k, s in zip(key_row, score_row)
-                if k >= 0
-            ]
-            for key_row, score_row in zip(keys, scores)
+            [Hit(rows[key][1], score, rows[key][2], _load_metadata(rows[key][3]))
+             for key, score in zip(key_row, score_row) if key >= 0]
+            for key_row, score_row in zip(key_rows, score_rows)
         ]
 
     def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:

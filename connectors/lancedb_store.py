@@ -79,7 +79,8 @@ def _table_names(db: Any) -> list[str]:
 
 
 def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
-    return json.loads(value) if value else {}
+    """A stored metadata JSON object; the common empty one is not parsed."""
+    return {} if not value or value == "{}" else json.loads(value)
 
 
 class LanceDBStore(VectorStore):
@@ -120,6 +121,7 @@ class LanceDBStore(VectorStore):
         self.nprobes = nprobes
         self.refine_factor = refine_factor
         self.ef = ef
+        self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
         if self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
         self._db = lancedb.connect(self.path)
@@ -263,6 +265,7 @@ class LanceDBStore(VectorStore):
     def restore(self, version: int) -> None:
         """Make ``version`` the latest again (a new version with its content)."""
         self._table.restore(version)
+        self._index_type = False
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
@@ -276,6 +279,7 @@ class LanceDBStore(VectorStore):
         if props:
             self._table.to_lance().update_schema_metadata({_PROPERTY + k: v for k, v in props.items()})
             self._table.checkout_latest()
+            self._index_type = False
 
     @property
     def properties(self) -> dict[str, str]:
@@ -296,9 +300,14 @@ class LanceDBStore(VectorStore):
 
     @property
     def vector_index(self) -> str | None:
-        """The type of the ANN index on ``vector`` (e.g. "IvfPq", "IvfHnswSq"), or None: exact search."""
-        found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
-        return None if found is None else found.index_type
+        """The type of the ANN index on ``vector`` (e.g. "IvfPq", "IvfHnswSq"), or None: exact search.
+
+        Looked up once and remembered until this store changes the table's indexes or version.
+        """
+        if self._index_type is False:
+            found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
+            self._index_type = None if found is None else found.index_type
+        return self._index_type
 
     def _maybe_index(self) -> None:
         if self.index_threshold is not None and self.vector_index is None and len(self) >= self.index_threshold:
@@ -319,6 +328,7 @@ class LanceDBStore(VectorStore):
                 f"index distance_type {config.distance_type!r} does not match the store metric "
                 f"{self.metric!r} ({distance!r})"
             )
+        self._index_type = False
         self._table.create_index("vector", config=config, replace=True)
 
     def create_fts_index(self) -> None:
@@ -327,13 +337,14 @@ class LanceDBStore(VectorStore):
 
     def optimize(self) -> None:
         """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``)."""
+        self._index_type = False
         self._table.optimize()
 
     # ------------------------------------------------------------------ reading
 
-    def _score(self, distance: float) -> float:
+    def _scores(self, distances: np.ndarray) -> np.ndarray:
         # LanceDB distances: cosine 1 - cos, dot 1 - x.y, l2 the squared distance
-        return -distance if self.metric == "l2" else 1.0 - distance
+        return -distances if self.metric == "l2" else 1.0 - distances
 
     def _vector_query(self, queries: np.ndarray, k: int, where: Mapping[str, Any] | None) -> Any:
         query = (
@@ -357,15 +368,19 @@ class LanceDBStore(VectorStore):
         q = as_vectors(queries, self.dim, "queries")
         k = check_k(k)
         out: list[list[Hit]] = [[] for _ in range(len(q))]
-        if len(q) == 0 or len(self) == 0:
+        if len(q) == 0:
             return out
         table = self._vector_query(q, k, where).to_arrow()
-        rows = table.to_pylist()
-        if "query_index" not in table.column_names:  # a single query
-            rows = [{**row, "query_index": 0} for row in rows]
-        for row in sorted(rows, key=lambda r: (r["query_index"], r["_distance"])):
-            hit = Hit(row["id"], self._score(row["_distance"]), row["text"], _load_metadata(row["metadata"]))
-            out[row["query_index"]].append(hit)
+        distances = table.column("_distance").to_numpy().astype(np.float64)
+        if "query_index" in table.column_names:
+            query_index = table.column("query_index").to_numpy()
+        else:  # a single query
+            query_index = np.zeros(len(distances), dtype=np.int64)
+        order = np.lexsort((distances, query_index)).tolist()  # by query, then distance; stable
+        ids, texts, metadata = (table.column(name).to_pylist() for name in ("id", "text", "metadata"))
+        scores, query_index = self._scores(distances).tolist(), query_index.tolist()
+        for row in order:
+            out[query_index[row]].append(Hit(ids[row], scores[row], texts[row], _load_metadata(metadata[row])))
         return out
 
     def hybrid_search(

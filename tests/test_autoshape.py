@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import GLOVE_WORDS
 
-from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10
+from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10, simplest_within_one_standard_error
 from isotrope.encoder import ShapedEncoder
 
 TOPICS = [
@@ -67,6 +67,20 @@ def test_mrr_at_10_matches_a_brute_force_ranking() -> None:
     assert mrr_at_10(queries, documents, relevant) == pytest.approx(np.mean(expected))
 
 
+def test_the_simplest_candidate_within_one_standard_error_of_the_best_is_chosen() -> None:
+    rng = np.random.default_rng(0)
+    best = rng.uniform(0.3, 1.0, size=400)
+    noise = rng.normal(0, 0.2, size=400)  # per-query differences: standard error 0.01
+    close = best - 0.005 + noise - noise.mean()  # 0.5 standard errors below: not a real difference
+    far = best - 0.05 + noise - noise.mean()  # 5 standard errors below
+    for order, expected in (([far, close, best], 1), ([best, close, far], 0), ([far, best, close], 1)):
+        chosen, gaps = simplest_within_one_standard_error(order)
+        assert chosen == expected
+    difference = best - far
+    assert gaps[0] == pytest.approx(difference.mean() / (difference.std(ddof=1) / np.sqrt(400)))
+    assert gaps[1] == 0.0
+
+
 def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_path: str, tmp_path) -> None:
     texts = _corpus(120)
     candidates = [{"shape": "none"}, {"shape": "center"}, {"shape": "whiten"}, {"weights": "sif", "shape": "none"}]
@@ -76,7 +90,9 @@ def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_pa
     assert report == second.metadata["auto_shape"]
     assert [row["shape"] for row in report["candidates"]] == ["none", "center", "whiten", "none"]
     best = max(report["candidates"], key=lambda row: row["mrr@10"])
-    assert report["chosen"] == {k: v for k, v in best.items() if k != "mrr@10"}
+    assert best["standard_errors_below_best"] == 0.0
+    first_close = next(row for row in report["candidates"] if row["standard_errors_below_best"] <= 1.0)
+    assert report["chosen"] == candidates[report["candidates"].index(first_close)]
     assert first.fingerprint == second.fingerprint
     # the returned encoder is the chosen recipe fitted on all texts
     reference = ShapedEncoder.create(tiny_glove_path, **report["chosen"])
@@ -90,6 +106,7 @@ def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_pa
 
 def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, tmp_path, monkeypatch) -> None:
     from isotrope.backbones.hf import HFBackbone
+    from isotrope.evaluate.commands import evaluate
     from isotrope.evaluate.harness import Evaluator, Recipe
 
     corpus = tmp_path / "corpus.txt"
@@ -97,6 +114,8 @@ def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, t
     recipe = Recipe(model=tiny_bert_path, shape="auto")
     first, fitted_on = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
     assert "auto chose" in fitted_on
+    result = evaluate("isotropy", recipe, Evaluator(cache_dir=tmp_path / "cache"), texts_file=corpus, fit_corpus=str(corpus))
+    assert result["auto_shape"] == first.metadata["auto_shape"]
     calls = []
     forward = HFBackbone.forward
     monkeypatch.setattr(HFBackbone, "forward", lambda self, *args: calls.append(1) or forward(self, *args))

@@ -4,7 +4,9 @@ Pseudo-queries come from the corpus itself (an inverse cloze task: a sentence
 taken out of a text is the query, the rest of the text its only relevant
 document; a title is the query for its body). Each candidate shaping is fitted
 on one part of the sample and scored by pseudo-query MRR@10 on the held-aside
-part; the best one is refitted on the whole sample. Token states are cached,
+part. Differences within noise are not trusted: the simplest candidate whose
+MRR is within one standard error (paired over the pseudo-queries) of the best
+one is chosen, and refitted on the whole sample. Token states are cached,
 so the backbone runs once over the sample whatever the number of candidates.
 """
 
@@ -25,13 +27,11 @@ from isotrope.ingest.chunking import split_sentences
 
 logger = logging.getLogger(__name__)
 
-TRANSFORMER_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
-    {"shape": shape} for shape in ("none", "center", "abtt", "whiten(power=-0.25),l2", "whiten", "quantile")
-)
+#: the shaping presets every candidate set tries, simplest first (flow is left out: it trains for minutes)
+PRESET_CANDIDATES = ("none", "center", "abtt", "quantile", "whiten-partial", "whiten")
+TRANSFORMER_CANDIDATES: tuple[dict[str, Any], ...] = tuple({"shape": shape} for shape in PRESET_CANDIDATES)
 STATIC_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
-    {"weights": weights, "shape": shape}
-    for weights in ("uniform", "sif")
-    for shape in ("none", "center", "abtt", "whiten(power=-0.25),l2", "whiten", "quantile")
+    {"weights": weights, "shape": shape} for weights in ("uniform", "sif") for shape in PRESET_CANDIDATES
 )
 
 
@@ -75,15 +75,33 @@ def build_pseudo_queries(
     return queries, documents
 
 
-def mrr_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant: Sequence[int]) -> float:
-    """Mean reciprocal rank of each query's relevant document within the top 10 (cosine)."""
+def reciprocal_ranks_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray,
+                           relevant: Sequence[int]) -> np.ndarray:
+    """Each query's reciprocal rank of its relevant document, 0 beyond the top 10 (cosine)."""
     def unit(x: np.ndarray) -> np.ndarray:
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
     scores = unit(query_vectors) @ unit(document_vectors).T
     target = scores[np.arange(len(relevant)), relevant]
     ranks = (scores > target[:, None]).sum(axis=1) + 1
-    return float(np.where(ranks <= 10, 1.0 / ranks, 0.0).mean())
+    return np.where(ranks <= 10, 1.0 / ranks, 0.0)
+
+
+def mrr_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant: Sequence[int]) -> float:
+    """Mean reciprocal rank of each query's relevant document within the top 10 (cosine)."""
+    return float(reciprocal_ranks_at_10(query_vectors, document_vectors, relevant).mean())
+
+
+def simplest_within_one_standard_error(per_query: Sequence[np.ndarray]) -> tuple[int, list[float]]:
+    """Index of the first (simplest) candidate whose mean is within one standard error of the best's,
+    the error taken over the paired per-query differences; and each candidate's gap in standard errors."""
+    best = int(np.argmax([scores.mean() for scores in per_query]))
+    gaps = []
+    for scores in per_query:
+        difference = per_query[best] - scores
+        error = difference.std(ddof=1) / np.sqrt(len(difference))
+        gaps.append(float(difference.mean() / error) if error > 0 else 0.0)
+    return next(i for i, gap in enumerate(gaps) if gap <= 1.0), gaps
 
 
 def choose_shape(
@@ -98,8 +116,9 @@ def choose_shape(
     fitted_on: str | None = None,
     backbone: Any = None,
 ) -> ShapedEncoder:
-    """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``) by
-    pseudo-query MRR@10 and return an encoder with the best one, fitted on all of ``texts``.
+    """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``, simplest
+    first) by pseudo-query MRR@10 and return an encoder with the simplest one within one standard
+    error of the best, fitted on all of ``texts``.
 
     The scores of every candidate are kept in ``encoder.metadata["auto_shape"]``. A ``backbone``
     given by the caller (one with its own token-state cache, say) is used as is; otherwise the
@@ -121,7 +140,7 @@ def choose_shape(
     if len(queries) < 10 or not fit_part:
         raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {len(queries)} pseudo-queries")
     base = {key: value for key, value in options.items() if key != "shape"}
-    results = []
+    results, per_query = [], []
     with tempfile.TemporaryDirectory(prefix="isotrope-auto-") as cache_dir:
         owned = backbone is None
         if owned:
@@ -130,17 +149,20 @@ def choose_shape(
             encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=backbone)
             if encoder.needs_corpus:
                 encoder.fit_sample(fit_part)
-            score = mrr_at_10(encoder.encode([q.text for q in queries], kind="query"), encoder.encode(documents),
-                              [q.document for q in queries])
-            results.append({**candidate, "mrr@10": round(100 * score, 2)})
-            logger.info("auto shape: %s -> MRR@10 %.2f", candidate, 100 * score)
-        best = max(results, key=lambda row: row["mrr@10"])  # first of equals: candidates are ordered simplest first
-        choice = {key: value for key, value in best.items() if key != "mrr@10"}
+            per_query.append(reciprocal_ranks_at_10(encoder.encode([q.text for q in queries], kind="query"),
+                                                    encoder.encode(documents), [q.document for q in queries]))
+            results.append({**candidate, "mrr@10": round(100 * float(per_query[-1].mean()), 2)})
+            logger.info("auto shape: %s -> MRR@10 %.2f", candidate, results[-1]["mrr@10"])
+        chosen, gaps = simplest_within_one_standard_error(per_query)
+        for row, gap in zip(results, gaps):
+            row["standard_errors_below_best"] = round(gap, 2)
+        choice = dict(candidates[chosen])
         encoder = ShapedEncoder.create(**{**base, **choice}, backbone=backbone)
         encoder.fit_sample(texts, fitted_on=fitted_on)
         if owned:
             encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
             backbone.close()
-    encoder.metadata["auto_shape"] = {"chosen": choice, "candidates": results, "pseudo_queries": len(queries),
+    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": "simplest within one standard error of the best",
+                                      "candidates": results, "pseudo_queries": len(queries),
                                       "held_aside_texts": len(held), "seed": seed}
     return encoder
