@@ -490,9 +490,10 @@ class FaissStore(VectorStore):
 
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
         """The ``k`` best hits of each query (higher score is closer), among rows matching ``where``."""
-        q = as_vectors(queries, self.dim, "queries").copy()
+        q = as_vectors(queries, self.dim, "queries")
         k = check_k(k)
         if self.metric == "cosine":
+            q = q.copy()  # normalised in place: never the caller's array
             faiss.normalize_L2(q)
         if where:
             keys = self._filtered_keys(where)

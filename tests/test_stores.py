@@ -278,6 +278,42 @@ def test_faiss_searches_exactly_until_trained(tmp_path):
     assert recall(reference.search(queries, K), store.search(queries, K)) >= 0.9
 
 
+def test_faiss_search_breadth_follows_nprobe_and_ef_search_changes(tmp_path):
+    """The store's search parameters are cached per index; changing nprobe / ef_search still takes
+    effect, checked against the bare faiss index searched with explicit parameters."""
+    data = make_data("random", 3000)
+    queries = make_queries(data)
+    store = filled("faiss-ivf", tmp_path, data, nprobe=1)
+    store.commit()
+    bare = faiss.read_index(str(tmp_path / "faiss-ivf" / "index.faiss"))
+    for nprobe in (1, 4, 32):
+        store.nprobe = nprobe
+        _, keys = bare.search(queries, K, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        got = [[int(h.id[1:]) + 1 for h in row] for row in store.search(queries, K)]
+        assert got == keys.tolist()  # keys are 1-based insertion order, ids "d<i>"
+    hnsw = filled("faiss-hnsw", tmp_path, data, ef_search=16)
+    hnsw.commit()
+    bare = faiss.read_index(str(tmp_path / "faiss-hnsw" / "index.faiss"))
+    for ef in (16, 256):
+        hnsw.ef_search = ef
+        _, keys = bare.search(queries, K, params=faiss.SearchParametersHNSW(efSearch=ef))
+        assert [[int(h.id[1:]) + 1 for h in row] for row in hnsw.search(queries, K)] == keys.tolist()
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lance"])
+def test_empty_metadata_comes_back_as_distinct_dicts(kind, tmp_path):
+    data = make_data("random", 20)
+    store = open_store(kind, tmp_path)
+    store.add(ids_of(20), data, [f"t{i}" for i in range(20)], [None] * 10 + [{"a": i} for i in range(10)])
+    hits = store.search(data[:2], 20)
+    by_id = {h.id: h for h in hits[0]}
+    assert by_id["d3"].metadata == {} and by_id["d13"].metadata == {"a": 3}
+    assert by_id["d3"].text == "t3"
+    by_id["d3"].metadata["x"] = 1  # each hit owns its dict
+    assert {h.id: h.metadata for h in hits[1]}["d3"] == {}
+    assert store.search(data[:1], 1)[0][0].metadata == {}
+
+
 @pytest.mark.parametrize("factory", ["PQ4x4", "IVF8,PQ4x4,RFlat"])
 def test_faiss_indexes_without_selectors_filter_by_over_fetching(factory, tmp_path):
     data = make_data("clustered", 1200, dim=16)
@@ -631,6 +667,20 @@ def test_lance_builds_the_ann_index_at_the_threshold(tmp_path):
         from lancedb.index import IvfPq
 
         store.create_index(IvfPq(distance_type="l2"))
+
+
+def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_path):
+    data = make_data("clustered", 1200)
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=None)
+    assert store.search(data[:2], K) == [[], []]  # an empty table
+    store.add(ids_of(1200), data)
+    unindexed = store.version
+    assert store.vector_index is None
+    store.create_index()
+    assert store.vector_index == "IvfPq"
+    assert LanceDBStore(tmp_path / "lance").vector_index == "IvfPq"  # what a fresh handle reads
+    store.restore(unindexed)
+    assert store.vector_index == LanceDBStore(tmp_path / "lance").vector_index
 
 
 def test_reciprocal_rank_fusion_formula():

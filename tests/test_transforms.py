@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -306,6 +307,24 @@ def test_quantile_matches_sklearn(distribution):
         np.testing.assert_allclose(transform.transform(rows), reference.transform(rows) - shift, atol=1e-6)
 
 
+def test_quantile_subsamples_before_converting_to_float64():
+    """More rows than ``subsample``: the same quantiles as scikit-learn on the whole float64 matrix,
+    without ever allocating that matrix (only the kept rows are converted)."""
+    data = anisotropic(20_000, seed=11).astype(np.float32)
+    config = {"n_quantiles": 50, "subsample": 300, "random_state": 3}
+    reference = QuantileTransformer(**config).fit(data.astype(np.float64))
+    transform = make_transform("quantile", **config)
+    tracemalloc.start()
+    try:
+        transform.fit(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(transform.quantiles_, reference.quantiles_)
+    np.testing.assert_array_equal(transform.references_, reference.references_)
+    assert peak < data.size * 8 / 2  # the float64 copy of every row alone would take data.size * 8 bytes
+
+
 def test_quantile_uniform_output_is_centred(X):
     Y = make_transform("quantile", n_quantiles=300).fit(X).transform(X)
     assert Y.min() == pytest.approx(-0.5) and Y.max() == pytest.approx(0.5)
@@ -320,6 +339,25 @@ def test_l2_matches_numpy_and_keeps_zero_rows(X):
     expected = np.where(norms > 0, data / np.where(norms > 0, norms, 1.0), 0.0)
     np.testing.assert_allclose(Y, expected, atol=1e-6)
     np.testing.assert_array_equal(Y[4], 0.0)
+
+
+def test_small_products_run_on_one_blas_thread(monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    from isotrope.transforms import _linalg
+
+    rng = np.random.default_rng(12)
+    limits = []
+    controller = _linalg._blas_threads()
+    original = type(controller).limit
+    monkeypatch.setattr(type(controller), "limit", lambda self, **kw: limits.append(kw) or original(self, **kw))
+    before = [(i["filepath"], i["num_threads"]) for i in threadpool_info()]
+    for rows, expect_limit in ((8, True), (200, False)):
+        a, b = rng.normal(size=(rows, 384)), rng.normal(size=(384, 384 if rows == 8 else 512))
+        limits.clear()
+        np.testing.assert_allclose(_linalg.matmul(a, b), np.einsum("ij,jk->ik", a, b), rtol=1e-10, atol=1e-10)
+        assert limits == ([{"limits": 1}] if expect_limit else [])
+    assert [(i["filepath"], i["num_threads"]) for i in threadpool_info()] == before  # restored
 
 
 # -- sufficient statistics and partial_fit -----------------------------------------------
@@ -373,6 +411,31 @@ def test_partial_fit_over_chunks_equals_fit_on_concatenation(kind, X):
     # fit() starts over: it forgets what partial_fit accumulated
     refit = streamed.fit(X64[:100])
     np.testing.assert_array_equal(refit.transform(X), fitted(kind, X64[:100]).transform(X))
+
+
+@pytest.mark.parametrize("kind", MOMENT_KINDS)
+def test_partial_fit_defers_the_fit_to_first_use(kind, X, monkeypatch):
+    """A stream of blocks costs one fit from the merged statistics, when a fitted attribute is first read."""
+    calls = []
+    cls = TRANSFORMS[kind]
+    original = cls._fit_from_moments
+    monkeypatch.setattr(cls, "_fit_from_moments", lambda self, moments: calls.append(moments.count) or
+                        original(self, moments))
+    streamed = make_transform(kind, **CONFIGS[kind])
+    blocks = np.array_split(X, 5)
+    for block in blocks:
+        streamed.partial_fit(block)
+    assert calls == [len(blocks[0])]  # the first block is a plain fit; the others only merge statistics
+    assert streamed.is_fitted()
+    assert calls == [len(blocks[0]), len(X)]
+    expected = fitted(kind, X).transform(X)
+    np.testing.assert_allclose(streamed.transform(X), expected, rtol=1e-5, atol=1e-5)
+    assert calls[2:] == [len(X)]  # the reference fit; the streamed transform was not refitted
+    streamed.partial_fit(X[:7])
+    assert streamed.get_state()["mean_"].shape == (N_FEATURES,)
+    assert calls[-1] == len(X) + 7
+    with pytest.raises(AttributeError, match="nope_"):
+        streamed.nope_
 
 
 @pytest.mark.parametrize("kind", MOMENT_KINDS)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import scipy.linalg
+from threadpoolctl import ThreadpoolController
+
+#: products with fewer multiply-adds run on one BLAS thread: waking the BLAS pool costs more than it
+#: saves there (on a busy machine, 16 ms instead of 0.3 ms for 8 x 384 @ 384 x 384)
+SMALL_PRODUCT = 1 << 24
 
 
 def flip_signs(components: np.ndarray) -> np.ndarray:
@@ -19,3 +26,17 @@ def top_eigenpairs(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     d = matrix.shape[0]
     values, vectors = scipy.linalg.eigh(matrix, subset_by_index=[d - k, d - 1])
     return values[::-1].copy(), flip_signs(np.ascontiguousarray(vectors[:, ::-1].T))
+
+
+@cache
+def _blas_threads() -> ThreadpoolController:
+    """The BLAS libraries loaded now (numpy's and scipy's), found once: finding them takes milliseconds."""
+    return ThreadpoolController().select(user_api="blas")
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` of 2-D arrays, on one BLAS thread when the product is smaller than ``SMALL_PRODUCT``."""
+    if a.shape[0] * a.shape[1] * b.shape[1] >= SMALL_PRODUCT:
+        return a @ b
+    with _blas_threads().limit(limits=1):
+        return a @ b

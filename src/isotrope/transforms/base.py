@@ -29,8 +29,8 @@ class NotFittedError(RuntimeError):
     """Raised when a transform (or encoder) is used before it was fitted."""
 
 
-def as_matrix(X: Any, name: str = "X") -> np.ndarray:
-    """Validate a 2-D finite numeric array and return it as float64."""
+def check_matrix(X: Any, name: str = "X") -> np.ndarray:
+    """Validate a 2-D finite numeric array with at least one row; returned in its own dtype (no copy)."""
     array = np.asarray(X)
     if array.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (n_samples, n_features); got shape {array.shape}")
@@ -38,10 +38,14 @@ def as_matrix(X: Any, name: str = "X") -> np.ndarray:
         raise ValueError(f"{name} has no rows")
     if not np.issubdtype(array.dtype, np.number):
         raise ValueError(f"{name} must be numeric; got dtype {array.dtype}")
-    array = array.astype(np.float64, copy=False)
     if not np.isfinite(array).all():
         raise ValueError(f"{name} contains NaN or infinite values")
     return array
+
+
+def as_matrix(X: Any, name: str = "X") -> np.ndarray:
+    """Validate a 2-D finite numeric array and return it as float64."""
+    return check_matrix(X, name).astype(np.float64, copy=False)
 
 
 class Transform:

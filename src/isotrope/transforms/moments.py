@@ -108,16 +108,35 @@ class MomentsTransform(Transform):
         return self.fit_moments(Moments.from_array(X, full=self.full_moments))
 
     def partial_fit(self, X: Any) -> Self:
-        """Add the rows of ``X`` to the statistics seen so far and refit."""
-        previous: Moments | None = getattr(self, "_moments", None)
+        """Add the rows of ``X`` to the statistics seen so far.
+
+        The fitted attributes are recomputed from the merged statistics when one of them is
+        next read (transform, get_state, ...), not after every block: a stream of blocks costs
+        one eigendecomposition, not one per block.
+        """
+        previous: Moments | None = self.__dict__.get("_moments")
         if previous is None:
             return self.fit(X)
-        return self.fit_moments(previous.merge(Moments.from_array(X, full=previous.full)))
+        for name in self.state_names:
+            self.__dict__.pop(name, None)
+        self._moments = previous.merge(Moments.from_array(X, full=previous.full))
+        self._pending = self._moments
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """A fitted attribute read after ``partial_fit``: fit them all from the merged statistics now."""
+        pending: Moments | None = self.__dict__.get("_pending")
+        if pending is None or name not in self.state_names:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._fit_from_moments(pending)
+        del self._pending
+        return self.__dict__[name]
 
     def fit_moments(self, moments: Moments) -> Self:
         """Fit from statistics already reduced elsewhere (e.g. merged per-block moments)."""
         if self.full_moments and not moments.full:
             raise ValueError(f"{self.kind} transform needs full moments (the scatter matrix); got per-dimension ones")
+        self.__dict__.pop("_pending", None)
         self._fit_from_moments(moments)
         self._moments = moments
         return self

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.transforms._linalg import top_eigenpairs
+from isotrope.transforms._linalg import matmul, top_eigenpairs
 from isotrope.transforms._validation import (
     as_output,
     check_positive_int,
@@ -37,7 +37,7 @@ class PCA(MomentsTransform):
         self.components_ = components
 
     def transform(self, X: Any) -> np.ndarray:
-        return as_output((self._check_input(X) - self.mean_) @ self.components_.T)
+        return as_output(matmul(self._check_input(X) - self.mean_, self.components_.T))
 
     def _check_state_shapes(self) -> None:
         check_state_array(self.kind, "mean_", self.mean_, (None,))

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 import numpy as np
 from sklearn.preprocessing import QuantileTransformer
+from sklearn.utils import check_random_state, resample
 
 from isotrope.transforms._validation import as_output, check_positive_int, check_state_array
-from isotrope.transforms.base import Self, Transform, as_matrix
+from isotrope.transforms.base import Self, Transform, check_matrix
 
 
 class Quantile(Transform):
@@ -45,13 +46,23 @@ class Quantile(Transform):
         self.random_state = random_state
 
     def fit(self, X: Any) -> Self:
-        array = as_matrix(X)
+        array = self._subsample(X)
         # sklearn clips n_quantiles to the sample count itself, but warns; clip here without the warning
         estimator = self._make_estimator(min(self.n_quantiles, array.shape[0])).fit(array)
         self.quantiles_ = estimator.quantiles_
         self.references_ = estimator.references_
         self._estimator = estimator
         return self
+
+    def _subsample(self, X: Any) -> np.ndarray:
+        """The rows scikit-learn's fit would keep (the same draw), as float64: only they are converted,
+        so memory does not grow with the number of rows beyond ``subsample``."""
+        array = check_matrix(X)
+        if self.subsample is not None and self.subsample < array.shape[0]:
+            rows = resample(np.arange(array.shape[0]), replace=False, n_samples=self.subsample,
+                            random_state=check_random_state(self.random_state))
+            array = array[rows]
+        return array.astype(np.float64, copy=False)
 
     def transform(self, X: Any) -> np.ndarray:
         array = self._check_input(X)

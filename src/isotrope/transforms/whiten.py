@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.transforms._linalg import top_eigenpairs
+from isotrope.transforms._linalg import matmul, top_eigenpairs
 from isotrope.transforms._validation import (
     as_output,
     check_positive_int,
@@ -68,7 +68,7 @@ class Whiten(MomentsTransform):
         self.scale_ = scale
 
     def transform(self, X: Any) -> np.ndarray:
-        return as_output(((self._check_input(X) - self.mean_) @ self.components_.T) * self.scale_)
+        return as_output(matmul(self._check_input(X) - self.mean_, self.components_.T) * self.scale_)
 
     def _check_state_shapes(self) -> None:
         check_state_array(self.kind, "mean_", self.mean_, (None,))
