@@ -341,7 +341,7 @@ def test_l2_matches_numpy_and_keeps_zero_rows(X):
     np.testing.assert_array_equal(Y[4], 0.0)
 
 
-def test_small_products_run_on_one_blas_thread(monkeypatch):
+def test_small_products_and_eigendecompositions_run_on_one_blas_thread(monkeypatch):
     from threadpoolctl import threadpool_info
 
     from isotrope.transforms import _linalg
@@ -357,6 +357,13 @@ def test_small_products_run_on_one_blas_thread(monkeypatch):
         limits.clear()
         np.testing.assert_allclose(_linalg.matmul(a, b), np.einsum("ij,jk->ik", a, b), rtol=1e-10, atol=1e-10)
         assert limits == ([{"limits": 1}] if expect_limit else [])
+    symmetric = np.cov(rng.normal(size=(100, 40)).T)
+    limits.clear()
+    values, vectors = _linalg.top_eigenpairs(symmetric, 5)
+    assert limits == [{"limits": 1}]
+    expected_values, expected_vectors = np.linalg.eigh(symmetric)
+    np.testing.assert_allclose(values, expected_values[::-1][:5], rtol=1e-10)
+    assert_equal_up_to_column_sign(vectors.T, expected_vectors[:, ::-1][:, :5], atol=1e-10)
     assert [(i["filepath"], i["num_threads"]) for i in threadpool_info()] == before  # restored
 
 
