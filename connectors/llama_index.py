@@ -50,7 +50,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from isotrope.encoder import DEFAULT_MODEL, DEFAULT_SHAPE, ShapedEncoder
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
 from isotrope.persist import read_spec
 from isotrope.search import ENCODER_DIR, Collection, EncoderMismatchError, parse_store_uri
 from isotrope.shapes import format_shape
@@ -123,7 +123,7 @@ class IsotropeEmbedding(BaseEmbedding):
         nodes: Sequence[BaseNode],
         path: str | os.PathLike[str],
         model: str = DEFAULT_MODEL,
-        shape: str | list[dict[str, Any]] = DEFAULT_SHAPE,
+        shape: str | list[dict[str, Any]] | None = None,
         *,
         max_samples: int = 100_000,
         seed: int = 0,
@@ -136,7 +136,7 @@ class IsotropeEmbedding(BaseEmbedding):
         texts = [text for node in nodes if (text := node.get_content(metadata_mode=MetadataMode.EMBED)).strip()]
         if not texts:
             raise ValueError(f"none of the {len(nodes)} nodes has text to fit the encoder on")
-        encoder = ShapedEncoder.create(model, shape=shape, **create_options)
+        encoder = ShapedEncoder.create(model, shape=shape or default_shape(model), **create_options)
         encoder.fit(texts, max_samples=max_samples, seed=seed, fitted_on=f"{len(texts)} LlamaIndex nodes")
         return cls.from_encoder(encoder, path)
 

@@ -56,7 +56,7 @@ import ray
 import ray.data
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, reservoir_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
 from isotrope.ingest.pipeline import (
@@ -545,7 +545,8 @@ def index_with_ray(
         started = time.perf_counter()
         collection = Collection.open(store, encoder) if Collection.exists(store) else None
         try:
-            options = {**(encoder_options or {}), "shape": (encoder_options or {}).get("shape") or DEFAULT_SHAPE}
+            options = dict(encoder_options or {})
+            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
             auto = collection is None and options["shape"] == "auto"
             if collection is None:
                 built = encoder is None

@@ -161,6 +161,16 @@ def test_a_new_store_fits_its_encoder_on_the_corpus(tmp_path, encoder, tiny_bert
         np.testing.assert_allclose(collection.store.vectors(sorted(chunks)), reference.encode(texts), atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["transformer", "static"])
+def test_without_a_shape_the_default_is_chosen_by_backbone_family(tmp_path, tiny_bert_path, family):
+    model = tiny_bert_path if family == "transformer" else f"static:{tiny_bert_path}"
+    uri = f"faiss:{tmp_path / 'store'}"
+    index(write_corpus(tmp_path / "corpus"), uri, encoder_options={"model": model, "device": "cpu"})
+    with Collection.open(uri) as collection:
+        expected = ShapedEncoder.create(model, shape="center" if family == "transformer" else "whiten-partial")
+        assert collection.encoder.shape == expected.shape
+
+
 def test_an_empty_corpus_is_an_error_and_creates_nothing(tmp_path, tiny_bert_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "empty.txt").write_bytes(b"")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, reservoir_sample
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, reservoir_sample
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
 from isotrope.search import Collection
@@ -135,7 +135,7 @@ def index_documents(
         logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
     else:
         options = dict(encoder_options or {})
-        options["shape"] = options.get("shape") or DEFAULT_SHAPE
+        options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
         auto = options["shape"] == "auto"
         built = encoder is None
         encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
