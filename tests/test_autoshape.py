@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import GLOVE_WORDS
 
-from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10, simplest_within_one_standard_error
+from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10, simplest_close_to_best
 from isotrope.encoder import ShapedEncoder
 
 TOPICS = [
@@ -67,15 +67,19 @@ def test_mrr_at_10_matches_a_brute_force_ranking() -> None:
     assert mrr_at_10(queries, documents, relevant) == pytest.approx(np.mean(expected))
 
 
-def test_the_simplest_candidate_within_one_standard_error_of_the_best_is_chosen() -> None:
+def test_the_simplest_candidate_close_to_the_best_is_chosen() -> None:
     rng = np.random.default_rng(0)
     best = rng.uniform(0.3, 1.0, size=400)
     noise = rng.normal(0, 0.2, size=400)  # per-query differences: standard error 0.01
     close = best - 0.005 + noise - noise.mean()  # 0.5 standard errors below: not a real difference
     far = best - 0.05 + noise - noise.mean()  # 5 standard errors below
     for order, expected in (([far, close, best], 1), ([best, close, far], 0), ([far, best, close], 1)):
-        chosen, gaps = simplest_within_one_standard_error(order)
+        chosen, gaps = simplest_close_to_best(order, min_effect=0.0)
         assert chosen == expected
+    # with many queries a tiny difference is many standard errors, yet below the minimum effect
+    steady = best - 0.008
+    assert simplest_close_to_best([steady, best], min_effect=0.0)[0] == 1
+    assert simplest_close_to_best([steady, best], min_effect=0.01)[0] == 0
     difference = best - far
     assert gaps[0] == pytest.approx(difference.mean() / (difference.std(ddof=1) / np.sqrt(400)))
     assert gaps[1] == 0.0
@@ -91,7 +95,9 @@ def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_pa
     assert [row["shape"] for row in report["candidates"]] == ["none", "center", "whiten", "none"]
     best = max(report["candidates"], key=lambda row: row["mrr@10"])
     assert best["standard_errors_below_best"] == 0.0
-    first_close = next(row for row in report["candidates"] if row["standard_errors_below_best"] <= 1.0)
+    top = best["mrr@10"]
+    first_close = next(row for row in report["candidates"]
+                       if row["standard_errors_below_best"] <= 1.0 or top - row["mrr@10"] <= 1.0 + 1e-9)
     assert report["chosen"] == candidates[report["candidates"].index(first_close)]
     assert first.fingerprint == second.fingerprint
     # the returned encoder is the chosen recipe fitted on all texts

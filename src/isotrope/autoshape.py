@@ -4,9 +4,9 @@ Pseudo-queries come from the corpus itself (an inverse cloze task: a sentence
 taken out of a text is the query, the rest of the text its only relevant
 document; a title is the query for its body). Each candidate shaping is fitted
 on one part of the sample and scored by pseudo-query MRR@10 on the held-aside
-part. Differences within noise are not trusted: the simplest candidate whose
-MRR is within one standard error (paired over the pseudo-queries) of the best
-one is chosen, and refitted on the whole sample. Token states are cached,
+part. Small differences are not trusted: the simplest candidate whose MRR trails
+the best one's by at most one standard error (paired over the pseudo-queries) or
+one MRR point is chosen, and refitted on the whole sample. Token states are cached,
 so the backbone runs once over the sample whatever the number of candidates.
 """
 
@@ -92,16 +92,23 @@ def mrr_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant:
     return float(reciprocal_ranks_at_10(query_vectors, document_vectors, relevant).mean())
 
 
-def simplest_within_one_standard_error(per_query: Sequence[np.ndarray]) -> tuple[int, list[float]]:
-    """Index of the first (simplest) candidate whose mean is within one standard error of the best's,
-    the error taken over the paired per-query differences; and each candidate's gap in standard errors."""
+#: pseudo-query MRR@10 differences below this are not worth a fitted map, however many queries
+MIN_EFFECT = 0.01
+
+
+def simplest_close_to_best(per_query: Sequence[np.ndarray],
+                           min_effect: float = MIN_EFFECT) -> tuple[int, list[float | None]]:
+    """Index of the first (simplest) candidate whose mean trails the best's by at most one standard
+    error (of the paired per-query differences) or ``min_effect``; and each candidate's deficit in
+    standard errors (None where the differences do not vary)."""
     best = int(np.argmax([scores.mean() for scores in per_query]))
-    gaps = []
+    gaps, close = [], []
     for scores in per_query:
         difference = per_query[best] - scores
         error = difference.std(ddof=1) / np.sqrt(len(difference))
-        gaps.append(float(difference.mean() / error) if error > 0 else 0.0)
-    return next(i for i, gap in enumerate(gaps) if gap <= 1.0), gaps
+        gaps.append(float(difference.mean() / error) if error > 0 else None if difference.any() else 0.0)
+        close.append(difference.mean() <= max(error, min_effect))
+    return close.index(True), gaps
 
 
 def choose_shape(
@@ -117,8 +124,8 @@ def choose_shape(
     backbone: Any = None,
 ) -> ShapedEncoder:
     """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``, simplest
-    first) by pseudo-query MRR@10 and return an encoder with the simplest one within one standard
-    error of the best, fitted on all of ``texts``.
+    first) by pseudo-query MRR@10 and return an encoder with the simplest one close to the best
+    (:func:`simplest_close_to_best`), fitted on all of ``texts``.
 
     The scores of every candidate are kept in ``encoder.metadata["auto_shape"]``. A ``backbone``
     given by the caller (one with its own token-state cache, say) is used as is; otherwise the
@@ -153,16 +160,16 @@ def choose_shape(
                                                     encoder.encode(documents), [q.document for q in queries]))
             results.append({**candidate, "mrr@10": round(100 * float(per_query[-1].mean()), 2)})
             logger.info("auto shape: %s -> MRR@10 %.2f", candidate, results[-1]["mrr@10"])
-        chosen, gaps = simplest_within_one_standard_error(per_query)
+        chosen, gaps = simplest_close_to_best(per_query)
         for row, gap in zip(results, gaps):
-            row["standard_errors_below_best"] = round(gap, 2)
+            row["standard_errors_below_best"] = gap if gap is None else round(gap, 2)
         choice = dict(candidates[chosen])
         encoder = ShapedEncoder.create(**{**base, **choice}, backbone=backbone)
         encoder.fit_sample(texts, fitted_on=fitted_on)
         if owned:
             encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
             backbone.close()
-    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": "simplest within one standard error of the best",
+    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": f"simplest within one standard error or {100 * MIN_EFFECT:g} MRR point of the best",
                                       "candidates": results, "pseudo_queries": len(queries),
                                       "held_aside_texts": len(held), "seed": seed}
     return encoder
