@@ -278,6 +278,18 @@ def test_cli_eval_sts_prints_and_writes_json(tiny_glove_path, tmp_path, monkeypa
     assert printed["scores"]["tiny_pairs"] == pytest.approx(_reference_spearman(tiny_glove_path), abs=0.006)
 
 
+def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, capsys):
+    from isotrope.cli import main
+
+    pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
+    table_corpus = tmp_path / "general.txt"
+    table_corpus.write_text("\n".join(make_sentences(20, seed=1)) + "\n")
+    monkeypatch.setattr(sys, "argv", ["isotrope", "eval", "sts", "--model", f"static:{tiny_bert_path}+context:{tiny_bert_path}",
+                                      "--pairs", str(pairs), "--context-corpus", str(table_corpus)])
+    main()
+    assert json.loads(capsys.readouterr().out)["fitted_on"] == f"context table: {table_corpus} (20 texts)"
+
+
 def test_evaluate_retrieval_fits_on_the_documents_never_the_queries(tiny_glove_path, tmp_path):
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
     beir = tmp_path / "beir"

@@ -249,6 +249,8 @@ def evaluate(
         help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
     )] = None,
     fit_samples: Annotated[int, typer.Option(help="texts sampled from the fit corpus")] = 20_000,
+    context_corpus: Annotated[Optional[str], typer.Option(
+        help="text file the context: tables are averaged over (default: the fit corpus)")] = None,
     transductive: Annotated[bool, typer.Option("--transductive", help="fit on the evaluation texts (labelled so)")] = False,
     data_dir: Annotated[Optional[Path], typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,
     sts_task: Annotated[Optional[list[str]], typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")] = None,
@@ -272,7 +274,7 @@ def evaluate(
     result = run_evaluation(
         task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
-        limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive,
+        limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
     )
     typer.echo(write_json(result, json_out))
 
