@@ -404,15 +404,16 @@ def test_an_interrupted_sweep_resumes_with_the_rows_it_wrote(tiny_glove_path, tm
     real_evaluate = sweep.evaluate
     monkeypatch.setattr(sweep, "evaluate", lambda task, recipe, *a, **k: evaluated.append(recipe.shape)
                         or real_evaluate(task, recipe, *a, **k))
-    config["grid"]["shape"].append("whiten")
+    config["grid"]["shape"].insert(0, "whiten")  # a new point before the finished ones
     path.write_text(json.dumps(config))
     second = run_sweep(path, tmp_path / "out")
-    assert evaluated == ["whiten"] and second[:2] == first
+    assert evaluated == ["whiten"] and second[1:] == first
+    assert json.loads((tmp_path / "out.json").read_text()) == second  # the reused rows are written back too
     config["tasks"]["sts"]["fit_corpus"] = "tiny_pairs.tsv"  # other task options: nothing is reused
     path.write_text(json.dumps(config))
     evaluated.clear()
     run_sweep(path, tmp_path / "out")
-    assert evaluated == ["none", "center", "whiten"]
+    assert evaluated == ["whiten", "none", "center"]
 
 
 def test_run_sweep_rejects_bad_configs(tmp_path):

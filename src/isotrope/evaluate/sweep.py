@@ -83,6 +83,7 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
             if key in done:
                 logger.info("sweep: %s on %s already in %s", recipe.label(), task, Path(out).with_suffix(".json"))
                 rows.append(done[key])
+                _write(rows, Path(out), data_dir)
                 continue
             task_options = options
             options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}
