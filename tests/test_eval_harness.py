@@ -290,6 +290,20 @@ def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, 
     assert json.loads(capsys.readouterr().out)["fitted_on"] == f"context table: {table_corpus} (20 texts)"
 
 
+def test_isotropy_leaves_out_texts_without_a_known_token(tiny_glove_path, tmp_path):
+    from isotrope.evaluate.isotropy import isotropy_report
+
+    texts = ["the cat sat on the mat", "zzqx qqzx", "the dog runs fast", "a house on the river"]
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(texts) + "\n")
+    result = evaluate("isotropy", Recipe(model=tiny_glove_path), Evaluator(), texts_file=path)
+    known = [texts[i] for i in (0, 2, 3)]
+    expected = isotropy_report(ShapedEncoder.create(tiny_glove_path).encode(known))
+    assert result["scores"]["zero_vectors"] == 1
+    for name, value in expected.items():
+        assert result["scores"][name] == pytest.approx(round(value, 4), abs=1e-4)
+
+
 def test_evaluate_retrieval_fits_on_the_documents_never_the_queries(tiny_glove_path, tmp_path):
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
     beir = tmp_path / "beir"

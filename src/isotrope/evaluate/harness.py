@@ -168,5 +168,10 @@ def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.nda
 
 
 def isotropy_of(encoder: ShapedEncoder, texts: Sequence[str]) -> dict[str, float]:
-    """Isotropy metrics of the encoder's vectors for ``texts``."""
-    return isotropy_report(encoder.encode(list(texts)))
+    """Isotropy metrics of the encoder's vectors for ``texts``; texts that get a zero vector (no
+    token in a static table's vocabulary) have no direction and are left out, and counted."""
+    vectors = encoder.encode(list(texts))
+    nonzero = np.linalg.norm(vectors, axis=1) > 0
+    if not nonzero.all():
+        logger.warning("isotropy: %d of %d texts have a zero vector and are left out", (~nonzero).sum(), len(texts))
+    return {**isotropy_report(vectors[nonzero]), "zero_vectors": int((~nonzero).sum())}
