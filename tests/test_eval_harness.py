@@ -430,6 +430,20 @@ def test_an_interrupted_sweep_resumes_with_the_rows_it_wrote(tiny_glove_path, tm
     assert evaluated == ["whiten", "none", "center"]
 
 
+def test_run_sweep_keeps_frequency_keywords_beside_a_folder_of_that_name(tiny_glove_path, tmp_path):
+    data = tmp_path / "data"
+    _write_pairs(data / "tiny_pairs.tsv")
+    (data / "wordfreq").mkdir()  # as in a data root that ships a wordfreq/ folder
+    (data / "counts.txt").write_text("the 100\ncat 5\n")
+    config = {"data_dir": str(data), "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"]}},
+              "grid": {"model": [tiny_glove_path], "weights": ["sif"], "frequencies": ["wordfreq", "counts.txt"]}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(config))
+    rows = run_sweep(path, tmp_path / "out")
+    assert [row["recipe"] for row in rows] == [f"{tiny_glove_path} pool=mean w=sif[wordfreq] shape=none",
+                                               f"{tiny_glove_path} pool=mean w=sif[counts.txt] shape=none"]
+
+
 def test_run_sweep_rejects_bad_configs(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"grid": {"model": ["glove-6b-50d"],}')

@@ -54,11 +54,15 @@ def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
     return points
 
 
-def _resolve(value: Any, data_dir: Path | None) -> Any:
+def _resolve(value: Any, data_dir: Path | None, files_only: bool = False) -> Any:
+    """``value`` as a path under ``data_dir`` when one exists there (only a file, with ``files_only``:
+    a recipe's ``frequencies="wordfreq"`` must stay a keyword even beside a ``wordfreq/`` folder)."""
     if isinstance(value, list):
-        return [_resolve(item, data_dir) for item in value]
-    if isinstance(value, str) and data_dir is not None and (data_dir / value).exists():
-        return data_dir / value
+        return [_resolve(item, data_dir, files_only) for item in value]
+    if isinstance(value, str) and data_dir is not None:
+        candidate = data_dir / value
+        if candidate.is_file() or (candidate.exists() and not files_only):
+            return candidate
     return value
 
 
@@ -76,7 +80,7 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
     done = _finished_rows(Path(out), config.get("fit_samples", 20_000))
     rows = []
     for point in _points(config):
-        recipe = Recipe(**{key: str(_resolve(value, data_dir)) if key in _RECIPE_PATHS else value
+        recipe = Recipe(**{key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS else value
                            for key, value in point.items() if key in _RECIPE_FIELDS})
         for task, options in config.get("tasks", {}).items():
             key = _row_key(point, task, options, config.get("fit_samples", 20_000))
