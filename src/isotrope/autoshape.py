@@ -169,7 +169,7 @@ def choose_shape(
         if owned:
             encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
             backbone.close()
-    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": f"simplest within one standard error or {100 * MIN_EFFECT:g} MRR point of the best",
-                                      "candidates": results, "pseudo_queries": len(queries),
-                                      "held_aside_texts": len(held), "seed": seed}
+    rule = f"simplest within one standard error or {100 * MIN_EFFECT:g} MRR point of the best"
+    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": rule, "candidates": results,
+                                      "pseudo_queries": len(queries), "held_aside_texts": len(held), "seed": seed}
     return encoder

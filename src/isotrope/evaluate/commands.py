@@ -34,13 +34,14 @@ def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), 
     encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
-    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), "fitted_on": fitted_on, **auto_report(encoder),
+    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on),
             "setting": "all: each task's pairs pooled and scored once"}
 
 
-def auto_report(encoder: Any) -> dict:
-    """What ``--shape auto`` weighed (candidates, pseudo-query scores), when it chose the shaping."""
-    return {"auto_shape": encoder.metadata["auto_shape"]} if "auto_shape" in encoder.metadata else {}
+def fit_report(encoder: Any, fitted_on: str) -> dict:
+    """What the shaping was fitted on, and what ``--shape auto`` weighed when it chose it."""
+    auto = {"auto_shape": encoder.metadata["auto_shape"]} if "auto_shape" in encoder.metadata else {}
+    return {"fitted_on": fitted_on, **auto}
 
 
 def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,
@@ -60,7 +61,8 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
     encoder, fitted_on = evaluator.fit(recipe, corpus, context_corpus=context_corpus)
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
-    return {"scores": {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}, "fitted_on": fitted_on, **auto_report(encoder),
+    scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
+    return {"scores": scores, **fit_report(encoder, fitted_on),
             "queries": len(dataset.queries), "documents": len(dataset.corpus)}
 
 
@@ -94,7 +96,7 @@ def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None =
     encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus, corpus_name)
     result = eval_clustering(encode_function(encoder), texts, labels)
     return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
-            "texts": len(texts), "labels": len(set(labels)), "fitted_on": fitted_on, **auto_report(encoder)}
+            "texts": len(texts), "labels": len(set(labels)), **fit_report(encoder, fitted_on)}
 
 
 def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
@@ -122,7 +124,7 @@ def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[
         else:
             scores[task] = round(eval_classification(encode, train.texts, train.labels, test_texts=test.texts,
                                                      test_labels=test.labels)["accuracy"], 2)
-    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), "fitted_on": fitted_on, **auto_report(encoder)}
+    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on)}
 
 
 def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | None = None, limit: int | None = 5000,
@@ -136,7 +138,8 @@ def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | Non
         raise ValueError("isotropy needs --texts FILE")
     texts = reservoir_sample(iter_texts(texts_file), limit or 5000)
     encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus)
-    return {"scores": {key: round(value, 4) for key, value in isotropy_of(encoder, texts).items()}, "fitted_on": fitted_on, **auto_report(encoder)}
+    scores = {key: round(value, 4) for key, value in isotropy_of(encoder, texts).items()}
+    return {"scores": scores, **fit_report(encoder, fitted_on)}
 
 
 RUNNERS = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
