@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, set_threads
+from benchmarks.common import REPO_ROOT, machine_info, set_threads
 
 logger = logging.getLogger("benchmarks")
 
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     from benchmarks.report import check_targets
 
-    command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    # absolute paths are recorded relative to the repository, so results read the same on every machine
+    command = "python -m benchmarks.run " + " ".join(
+        os.path.relpath(arg, REPO_ROOT) if os.path.isabs(arg) else arg for arg in arguments)
     results: dict[str, Any] = {
         "command": command,
         "mode": "quick" if args.quick else "full",

@@ -32,7 +32,8 @@ from isotrope.evaluate.data import load_beir
 from isotrope.evaluate.metrics import ndcg_at_k
 from isotrope.evaluate.tasks import document_text, eval_retrieval
 
-DEFAULT_DATA = Path("/work/shared/data/retrieval/scifact")
+#: the project's data checkout beside the repository (``../shared/data``)
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact"
 
 
 def main() -> None:

@@ -87,7 +87,7 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
             if key in done:
                 logger.info("sweep: %s on %s already in %s", recipe.label(), task, Path(out).with_suffix(".json"))
                 rows.append(done[key])
-                _write(rows, Path(out), data_dir)
+                _write(rows, Path(out))
                 continue
             task_options = options
             options = {key: _resolve(value, data_dir) if key in _PATH_OPTIONS else value for key, value in options.items()}
@@ -96,8 +96,9 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
             fits = {key: value if value in (None, "corpus") else str(_resolve(value, data_dir)) for key, value in fits.items()}
             logger.info("sweep: %s on %s", recipe.label(), task)
             result = evaluate(task, recipe, evaluator, data_dir=data_dir, **fits, **options)
-            rows.append({"point": point, "task_options": task_options, "fit_samples": evaluator.fit_samples, **result})
-            _write(rows, Path(out), data_dir)  # partial results survive an interrupted sweep
+            row = {"point": point, "task_options": task_options, "fit_samples": evaluator.fit_samples, **result}
+            rows.append(_relative_to(data_dir, row))
+            _write(rows, Path(out))  # partial results survive an interrupted sweep
     return rows
 
 
@@ -115,13 +116,22 @@ def _finished_rows(out: Path, fit_samples: int) -> dict[str, dict[str, Any]]:
             for row in rows if "task_options" in row and "fit_samples" in row}
 
 
-def _write(rows: list[dict[str, Any]], out: Path, data_dir: Path | None = None) -> None:
+def _relative_to(data_dir: Path | None, value: Any) -> Any:
+    """``value`` with the paths under ``data_dir`` written relative to it (results read the same
+    on every machine)."""
+    if data_dir is None:
+        return value
+    if isinstance(value, dict):
+        return {key: _relative_to(data_dir, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relative_to(data_dir, item) for item in value]
+    return value.replace(f"{data_dir}/", "") if isinstance(value, str) else value
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
-    table = markdown_table(rows)
-    if data_dir is not None:  # shorter cells: paths relative to data_dir
-        table = table.replace(f"{data_dir}/", "")
-    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".md").write_text(markdown_table(rows))
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
