@@ -28,6 +28,10 @@ Prompt = Annotated[Optional[str], typer.Option(help="template with {text}; its [
 Weights = Annotated[str, typer.Option(help="uniform, idf, sif, usif")]
 Frequencies = Annotated[str, typer.Option(help="corpus, wordfreq or a 'word count' file")]
 TextField = Annotated[str, typer.Option(help="field holding the text in .jsonl files")]
+TokenPrepending = Annotated[bool, typer.Option(
+    "--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers")]
+TPLayers = Annotated[Optional[str], typer.Option(
+    "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)")]
 
 
 @app.callback()
@@ -52,12 +56,15 @@ def encoder_options(
     exclude_special: bool | None,
     exclude_punctuation: bool,
     max_length: int | None,
+    token_prepending: bool = False,
+    tp_layers: str | None = None,
 ) -> dict:
     """Keyword arguments of ShapedEncoder.create from the shared CLI options."""
     return {
         "model": model, "shape": shape, "pooling": pooling, "layers": layers, "prompt": prompt,
         "weights": weights, "frequencies": frequencies, "drop_top": drop_top,
         "exclude_special": exclude_special, "exclude_punctuation": exclude_punctuation, "max_length": max_length,
+        "token_prepending": token_prepending, "tp_layers": tp_layers,
     }
 
 
@@ -78,13 +85,15 @@ def fit(
     max_length: Annotated[Optional[int], typer.Option(help="max tokens per text")] = None,
     max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
     text_field: TextField = "text",
+    token_prepending: TokenPrepending = False,
+    tp_layers: TPLayers = None,
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
     from isotrope.encoder import ShapedEncoder
 
     options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
-                              exclude_special, exclude_punctuation, max_length)
+                              exclude_special, exclude_punctuation, max_length, token_prepending, tp_layers)
     if shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
@@ -153,6 +162,8 @@ def index(
     address: Annotated[Optional[str], typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
     num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
+    token_prepending: TokenPrepending = False,
+    tp_layers: TPLayers = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.ingest.pipeline import index_documents
@@ -161,7 +172,10 @@ def index(
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
-    options = dict(encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
+    encoder_options = {"model": model, "shape": shape, "pooling": pooling, "weights": weights}
+    if token_prepending or tp_layers:
+        encoder_options.update(token_prepending=token_prepending, tp_layers=tp_layers)
+    options = dict(encoder_options=encoder_options,
                    store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
@@ -262,6 +276,8 @@ def evaluate(
     texts: Annotated[Optional[Path], typer.Option("--texts", help="isotropy: a text file")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
+    token_prepending: TokenPrepending = False,
+    tp_layers: TPLayers = None,
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
     from isotrope.evaluate.commands import evaluate as run_evaluation
@@ -270,7 +286,7 @@ def evaluate(
 
     recipe = Recipe(model=model, shape=shape, pooling=pooling, layers=layers, prompt=prompt, weights=weights,
                     frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
-                    exclude_punctuation=exclude_punctuation)
+                    exclude_punctuation=exclude_punctuation, token_prepending=token_prepending, tp_layers=tp_layers)
     result = run_evaluation(
         task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,

@@ -110,12 +110,16 @@ class ShapedEncoder:
         device: str = "auto",
         batch_size: int = 64,
         backbone: Backbone | None = None,
+        token_prepending: bool = False,
+        tp_layers: Any = None,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
         ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
         ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
         static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
+        ``token_prepending`` (causal LMs) adds Token Prepending over decoder layers
+        ``tp_layers`` (``"START:END"`` or a pair; default 1 to a quarter of the depth).
         """
         static = is_static_source(model)
         if static:
@@ -128,8 +132,14 @@ class ShapedEncoder:
                 raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
             backbone_config = {"type": "hf", "model": name, "layers": layers, "prompt": prompt,
                                "max_length": max_length, "device": device, "context": bool(extra)}
+            if token_prepending:
+                backbone_config.update(token_prepending=True, tp_layers=tp_layers)
         if prompt is not None and static:
             raise ValueError("prompt templates need a transformer backbone, not a static table")
+        if tp_layers is not None and not token_prepending:
+            raise ValueError("tp_layers (--tp-layers) applies only with token_prepending (--token-prepending)")
+        if token_prepending and static:
+            raise ValueError("token prepending needs a causal language model backbone, not a static table")
         weighting = TokenWeighting(
             scheme=weights,
             frequencies=frequencies,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
+from isotrope.backbones.prepending import TokenPrepending, TPLayers, slot_template
 from isotrope.backbones.resolve import resolve_model_path
 from isotrope.transforms.base import NotFittedError
 from isotrope.pooling import last_real_position
@@ -80,6 +82,8 @@ class HFBackbone(TokenizedBackbone):
     position is the template's mask token (``[MASK]`` is replaced by the
     tokenizer's own) or, for tokenizers without one, the last token.
     ``query_prefix`` / ``document_prefix`` are prepended before templating.
+    ``token_prepending`` (causal LMs only) inserts a slot before the text whose state is
+    replaced by the last token's in decoder layers ``tp_layers`` (see ``prepending``).
     """
 
     def __init__(
@@ -93,6 +97,8 @@ class HFBackbone(TokenizedBackbone):
         device: str = "auto",
         dtype: str = "auto",
         context: bool = False,
+        token_prepending: bool = False,
+        tp_layers: TPLayers = None,
         state: dict[str, np.ndarray] | None = None,
     ) -> None:
         if prompt is not None and "{text}" not in prompt:
@@ -117,7 +123,11 @@ class HFBackbone(TokenizedBackbone):
         self.context_scale_ = state.get("context_scale_")
         if self.tokenizer.pad_token is None:  # decoders
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
+        # -- token prepending: hooks on the model's own layers, a slot token in the template --
+        self.prepending = TokenPrepending(self.model, self.tokenizer, tp_layers, model) if token_prepending else None
+        self._template = slot_template(prompt) if self.prepending else prompt
+        slot_ids = [self.prepending.slot_id] if self.prepending else []
+        self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids) | set(slot_ids)), dtype=np.int64)
 
     # -- Backbone protocol -----------------------------------------------------
     @property
@@ -136,7 +146,7 @@ class HFBackbone(TokenizedBackbone):
         return encoded["input_ids"]
 
     def get_config(self) -> dict[str, Any]:
-        return {
+        config = {
             "type": "hf",
             "model": self.model_name,
             "layers": self.layers,
@@ -146,6 +156,9 @@ class HFBackbone(TokenizedBackbone):
             "document_prefix": self.document_prefix,
             "context": self.context,
         }
+        if self.prepending:  # only when on: configs (and fingerprints) without it are unchanged
+            config.update(token_prepending=True, tp_layers=self.prepending.layers)
+        return config
 
     def get_state(self) -> dict[str, np.ndarray]:
         if not self.context or self.context_table_ is None:
@@ -173,9 +186,13 @@ class HFBackbone(TokenizedBackbone):
         """Token ids (with special tokens, truncated to max_length) and special-token masks."""
         prefix = self.query_prefix if kind == "query" else self.document_prefix
         texts = [prefix + text for text in texts]
-        if self.prompt is not None:
+        if self._template is not None:
             texts = [self._apply_prompt(text) for text in texts]
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
+        if self.prepending:  # the slot is a special token: never weighted as a word
+            slot = self.prepending.slot_id
+            return encoded["input_ids"], [[int(flag or token == slot) for token, flag in zip(ids, flags)]
+                                          for ids, flags in zip(encoded["input_ids"], encoded["special_tokens_mask"])]
         return encoded["input_ids"], encoded["special_tokens_mask"]
 
     @torch.inference_mode()
@@ -185,11 +202,12 @@ class HFBackbone(TokenizedBackbone):
             "input_ids": torch.from_numpy(input_ids).to(self.device),
             "attention_mask": torch.from_numpy(attention_mask.astype(np.int64)).to(self.device),
         }
-        if self._last_only:
-            states = self.model(**inputs).last_hidden_state.float()
-        else:
-            hidden = self.model(**inputs, output_hidden_states=True).hidden_states
-            states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
+        with self.prepending.applied(inputs) if self.prepending else nullcontext():
+            if self._last_only:
+                states = self.model(**inputs).last_hidden_state.float()
+            else:
+                hidden = self.model(**inputs, output_hidden_states=True).hidden_states
+                states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
         states = states.cpu().numpy()
         if self.context and not getattr(self, "_fitting", False):
             if self.context_table_ is None:
@@ -219,7 +237,7 @@ class HFBackbone(TokenizedBackbone):
     # -- prompts ------------------------------------------------------------------
     def _apply_prompt(self, text: str) -> str:
         """Fill the template, truncating the text (not the template) to fit max_length."""
-        template = self.prompt.replace("[MASK]", self.tokenizer.mask_token or "[MASK]")
+        template = self._template.replace("[MASK]", self.tokenizer.mask_token or "[MASK]")
         overhead = len(self.tokenizer(template.replace("{text}", ""))["input_ids"])
         budget = max(self.max_length - overhead, 1)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

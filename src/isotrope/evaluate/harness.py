@@ -43,6 +43,8 @@ class Recipe:
     exclude_special: bool | None = None
     exclude_punctuation: bool = False
     max_length: int | None = None
+    token_prepending: bool = False
+    tp_layers: Any = None
 
     def label(self) -> str:
         parts = [self.model, f"pool={self.pooling}"]
@@ -50,6 +52,8 @@ class Recipe:
             parts.append(f"layers={self.layers}")
         if self.prompt:
             parts.append("prompt")
+        if self.token_prepending:
+            parts.append("tp" + (f"={self.tp_layers}" if self.tp_layers is not None else ""))
         if self.weights != "uniform":
             parts.append(f"w={self.weights}" + (f"[{Path(self.frequencies).name}]" if self.frequencies != "corpus" else ""))
         if self.drop_top:
@@ -139,12 +143,13 @@ class Evaluator:
         return self._samples[key]
 
     def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
-        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length))
+        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length, recipe.token_prepending, recipe.tp_layers))
         if "context:" in recipe.model:  # the table is computed from the fit texts: one backbone per sample
             key += hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
         if key not in self._backbones:
             backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
-                                            max_length=recipe.max_length).backbone
+                                            max_length=recipe.max_length, token_prepending=recipe.token_prepending,
+                                            tp_layers=recipe.tp_layers).backbone
             if self.cache_dir and not is_static_source(recipe.model):
                 backbone = CachedBackbone(backbone, self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
