@@ -318,3 +318,26 @@ def test_eval_cli_on_an_encoder_only_model_prints_one_line(tiny_bert_path, tmp_p
     err = capsys.readouterr().err
     assert exit_.value.code == 1
     assert err.strip().count("\n") == 0 and "causal (decoder) language model" in err
+
+
+def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path):
+    """`--shape auto` chooses over TP token states; TP and plain recipes never share a backbone or cached states."""
+    from isotrope.evaluate.commands import evaluate
+    from isotrope.evaluate.harness import Evaluator, Recipe
+
+    corpus = tmp_path / "corpus.txt"
+    documents = [" ".join(s.rstrip(".!?").capitalize() + "." for s in make_sentences(4, seed=i)) for i in range(80)]
+    corpus.write_text("\n".join(documents) + "\n")  # several sentences each: pseudo-queries are cut from them
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
+    evaluator = Evaluator(cache_dir=tmp_path / "cache")
+    base = dict(model=decoder_path, prompt=PROMPT, pooling="last_token")
+    tp = Recipe(**base, shape="auto", token_prepending=True, tp_layers="1:3")
+    result = evaluate("sts", tp, evaluator, pairs=[pairs], fit_corpus=str(corpus))
+    assert "auto chose" in result["fitted_on"] and result["auto_shape"]["candidates"]
+    assert "tp=1:3" in tp.label()
+    plain = evaluator.build(Recipe(**base))
+    with_tp = evaluator.build(Recipe(**base, token_prepending=True, tp_layers="1:3"))
+    assert plain.backbone is not with_tp.backbone
+    assert with_tp.backbone.get_config()["tp_layers"] == [1, 3] and "tp_layers" not in plain.backbone.get_config()
+    assert not np.allclose(plain.embed_raw(TEXTS[:2]), with_tp.embed_raw(TEXTS[:2]), atol=1e-3)
