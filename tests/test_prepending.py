@@ -341,3 +341,36 @@ def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path
     assert plain.backbone is not with_tp.backbone
     assert with_tp.backbone.get_config()["tp_layers"] == [1, 3] and "tp_layers" not in plain.backbone.get_config()
     assert not np.allclose(plain.embed_raw(TEXTS[:2]), with_tp.embed_raw(TEXTS[:2]), atol=1e-3)
+
+
+def _run(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    from isotrope.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exit_:
+        return (exit_.code if isinstance(exit_.code, int) else 1), capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
+def test_fit_and_index_commands_take_the_tp_options(decoder_path, tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(make_sentences(30, seed=9)) + "\n")
+    code, err = _run(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "enc", "--model", decoder_path,
+                     "--prompt", PROMPT, "--pooling", "last_token", "--shape", "center", "--token-prepending",
+                     "--tp-layers", "0:2")
+    assert code == 0, err
+    loaded = ShapedEncoder.load(tmp_path / "enc", device="cpu")
+    assert loaded.backbone.get_config()["tp_layers"] == [0, 2]
+    code, err = _run(monkeypatch, capsys, "index", corpus, "--store", f"faiss:{tmp_path / 'store'}", "--model",
+                     decoder_path, "--pooling", "last_token", "--token-prepending", "--chunk-tokens", "64",
+                     "--overlap-tokens", "8")
+    assert code == 0, err
+    from isotrope.search import Collection
+
+    with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
+        assert collection.encoder.backbone.get_config()["tp_layers"] == [1, 2]  # the default on 3 layers
+    code, err = _run(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "bad", "--model", decoder_path,
+                     "--token-prepending", "--tp-layers", "2:9")
+    assert code == 1 and err.strip() == "error: tp_layers 2:9 must satisfy 0 <= START < END <= 3 (the model's layers)"

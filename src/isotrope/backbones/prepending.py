@@ -33,7 +33,7 @@ TPLayers = str | Sequence[int] | None
 
 
 def default_tp_layers(num_layers: int) -> tuple[int, int]:
-    """From layer 1 to about a quarter of the depth (1:8 for a 32-layer 7B model, as in the paper)."""
+    """From layer 1 to about a quarter of the depth: 1:8 on 32 layers (the paper's code uses 1:7 on LLaMA-2-7B)."""
     return 1, max(2, num_layers // 4)
 
 
