@@ -374,3 +374,45 @@ def test_fit_and_index_commands_take_the_tp_options(decoder_path, tmp_path, monk
     code, err = _run(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "bad", "--model", decoder_path,
                      "--token-prepending", "--tp-layers", "2:9")
     assert code == 1 and err.strip() == "error: tp_layers 2:9 must satisfy 0 <= START < END <= 3 (the model's layers)"
+
+
+def _other_family(name: str):
+    from transformers import (GPTNeoXConfig, GPTNeoXModel, MistralConfig, MistralModel, OPTConfig, OPTModel,
+                              Qwen2Config, Qwen2Model)
+
+    size, common = len(DECODER_VOCAB), dict(num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=128,
+                                            bos_token_id=1, eos_token_id=2)
+    if name == "opt":
+        return OPTModel(OPTConfig(vocab_size=size, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0,
+                                  **common))
+    if name == "gpt_neox":
+        return GPTNeoXModel(GPTNeoXConfig(vocab_size=size, hidden_size=32, intermediate_size=64, **common))
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2Model), "mistral": (MistralConfig, MistralModel)}[name]
+    return model_class(config_class(vocab_size=size, hidden_size=32, intermediate_size=64, num_key_value_heads=2, **common))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "opt", "gpt_neox"])
+def test_other_decoder_families(family, tmp_path):
+    """The hooks find the layer list of other families; the slot is replaced; padding does not change vectors."""
+    torch.manual_seed(0)
+    model = _other_family(family).eval()
+    _randomise_norms(model)
+    model.save_pretrained(tmp_path)
+    _tokenizer(bos=True).save_pretrained(tmp_path)
+    encoder = ShapedEncoder.create(str(tmp_path), prompt=PROMPT, pooling="last_token", token_prepending=True,
+                                   tp_layers="0:2", device="cpu")
+    backbone = encoder.backbone
+    (ids,), _ = backbone.tokenize(TEXTS[:1])
+    slot = ids.index(backbone.prepending.slot_id)
+    inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+    with torch.no_grad(), backbone.prepending.applied(inputs):
+        hidden = backbone.model(**inputs, output_hidden_states=True).hidden_states
+    for index in range(4):
+        replaced = torch.equal(hidden[index][0, slot], hidden[index][0, -1])
+        assert replaced == (index < 2), index
+    alone = np.stack([encoder.embed_raw([text])[0] for text in TEXTS])
+    np.testing.assert_allclose(encoder.embed_raw(TEXTS, batch_size=len(TEXTS)), alone, rtol=1e-4, atol=1e-5)
+    token_ids, _ = backbone.tokenize(TEXTS)
+    input_ids, attention = _left_padded(token_ids, backbone.tokenizer.pad_token_id)
+    batch = backbone.forward(input_ids, attention, ~attention)
+    np.testing.assert_allclose(pool(batch.states, attention, "last_token"), alone, rtol=1e-4, atol=1e-5)
