@@ -416,3 +416,17 @@ def test_other_decoder_families(family, tmp_path):
     input_ids, attention = _left_padded(token_ids, backbone.tokenizer.pad_token_id)
     batch = backbone.forward(input_ids, attention, ~attention)
     np.testing.assert_allclose(pool(batch.states, attention, "last_token"), alone, rtol=1e-4, atol=1e-5)
+
+
+def test_a_sweep_point_takes_the_tp_keys(decoder_path, tmp_path):
+    from isotrope.evaluate.sweep import run_sweep
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
+    base = {"model": decoder_path, "prompt": PROMPT, "pooling": "last_token"}
+    config = tmp_path / "sweep.json"
+    config.write_text(json.dumps({"cache_dir": str(tmp_path / "cache"), "tasks": {"sts": {"pairs": [str(pairs)]}},
+                                  "recipes": [base, {**base, "token_prepending": True, "tp_layers": "1:3"}]}))
+    rows = run_sweep(config, tmp_path / "out")
+    assert [row["recipe"].endswith("shape=none") for row in rows] == [True, True]
+    assert "tp=1:3" in rows[1]["recipe"] and "tp" not in rows[0]["recipe"].split()
