@@ -265,6 +265,14 @@ class ShapedEncoder:
         if not hasattr(self.weighting, "weights_"):
             self.check_is_fitted()
         output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
+        pool_mean = getattr(self.backbone, "pool_mean", None)
+        if pool_mean is not None and self.pooling == "mean":  # a folded table: no padded batches
+            step = max(batch_size or self.batch_size, 1024)
+            with tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress) as progress:
+                for begin in range(0, len(texts), step):
+                    output[begin : begin + step] = pool_mean(texts[begin : begin + step], self.weighting.weights_)
+                    progress.update(len(texts[begin : begin + step]))
+            return output
         batches = self.backbone.iter_batches(texts, kind, batch_size or self.batch_size, self.max_batch_tokens)
         with tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress) as progress:
             for index, batch in batches:
