@@ -70,6 +70,7 @@ class FoldedBackbone(TokenizedBackbone):
         max_length: int = 8192,
         ordered_by_variance: bool = False,
         folded_from: str = "",
+        tokenizer_json: str | None = None,
     ) -> None:
         dtype = str(table.dtype)
         if dtype not in DTYPES:
@@ -85,6 +86,10 @@ class FoldedBackbone(TokenizedBackbone):
             raise ValueError(f"the tokenizer has {vocab} tokens but the folded table only {table.shape[0]} rows")
         self._tokenizer = tokenizer
         self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        #: the tokenizer as saved (no padding, no truncation); parsed once, its digest goes in the config
+        self._tokenizer_json = tokenizer_json if tokenizer_json is not None else tokenizer.to_str()
+        self._tokenizer_sha256 = _tokenizer_digest(self._tokenizer_json)
         self.max_length = int(max_length)
         self._tokenizer.enable_truncation(self.max_length)
         self.stored = np.ascontiguousarray(table)
@@ -114,16 +119,11 @@ class FoldedBackbone(TokenizedBackbone):
         return cls(Tokenizer.from_str(text), state["table"], state.get("row_scale"),
                    special_ids=config.get("special_ids", ()), max_length=config.get("max_length", 8192),
                    ordered_by_variance=config.get("ordered_by_variance", False),
-                   folded_from=config.get("folded_from", ""))
+                   folded_from=config.get("folded_from", ""), tokenizer_json=text)
 
     def tokenizer_json(self) -> str:
         """The tokenizer as saved: no padding, no truncation (set again at load from ``max_length``)."""
-        from tokenizers import Tokenizer
-
-        copy = Tokenizer.from_str(self._tokenizer.to_str())
-        copy.no_truncation()
-        copy.no_padding()
-        return copy.to_str()
+        return self._tokenizer_json
 
     def save_files(self, folder: Path) -> None:
         """Write ``tokenizer.json`` into the encoder folder being saved."""
@@ -138,7 +138,7 @@ class FoldedBackbone(TokenizedBackbone):
             "max_length": self.max_length,
             "special_ids": self._special_ids.tolist(),
             "ordered_by_variance": self.ordered_by_variance,
-            "tokenizer_sha256": _tokenizer_digest(self.tokenizer_json()),
+            "tokenizer_sha256": self._tokenizer_sha256,
         }
 
     def get_state(self) -> dict[str, np.ndarray]:
