@@ -162,6 +162,11 @@ class FoldedBackbone(TokenizedBackbone):
 
     # -- Backbone protocol -----------------------------------------------------
     @property
+    def core_tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` that encoding uses (truncation at ``max_length``)."""
+        return self._tokenizer
+
+    @property
     def tokenizer(self) -> Any:
         """A transformers fast tokenizer over the same ``tokenizer.json``, for chunking (needs transformers);
         encoding itself uses the ``tokenizers`` object directly."""
