@@ -41,7 +41,10 @@ class _Registry(Mapping[str, "type[Transform]"]):
     """``TRANSFORMS[kind]`` imports the transform's module on first lookup."""
 
     def __getitem__(self, kind: str) -> type[Transform]:
-        return _resolve(_REGISTRY[kind])
+        try:
+            return _resolve(_REGISTRY[kind])
+        except ImportError as error:  # flow needs torch, which a folded-encoder install leaves out
+            raise ImportError(f"the {kind} transform needs {error.name}: pip install 'isotrope[transformers]'") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(_REGISTRY)
