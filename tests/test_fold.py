@@ -175,18 +175,19 @@ print(len(hits), vectors.shape[1], heavy)
 """
 
 
-def test_loading_and_searching_a_folded_encoder_imports_no_torch(tiny_static, tmp_path):
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_loading_and_searching_a_folded_encoder_imports_no_torch(tiny_static, tmp_path, kind):
     """In a fresh process: load, encode and search import neither torch nor transformers (nor scikit-learn)."""
-    pytest.importorskip("faiss")
+    pytest.importorskip(kind)
     from isotrope.ingest.pipeline import index_documents
 
     folded = fold_encoder(fitted(tiny_static, "whiten-partial", weights="sif"))
     folder = folded.save(tmp_path / "folded")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("\n\n".join(make_sentences(20, seed=5)))
-    index_documents(tmp_path / "docs", f"faiss:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16,
+    index_documents(tmp_path / "docs", f"{kind}:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16,
                     overlap_tokens=0, show_progress=False)
-    result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(folder), f"faiss:{tmp_path / 'store'}"],
+    result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(folder), f"{kind}:{tmp_path / 'store'}"],
                             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
     assert result.stdout.split() == ["3", str(folded.dim), "[]"], result.stderr
 
