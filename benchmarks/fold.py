@@ -70,14 +70,16 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def timed_child(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of one fresh process."""
+    """(wall seconds, peak RSS MB) of one fresh process, measured by GNU time: a child forked from this
+    (large) process would report this process's RSS as its peak (ru_maxrss survives exec)."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
+    done = subprocess.run(["/usr/bin/time", "-f", "PEAK_RSS_KB %M", *command], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
-    if status != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {process.stderr.read().decode()[-500:]}")
-    return wall, usage.ru_maxrss / 1024
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-500:]}")
+    peak_kb = next(line.split()[1] for line in done.stderr.splitlines() if line.startswith("PEAK_RSS_KB"))
+    return wall, int(peak_kb) / 1024
 
 
 def cold(command: list[str], repeat: int) -> dict[str, float]:
@@ -99,31 +101,39 @@ def query_latency(encoder: Any, repeat: int = 2000) -> dict[str, float]:
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workdir is not None:
+        return measure_speed(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="fold-speed-") as work:
+        return measure_speed(args, Path(work))
+
+
+def measure_speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Build (or reuse) the two stores under ``work`` and time them."""
     from isotrope.evaluate.tasks import document_text
     from isotrope.fold import fold_encoder
     from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
 
-    encoder, dataset = fitted_encoder(args.beir)
-    folded = fold_encoder(encoder, dtype=args.dtype)
-    documents = [Document(source=doc_id, text=document_text(doc))
-                 for doc_id, doc in dataset.corpus.items()]
+    from isotrope.encoder import ShapedEncoder
+
+    stores = {name: work / name for name in ("unfolded", "folded")}
+    if not all((path / "encoder").is_dir() for path in stores.values()):  # build once; --workdir reuses them
+        encoder, dataset = fitted_encoder(args.beir)
+        documents = [Document(source=doc_id, text=document_text(doc)) for doc_id, doc in dataset.corpus.items()]
+        for name, candidate in (("unfolded", encoder), ("folded", fold_encoder(encoder, dtype=args.dtype))):
+            index_documents(documents, f"faiss:{stores[name]}", encoder=candidate, show_progress=False)
     isotrope = str(Path(sys.executable).with_name("isotrope"))
     library = ("import sys\nfrom isotrope.search import Collection\n"
                "with Collection.open(sys.argv[1]) as c: c.search(sys.argv[2], k=10)")
-    result: dict[str, Any] = {"model": MODEL, "shape": SHAPE, "folded_dtype": args.dtype, "documents": len(documents),
-                              "repeat": args.repeat, "query": QUERY}
-    with tempfile.TemporaryDirectory() as work:
-        stores = {}
-        for name, candidate in (("unfolded", encoder), ("folded", folded)):
-            stores[name] = f"faiss:{Path(work) / name}"
-            index_documents(documents, stores[name], encoder=candidate, show_progress=False)
-        result["floor: python -c 'import numpy, faiss'"] = cold([sys.executable, "-c", "import numpy, faiss"], args.repeat)
-        for name, store in stores.items():
-            result[f"cli search, {name} store"] = cold([isotrope, "search", store, QUERY, "-k", "10"], args.repeat)
-            result[f"library search, {name} store"] = cold([sys.executable, "-c", library, store, QUERY], args.repeat)
-    result["query encode, unfolded"] = query_latency(encoder, repeat=500)
-    result["query encode, folded"] = query_latency(folded)
+    result: dict[str, Any] = {"model": MODEL, "shape": SHAPE, "folded_dtype": args.dtype, "repeat": args.repeat,
+                              "query": QUERY, "workdir": str(work)}
+    result["floor: python -c 'import numpy, faiss'"] = cold([sys.executable, "-c", "import numpy, faiss"], args.repeat)
+    for name, path in stores.items():
+        result[f"cli search, {name} store"] = cold([isotrope, "search", f"faiss:{path}", QUERY, "-k", "10"], args.repeat)
+        result[f"library search, {name} store"] = cold([sys.executable, "-c", library, f"faiss:{path}", QUERY],
+                                                       args.repeat)
+    result["query encode, unfolded"] = query_latency(ShapedEncoder.load(stores["unfolded"] / "encoder"), repeat=500)
+    result["query encode, folded"] = query_latency(ShapedEncoder.load(stores["folded"] / "encoder"))
     return result
 
 
@@ -134,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--repeat", type=int, default=5, help="speed: cold processes per measurement")
     parser.add_argument("--dtype", default="float16", help="speed: the folded table's storage")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="speed: where the two stores are built (reused when they exist there)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
