@@ -237,3 +237,15 @@ def test_real_minilm_table_with_whiten_partial_folds():
     assert cosines(folded.encode(queries, kind="query"), encoder.encode(queries, kind="query")).min() >= 0.9999
     assert cosines(folded.encode(texts[:200]), encoder.encode(texts[:200])).min() >= 0.9999
     assert cosines(fold_encoder(encoder, dtype="float16").encode(queries), encoder.encode(queries)).min() >= 0.9999
+
+
+def test_chunking_leaves_the_encoders_truncation_alone(tiny_static):
+    """The transformers tokenizer used for chunking must not switch off the folded tokenizer's truncation."""
+    folded = fold_encoder(fitted(tiny_static, "whiten-partial"))
+    folded.backbone.max_length = 8
+    folded.backbone.core_tokenizer.enable_truncation(8)
+    long_text = " ".join(make_sentences(20, seed=9))
+    before = folded.encode([long_text])
+    folded.tokenizer([long_text], add_special_tokens=False)  # what the chunker does
+    np.testing.assert_array_equal(folded.encode([long_text]), before)
+    assert len(folded.backbone.core_tokenizer.encode(long_text).ids) == 8

@@ -173,9 +173,12 @@ class FoldedBackbone(TokenizedBackbone):
         if self._hf_tokenizer is None:
             from isotrope.backbones.resolve import require_transformers
 
+            from tokenizers import Tokenizer
+
             transformers = require_transformers("chunking documents with a folded encoder's tokenizer")
+            # its own copy: transformers resets truncation on the tokenizer it wraps at every call
             self._hf_tokenizer = transformers.PreTrainedTokenizerFast(
-                tokenizer_object=self._tokenizer, model_max_length=self.max_length)
+                tokenizer_object=Tokenizer.from_str(self._tokenizer_json), model_max_length=self.max_length)
         return self._hf_tokenizer
 
     @property
