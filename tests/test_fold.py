@@ -249,3 +249,14 @@ def test_chunking_leaves_the_encoders_truncation_alone(tiny_static):
     folded.tokenizer([long_text], add_special_tokens=False)  # what the chunker does
     np.testing.assert_array_equal(folded.encode([long_text]), before)
     assert len(folded.backbone.core_tokenizer.encode(long_text).ids) == 8
+
+
+@pytest.mark.parametrize("config", [{"type": "hf", "model": "all-MiniLM-L6-v2"},
+                                    {"type": "static", "source": "static:all-MiniLM-L6-v2"}])
+def test_a_transformer_without_the_extra_names_what_to_install(monkeypatch, config):
+    from isotrope.backbones import make_backbone
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ImportError, match=r"needs torch and transformers \(torch is not installed\): "
+                                          r"pip install 'isotrope\[transformers\]'"):
+        make_backbone(config)
