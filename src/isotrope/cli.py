@@ -307,13 +307,49 @@ def sweep(
     typer.echo(f"{len(rows)} results written to {out}.json and {out}.md")
 
 
+@app.command()
+def fold(
+    encoder_dir: Annotated[Path, typer.Argument(help="a fitted encoder folder over a static table (from `isotrope fit`)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the folded encoder to")],
+    dtype: Annotated[str, typer.Option(help="table storage: float32, float16, or int8 (one scale per row)")] = "float32",
+    dims: Annotated[Optional[int], typer.Option(help="keep the leading N whitened components (chain ending in whiten/pca)")] = None,
+) -> None:
+    """Fold an encoder's table, weights and linear shaping into one table (encoding then needs no torch)."""
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.fold import fold_encoder
+
+    folded = fold_encoder(ShapedEncoder.load(encoder_dir), dtype=dtype, dims=dims)
+    folded.save(out)
+    size = sum(path.stat().st_size for path in out.iterdir())
+    typer.echo(f"saved {folded!r} ({folded.dim} dims, {dtype}, {size / 1e6:.1f} MB) to {out}\nfingerprint {folded.fingerprint}")
+
+
+@app.command()
+def export(
+    encoder_dir: Annotated[Path, typer.Argument(help="a fitted (or folded) encoder folder over a static table")],
+    format: Annotated[str, typer.Option("--format", "-f", help="model2vec or sentence-transformers")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder to write")],
+) -> None:
+    """Write the folded encoder as a model2vec or sentence-transformers model folder."""
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.export import export_encoder
+
+    export_encoder(ShapedEncoder.load(encoder_dir), out, format)
+    loader = "model2vec.StaticModel.from_pretrained" if format == "model2vec" else "sentence_transformers.SentenceTransformer"
+    typer.echo(f"wrote {format} model to {out} (load with {loader}({str(out)!r}))")
+
+
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
+    # quiet transformers (if a command loads it) without importing it: a folded encoder never does
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # already imported (main called in a process that loaded it)
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     try:
         app(standalone_mode=False)
     except SystemExit:

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from isotrope.backbones.base import TokenizedBackbone
 
@@ -21,7 +20,8 @@ def context_average(
 
     Tokens never seen in ``texts`` get a zero row.
     """
-    sums: torch.Tensor | None = None
+    import torch
+    sums = None
     counts = torch.zeros(backbone.vocab_size, dtype=torch.float64)
     norm_sum = 0.0
     for _, batch in backbone.iter_batches(texts, "document", batch_size, max_tokens):
