@@ -235,7 +235,7 @@ def gather_evidence(
         raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
     new_queries = [q.text for *_, queries in splits for q in queries]
     new_documents = [q.document for *_, queries in splits for q in queries if q.document is not None]
-    rows, sample_seconds = [], 0.0
+    rows, sample_seconds, new_raw = [], 0.0, {}
     for candidate in candidates:
         key = _group_key(candidate)
         if key not in raw:
@@ -245,11 +245,10 @@ def gather_evidence(
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
         unshaped, sample_raw = raw[key]
-        if key + "/new" not in raw:
-            query_raw = unshaped.embed_raw(new_queries, kind="query")
-            document_raw = unshaped.embed_raw(new_documents) if new_documents else np.empty((0, sample_raw.shape[1]))
-            raw[key + "/new"] = (unshaped, (query_raw, document_raw))
-        query_raw, document_raw = raw[key + "/new"][1]
+        if key not in new_raw:
+            new_raw[key] = (unshaped.embed_raw(new_queries, kind="query"),
+                            unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0])
+        query_raw, document_raw = new_raw[key]
         scores, query_at, document_at = [], 0, 0
         for fit_index, held_index, queries in splits:
             encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=unshaped.backbone)
