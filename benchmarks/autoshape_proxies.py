@@ -26,6 +26,9 @@ import numpy as np
 from scipy.stats import kendalltau, spearmanr
 
 from isotrope.autoshape import (
+    DEFAULT_PROXY,
+    FALLBACK_PROXY,
+    PRESET_CANDIDATES,
     PROXIES,
     STATIC_CANDIDATES,
     STATIC_MARGIN,
@@ -105,6 +108,40 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
             "encode_corpus_seconds": round(encode_seconds, 1), "proxies": proxies}
 
 
+def report(results: list[dict], proxy: str = DEFAULT_PROXY) -> str:
+    """Markdown: each proxy's rank agreement with the labels, then auto (the library's current
+    candidates, baseline and margins, on ``proxy``'s stored per-query evidence) against every preset."""
+    lines = ["| set | model | " + " | ".join(f"{p} ρ / τ" for p in PROXIES) + " |", "|---|---|" + "---|" * len(PROXIES)]
+    sums: dict[str, list[float]] = {p: [] for p in PROXIES}
+    for r in results:
+        cells = []
+        for p in PROXIES:
+            entry = r["proxies"][p]
+            if "error" in entry:
+                cells.append("n/a (too few)")
+                continue
+            sums[p].append(entry["spearman"])
+            cells.append(f"{entry['spearman']:+.2f} / {entry['kendall']:+.2f} ({entry['pseudo_queries']})")
+        lines.append(f"| {r['set']} | {r['model']} | " + " | ".join(cells) + " |")
+    lines.append("| mean ρ | | " + " | ".join(f"{np.mean(v):+.2f} ({len(v)} cells)" if v else "" for v in sums.values()) + " |")
+    lines += ["", "| set | model | auto (proxy) | auto | none | " + " | ".join(PRESET_CANDIDATES[1:])
+              + " | best fixed | auto − none | auto − best |", "|---|---|---|---|---|" + "---|" * (len(PRESET_CANDIDATES) + 2)]
+    for r in results:
+        static = is_static_source(r["model"])
+        candidates = [format_candidate(c) for c in (STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES)]
+        ndcg = dict(zip(r["candidates"], r["ndcg@10"]))
+        used = proxy if "error" not in r["proxies"][proxy] else FALLBACK_PROXY
+        per_query = dict(zip(r["candidates"], np.asarray(r["proxies"][used]["per_query"])))
+        chosen, _ = conservative_choice(100 * np.stack([per_query[c] for c in candidates]),
+                                        STATIC_MARGIN if static else TRANSFORMER_MARGIN)
+        auto = ndcg[candidates[chosen]]
+        presets = [ndcg[("uniform + " if static else "") + shape] for shape in PRESET_CANDIDATES]
+        best = max(presets)
+        lines.append(f"| {r['set']} | {r['model']} | {candidates[chosen]} ({used}) | {auto:.2f} | "
+                     + " | ".join(f"{v:.2f}" for v in presets) + f" | {best:.2f} | {auto - presets[0]:+.2f} | {auto - best:+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -112,7 +149,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["all-MiniLM-L6-v2", "static:all-MiniLM-L6-v2"])
     parser.add_argument("--cache-dir", default=".cache/isotrope")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/autoshape_proxies"))
+    parser.add_argument("--report", nargs="+", type=Path, help="only write OUT.md from these result JSON files")
     args = parser.parse_args()
+    if args.report:
+        results = [row for path in args.report for row in json.loads(path.read_text())]
+        args.out.with_suffix(".md").write_text(report(results))
+        print(report(results))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     path = args.out.with_suffix(".json")
     results = json.loads(path.read_text()) if path.exists() else []
@@ -125,7 +168,7 @@ def main() -> None:
             results.append(measure(folder, model, args.cache_dir))
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    args.out.with_suffix(".md").write_text(report(results))
 
 
 if __name__ == "__main__":
