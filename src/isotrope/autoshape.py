@@ -116,7 +116,7 @@ PROXIES: dict[str, Callable[[str, random.Random], tuple[str, str | None] | None]
 }
 #: the proxy used unless asked otherwise (its ranking of candidates agreed best with labelled
 #: queries, docs/RESULTS.md), and the one that works on any text (one-sentence corpora)
-DEFAULT_PROXY = "masked"
+DEFAULT_PROXY = "passage"
 FALLBACK_PROXY = "masked"
 
 
