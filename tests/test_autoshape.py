@@ -1,27 +1,35 @@
-"""--shape auto: label-free pseudo-queries and a deterministic choice among candidate shapings."""
+"""--shape auto: label-free proxies, a paired bootstrap, a conservative rule, one backbone pass."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
 from conftest import GLOVE_WORDS
 
-from isotrope.autoshape import build_pseudo_queries, choose_shape, mrr_at_10, simplest_close_to_best
+from isotrope.autoshape import (
+    PROXIES,
+    build_pseudo_queries,
+    choose_shape,
+    conservative_choice,
+    lead_query,
+    masked_query,
+    mrr_at_10,
+    neighbour_query,
+    number_of_queries,
+    paired_interval,
+    passage_query,
+)
 from isotrope.encoder import ShapedEncoder
 
-TOPICS = [
-    "the river flows past the old house",
-    "a cat sleeps by the warm window",
-    "the dog runs across the green field",
-    "children read books in the quiet school",
-]
+TEXT = "The river rises in spring. Farmers watch the water closely. Floods reach the old mill. The town builds a wall."
 
 
 def _corpus(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
-    words = [w.lower() for w in GLOVE_WORDS]
+    words = [w.lower() for w in GLOVE_WORDS if w.isalpha()]
     texts = []
     for _ in range(n):
         sentences = [" ".join(rng.choice(words, size=6)).capitalize() + "." for _ in range(int(rng.integers(3, 6)))]
@@ -29,29 +37,60 @@ def _corpus(n: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def test_pseudo_queries_are_sentences_cut_out_of_their_document() -> None:
-    texts = ["First sentence is here. Second one follows now. Third closes the text.",
-             "Too short.",
-             "Alpha beta gamma delta. Epsilon zeta eta theta. Iota kappa lambda mu."]
-    queries, documents = build_pseudo_queries(texts, n_queries=10, seed=3)
-    assert {q.document for q in queries} == {0, 2}  # the one-sentence text gives no query
-    for query in queries:
-        assert query.text in texts[query.document]
-        assert query.text not in documents[query.document]
-        assert documents[query.document]  # the rest of the text remains
-    assert documents[1] == texts[1]
+def test_passage_proxy_cuts_a_sentence_out_of_its_text() -> None:
+    for seed in range(5):
+        query, document = passage_query(TEXT, random.Random(seed))
+        assert query in TEXT and query not in document
+        assert sorted((query + " " + document).split()) == sorted(TEXT.split())
+    assert passage_query("One sentence only here.", random.Random(0)) is None
 
 
-def test_pseudo_queries_use_titles_when_given() -> None:
-    queries, documents = build_pseudo_queries(["body one. more. text.", "body two"], titles=["Title A", "Title B"])
-    assert sorted((q.text, q.document) for q in queries) == [("Title A", 0), ("Title B", 1)]
-    assert documents == ["body one. more. text.", "body two"]
+def test_lead_proxy_is_the_first_sentence_against_the_body() -> None:
+    assert lead_query(TEXT, random.Random(0)) == (
+        "The river rises in spring.", "Farmers watch the water closely. Floods reach the old mill. The town builds a wall.")
+    assert lead_query("Short one. Two. Three.", random.Random(0)) is None  # lead too short to be a query
 
 
-def test_pseudo_queries_are_deterministic_for_a_seed() -> None:
+def test_neighbour_proxy_pairs_the_two_halves_of_a_text() -> None:
+    halves = {"The river rises in spring. Farmers watch the water closely.",
+              "Floods reach the old mill. The town builds a wall."}
+    seen = set()
+    for seed in range(10):
+        query, document = neighbour_query(TEXT, random.Random(seed))
+        assert {query, document} == halves
+        seen.add(query)
+    assert seen == halves  # either half can be the query
+    assert neighbour_query("A b c d. E f g h. I j k l.", random.Random(0)) is None
+
+
+def test_masked_proxy_is_a_shortened_subsequence_of_the_whole_text() -> None:
+    sentence = "a man is slicing a large red tomato on the wooden board"
+    for seed in range(10):
+        query, document = masked_query(sentence, random.Random(seed))
+        assert document is None  # the relevant text is the sample text itself
+        words, position = sentence.split(), 0
+        for word in query.split():  # the query's words appear in the text, in order
+            position = words.index(word, position) + 1
+        assert 3 <= len(query.split()) < len(words)
+    assert masked_query("too short", random.Random(0)) is None
+
+
+def test_pseudo_queries_take_at_most_one_text_each_and_are_seeded() -> None:
     texts = _corpus(50)
-    assert build_pseudo_queries(texts, 20, seed=1) == build_pseudo_queries(texts, 20, seed=1)
-    assert build_pseudo_queries(texts, 20, seed=1)[0] != build_pseudo_queries(texts, 20, seed=2)[0]
+    for proxy in PROXIES:
+        queries = build_pseudo_queries(texts, 20, proxy, seed=1)
+        assert len({q.target for q in queries}) == len(queries) <= 20
+        for query in queries:
+            made = PROXIES[proxy](texts[query.target], random.Random(0))
+            assert made is not None  # only texts the proxy can use
+        assert queries == build_pseudo_queries(texts, 20, proxy, seed=1)
+        assert queries != build_pseudo_queries(texts, 20, proxy, seed=2)
+    with pytest.raises(ValueError, match="unknown proxy"):
+        build_pseudo_queries(texts, 5, "guess")
+
+
+def test_the_number_of_pseudo_queries_scales_with_the_corpus_within_bounds() -> None:
+    assert [number_of_queries(n) for n in (50, 3000, 5183, 20000)] == [200, 300, 518, 1000]
 
 
 def test_mrr_at_10_matches_a_brute_force_ranking() -> None:
@@ -67,47 +106,96 @@ def test_mrr_at_10_matches_a_brute_force_ranking() -> None:
     assert mrr_at_10(queries, documents, relevant) == pytest.approx(np.mean(expected))
 
 
-def test_the_simplest_candidate_close_to_the_best_is_chosen() -> None:
+def test_paired_interval_agrees_with_a_numpy_bootstrap() -> None:
+    rng = np.random.default_rng(3)
+    differences = rng.normal(0.4, 3.0, size=400)
+    mean, low, high = paired_interval(differences, n_resamples=4000, seed=0)
+    # reference: resample the queries with replacement, take percentiles of the resampled means
+    draws = np.random.default_rng(99).integers(0, len(differences), size=(4000, len(differences)))
+    reference = np.percentile(differences[draws].mean(axis=1), [2.5, 97.5])
+    error = differences.std(ddof=1) / np.sqrt(len(differences))
+    assert mean == pytest.approx(differences.mean())
+    assert low == pytest.approx(reference[0], abs=0.25 * error)
+    assert high == pytest.approx(reference[1], abs=0.25 * error)
+    assert low == pytest.approx(mean - 1.96 * error, abs=0.25 * error)  # and with the normal approximation
+    assert paired_interval(np.full(10, 2.0)) == (2.0, 2.0, 2.0)
+
+
+def _scores(rng: np.random.Generator, n: int = 500) -> np.ndarray:
+    return rng.uniform(0, 100, size=n)
+
+
+def test_the_baseline_wins_when_differences_are_within_noise() -> None:
     rng = np.random.default_rng(0)
-    best = rng.uniform(0.3, 1.0, size=400)
-    noise = rng.normal(0, 0.2, size=400)  # per-query differences: standard error 0.01
-    close = best - 0.005 + noise - noise.mean()  # 0.5 standard errors below: not a real difference
-    far = best - 0.05 + noise - noise.mean()  # 5 standard errors below
-    for order, expected in (([far, close, best], 1), ([best, close, far], 0), ([far, best, close], 1)):
-        chosen, gaps = simplest_close_to_best(order, min_effect=0.0)
-        assert chosen == expected
-    # with many queries a tiny difference is many standard errors, yet below the minimum effect
-    steady = best - 0.008
-    assert simplest_close_to_best([steady, best], min_effect=0.0)[0] == 1
-    assert simplest_close_to_best([steady, best], min_effect=0.01)[0] == 0
-    difference = best - far
-    assert gaps[0] == pytest.approx(difference.mean() / (difference.std(ddof=1) / np.sqrt(400)))
-    assert gaps[1] == 0.0
+    base = _scores(rng)
+    noisy = [base + rng.normal(0.3, 10.0, size=base.size) for _ in range(4)]  # +0.3 +- 0.45 (s.e.)
+    chosen, comparisons = conservative_choice(np.stack([base, *noisy]), margin=0.0)
+    assert chosen == 0
+    assert comparisons[0] == (0.0, 0.0, 0.0)
+    assert all(low <= 0 <= high for _, low, high in comparisons[1:])
 
 
-def test_choose_shape_records_every_candidate_and_is_deterministic(tiny_glove_path: str, tmp_path) -> None:
-    texts = _corpus(120)
+def test_a_clearly_better_candidate_wins_and_the_bar_is_higher_for_transformers() -> None:
+    rng = np.random.default_rng(1)
+    base = _scores(rng)
+    tie = base + rng.normal(0.0, 5.0, size=base.size)
+    better = base + rng.normal(1.5, 1.0, size=base.size)  # +1.5 points, interval about [1.41, 1.59]
+    much_better = base + rng.normal(5.0, 1.0, size=base.size)
+    assert conservative_choice(np.stack([base, tie, better]), margin=0.5)[0] == 2  # static table margin
+    assert conservative_choice(np.stack([base, tie, better]), margin=2.0)[0] == 0  # trained encoder margin
+    assert conservative_choice(np.stack([base, better, much_better, tie]), margin=2.0)[0] == 2
+
+
+def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path: str, tmp_path) -> None:
+    texts = _corpus(400)
     candidates = [{"shape": "none"}, {"shape": "center"}, {"shape": "whiten"}, {"weights": "sif", "shape": "none"}]
-    first = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, n_queries=40, seed=0)
-    second = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, n_queries=40, seed=0)
+    first = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
+    second = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
     report = first.metadata["auto_shape"]
+    seconds = report.pop("selection_seconds"), second.metadata["auto_shape"].pop("selection_seconds")
+    assert all(s >= 0 for s in seconds)
     assert report == second.metadata["auto_shape"]
+    assert report["proxy"] == "passage" and report["pseudo_queries"] >= 200 and report["splits"] == 3
+    assert report["margin"] == 0.5 and "interval" in report["rule"]
     assert [row["shape"] for row in report["candidates"]] == ["none", "center", "whiten", "none"]
-    best = max(report["candidates"], key=lambda row: row["mrr@10"])
-    assert best["standard_errors_below_best"] == 0.0
-    top = best["mrr@10"]
-    first_close = next(row for row in report["candidates"]
-                       if row["standard_errors_below_best"] <= 1.0 or top - row["mrr@10"] <= 1.0 + 1e-9)
-    assert report["chosen"] == candidates[report["candidates"].index(first_close)]
+    for row in report["candidates"]:
+        low, high = row["interval"]
+        assert low <= row["vs_baseline"] <= high
+    clearing = [row for row in report["candidates"][1:] if row["interval"][0] > 0.5]
+    expected = max(clearing, key=lambda row: row["interval"][0]) if clearing else report["candidates"][0]
+    assert report["chosen"] == candidates[report["candidates"].index(expected)]
     assert first.fingerprint == second.fingerprint
     # the returned encoder is the chosen recipe fitted on all texts
     reference = ShapedEncoder.create(tiny_glove_path, **report["chosen"])
     if reference.needs_corpus:
         reference.fit_sample(texts)
-    np.testing.assert_allclose(first.encode(texts[:5]), reference.encode(texts[:5]), atol=1e-6)
+    np.testing.assert_allclose(first.encode(texts[:5]), reference.encode(texts[:5]), atol=1e-5)
     first.save(tmp_path / "enc")
     saved = json.loads((tmp_path / "enc" / "isotrope.json").read_text())
     assert saved["metadata"]["auto_shape"]["chosen"] == report["chosen"]
+
+
+def test_one_sentence_texts_fall_back_to_the_masked_proxy(tiny_glove_path: str) -> None:
+    texts = [" ".join(np.random.default_rng(i).choice(["cat", "dog", "sat", "mat", "runs", "fast"], 8)) + "."
+             for i in range(300)]
+    encoder = choose_shape(texts, {"model": tiny_glove_path}, candidates=[{"shape": "none"}, {"shape": "center"}],
+                           proxy="passage")
+    assert encoder.metadata["auto_shape"]["proxy"] == "masked"
+
+
+def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:
+    texts = _corpus(300)
+    backbone = ShapedEncoder.create(tiny_bert_path).backbone
+    seen: list[str] = []
+    iter_batches = backbone.iter_batches
+    backbone.iter_batches = lambda batch_texts, *args, **kwargs: seen.extend(batch_texts) or iter_batches(
+        batch_texts, *args, **kwargs)
+    encoder = choose_shape(texts, {"model": tiny_bert_path}, proxy="passage", backbone=backbone)
+    report = encoder.metadata["auto_shape"]
+    assert len(report["candidates"]) == 6
+    # the sample once, then each pseudo-query and each text it was cut from: never once per candidate
+    assert sum(text in set(texts) for text in seen) == len(texts)
+    assert len(seen) == len(texts) + 2 * report["pseudo_queries"]
 
 
 def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, tmp_path, monkeypatch) -> None:
@@ -116,18 +204,18 @@ def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, t
     from isotrope.evaluate.harness import Evaluator, Recipe
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(_corpus(60)) + "\n")
+    corpus.write_text("\n".join(_corpus(100)) + "\n")
     recipe = Recipe(model=tiny_bert_path, shape="auto")
     first, fitted_on = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
     assert "auto chose" in fitted_on
     result = evaluate("isotropy", recipe, Evaluator(cache_dir=tmp_path / "cache"), texts_file=corpus, fit_corpus=str(corpus))
-    assert result["auto_shape"] == first.metadata["auto_shape"]
+    assert result["auto_shape"]["candidates"] == first.metadata["auto_shape"]["candidates"]
     calls = []
     forward = HFBackbone.forward
     monkeypatch.setattr(HFBackbone, "forward", lambda self, *args: calls.append(1) or forward(self, *args))
     second, _ = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
     assert not calls  # every candidate was scored from cached token states
-    assert second.metadata["auto_shape"] == first.metadata["auto_shape"]
+    assert second.metadata["auto_shape"]["chosen"] == first.metadata["auto_shape"]["chosen"]
 
 
 def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:

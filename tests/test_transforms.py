@@ -489,3 +489,13 @@ def test_whiten_on_singular_covariance_is_finite(caplog):
     off_span = few.mean(axis=0) + 3.0 * null_space[0]
     np.testing.assert_allclose(transform.transform(off_span[None]), 0.0, atol=1e-5)
     assert np.abs(other).max() < 1e3
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 1500])
+def test_quantile_percentiles_equal_numpy_for_any_sample_size(rows):
+    from isotrope.transforms.quantile import _linear_percentiles
+
+    data = np.random.default_rng(rows).normal(size=(rows, 12))
+    percents = np.linspace(0, 1, min(1000, rows)) * 100
+    np.testing.assert_array_equal(_linear_percentiles(np.sort(data, axis=0), percents),
+                                  np.nanpercentile(data, percents, axis=0))

@@ -1,25 +1,37 @@
-"""``--shape auto``: choose the shaping on the user's own corpus, without labels.
+"""``--shape auto``: choose the shaping on the user's own corpus, without labels, and never at a cost.
 
-Pseudo-queries come from the corpus itself (an inverse cloze task: a sentence
-taken out of a text is the query, the rest of the text its only relevant
-document; a title is the query for its body). Each candidate shaping is fitted
-on one part of the sample and scored by pseudo-query MRR@10 on the held-aside
-part. Small differences are not trusted: the simplest candidate whose MRR trails
-the best one's by at most one standard error (paired over the pseudo-queries) or
-one MRR point is chosen, and refitted on the whole sample. Token states are cached,
-so the backbone runs once over the sample whatever the number of candidates.
+Evidence. Pseudo-queries come from the corpus itself (a *proxy*, see :data:`PROXIES`): their number
+scales with the sample (a tenth of it, at least 200 and at most 1,000 where the texts allow), drawn
+across texts over ``n_splits`` seeded splits. In each split a candidate's transforms are fitted on
+70 % of the sample, and its pseudo-queries, cut from the other 30 %, are scored by reciprocal rank
+at 10 against those held-aside texts. Every candidate is scored on the same pseudo-queries, so the
+comparison with the baseline is paired: a percentile bootstrap of the mean per-query difference
+gives its 95 % interval.
+
+Rule (conservative). The baseline, the first candidate (``none`` for a transformer, ``center`` for a
+static table), is kept unless another candidate's
+interval lies wholly above a margin: :data:`TRANSFORMER_MARGIN` MRR@10 points for a trained sentence
+encoder (where docs/RESULTS.md shows shaping adds at most a few tenths of a point and the proxies
+over-reward whitening), :data:`STATIC_MARGIN` for a static table (where shaping adds 10-15 points).
+Of the candidates that clear it, the one with the highest lower bound wins, and is fitted on the
+whole sample.
+
+Cost. The backbone runs once over the sample (the raw pooled vectors are reused by every
+candidate and split, and by the final fit) and once over the pseudo-queries and the texts they
+were cut from; candidates only fit and apply their transforms.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
 from isotrope.encoder import ShapedEncoder
@@ -30,49 +42,105 @@ logger = logging.getLogger(__name__)
 #: the shaping presets every candidate set tries, simplest first (flow is left out: it trains for minutes)
 PRESET_CANDIDATES = ("none", "center", "abtt", "quantile", "whiten-partial", "whiten")
 TRANSFORMER_CANDIDATES: tuple[dict[str, Any], ...] = tuple({"shape": shape} for shape in PRESET_CANDIDATES)
+#: a static table's baseline is centring (its common direction is an artefact of averaging token rows)
 STATIC_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
-    {"weights": weights, "shape": shape} for weights in ("uniform", "sif") for shape in PRESET_CANDIDATES
+    {"weights": weights, "shape": shape} for weights in ("uniform", "sif")
+    for shape in ("center", *(s for s in PRESET_CANDIDATES if s != "center"))
 )
+#: MRR@10 points (x100) the lower end of a candidate's interval must clear to displace the baseline
+TRANSFORMER_MARGIN = 2.0
+STATIC_MARGIN = 0.5
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
 class PseudoQuery:
-    """A label-free query and the index of its only relevant document."""
+    """A label-free query, the index of its only relevant text, and that text as the query sees it
+    (``document`` is None when the relevant text is the sample text unchanged)."""
 
     text: str
-    document: int
+    target: int
+    document: str | None = None
 
 
-def build_pseudo_queries(
-    texts: Sequence[str], n_queries: int = 500, seed: int = 0, min_sentences: int = 3, titles: Sequence[str] | None = None
-) -> tuple[list[PseudoQuery], list[str]]:
-    """Inverse-cloze pseudo-queries over ``texts`` (or title -> text when ``titles`` are given).
+def _sentences(text: str) -> list[str]:
+    return [text[start:end] for start, end in split_sentences(text)]
 
-    Returns the queries and the documents they are scored against: every text,
-    with each query's sentence removed from its own document (so retrieval must
-    rely on meaning, not on the copied words).
-    """
+
+def passage_query(text: str, rng: random.Random) -> tuple[str, str | None] | None:
+    """Inverse cloze: a sentence cut out of a text of >= 3 sentences; the rest is its document."""
+    sentences = _sentences(text)
+    if len(sentences) < 3:
+        return None
+    cut = rng.randrange(len(sentences))
+    if len(sentences[cut].split()) < 4:
+        return None
+    return sentences[cut], " ".join(sentences[:cut] + sentences[cut + 1:])
+
+
+def lead_query(text: str, rng: random.Random) -> tuple[str, str | None] | None:
+    """A title or first sentence as the query for the body that follows it (>= 2 more sentences)."""
+    sentences = _sentences(text)
+    if len(sentences) < 3 or len(sentences[0].split()) < 4:
+        return None
+    return sentences[0], " ".join(sentences[1:])
+
+
+def neighbour_query(text: str, rng: random.Random) -> tuple[str, str | None] | None:
+    """A chunk against its neighbour: the text is cut at a sentence boundary into two halves of
+    >= 2 sentences; one half (either, at random) is the query, the other its document."""
+    sentences = _sentences(text)
+    if len(sentences) < 4:
+        return None
+    middle = len(sentences) // 2
+    halves = [" ".join(sentences[:middle]), " ".join(sentences[middle:])]
+    first = rng.randrange(2)
+    return halves[first], halves[1 - first]
+
+
+def masked_query(text: str, rng: random.Random, keep: float = 0.6, max_words: int = 16) -> tuple[str, str | None] | None:
+    """A shortened, masked passage: a window of at most ``max_words`` words (about 70 % of a short
+    text) of which 60 % are kept, in order; its document is the whole text, unchanged."""
+    words = text.split()
+    if len(words) < 6:
+        return None
+    width = min(max_words, max(5, round(0.7 * len(words))))
+    start = rng.randrange(len(words) - width + 1)
+    kept = sorted(rng.sample(range(start, start + width), max(3, round(keep * width))))
+    return " ".join(words[i] for i in kept), None
+
+
+#: label-free proxies, each ``(text, rng) -> (query, its document or None for the text itself) or None``
+PROXIES: dict[str, Callable[[str, random.Random], tuple[str, str | None] | None]] = {
+    "passage": passage_query, "lead": lead_query, "neighbour": neighbour_query, "masked": masked_query,
+}
+#: the proxy used unless asked otherwise (its ranking of candidates agreed best with labelled
+#: queries, docs/RESULTS.md), and the one that works on any text (one-sentence corpora)
+DEFAULT_PROXY = "passage"
+FALLBACK_PROXY = "masked"
+
+
+def build_pseudo_queries(texts: Sequence[str], n_queries: int, proxy: str = DEFAULT_PROXY,
+                         seed: int = 0) -> list[PseudoQuery]:
+    """At most ``n_queries`` pseudo-queries, at most one per text, from texts drawn in a seeded order."""
+    if proxy not in PROXIES:
+        raise ValueError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
     rng = random.Random(seed)
-    documents = list(texts)
-    order = list(range(len(documents)))
+    order = list(range(len(texts)))
     rng.shuffle(order)
     queries: list[PseudoQuery] = []
     for index in order:
         if len(queries) >= n_queries:
             break
-        if titles is not None and titles[index].strip():
-            queries.append(PseudoQuery(titles[index].strip(), index))
-            continue
-        spans = split_sentences(documents[index])
-        if len(spans) < min_sentences:
-            continue
-        start, end = spans[rng.randrange(len(spans))]
-        sentence = documents[index][start:end]
-        if len(sentence.split()) < 4:
-            continue
-        queries.append(PseudoQuery(sentence, index))
-        documents[index] = (documents[index][:start] + documents[index][end:]).strip()
-    return queries, documents
+        made = PROXIES[proxy](texts[index], rng)
+        if made is not None and made[0].strip() and (made[1] is None or made[1].strip()):
+            queries.append(PseudoQuery(made[0], index, made[1]))
+    return queries
+
+
+def number_of_queries(n_texts: int, low: int = 200, high: int = 1000) -> int:
+    """Pseudo-queries to draw for a sample of ``n_texts``: a tenth of it, within [low, high]."""
+    return int(min(high, max(low, n_texts // 10)))
 
 
 def reciprocal_ranks_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray,
@@ -92,23 +160,113 @@ def mrr_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant:
     return float(reciprocal_ranks_at_10(query_vectors, document_vectors, relevant).mean())
 
 
-#: pseudo-query MRR@10 differences below this are not worth a fitted map, however many queries
-MIN_EFFECT = 0.01
+def paired_interval(differences: np.ndarray, confidence: float = CONFIDENCE, n_resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """Mean of the per-query differences and its percentile-bootstrap interval (queries resampled)."""
+    differences = np.asarray(differences, dtype=np.float64)
+    mean = float(differences.mean())
+    if np.ptp(differences) == 0:
+        return mean, mean, mean
+    result = bootstrap((differences,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                       method="percentile", vectorized=True, random_state=np.random.default_rng(seed))
+    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def simplest_close_to_best(per_query: Sequence[np.ndarray],
-                           min_effect: float = MIN_EFFECT) -> tuple[int, list[float | None]]:
-    """Index of the first (simplest) candidate whose mean trails the best's by at most one standard
-    error (of the paired per-query differences) or ``min_effect``; and each candidate's deficit in
-    standard errors (None where the differences do not vary)."""
-    best = int(np.argmax([scores.mean() for scores in per_query]))
-    gaps, close = [], []
-    for scores in per_query:
-        difference = per_query[best] - scores
-        error = difference.std(ddof=1) / np.sqrt(len(difference))
-        gaps.append(float(difference.mean() / error) if error > 0 else None if difference.any() else 0.0)
-        close.append(difference.mean() <= max(error, min_effect))
-    return close.index(True), gaps
+def conservative_choice(per_query: np.ndarray, margin: float, confidence: float = CONFIDENCE,
+                        seed: int = 0) -> tuple[int, list[tuple[float, float, float]]]:
+    """Index of the chosen candidate (row 0 is the baseline) and each row's paired comparison with
+    the baseline, ``(mean difference, low, high)`` in the units of ``per_query``.
+
+    A candidate other than the baseline is eligible only when the low end of its interval exceeds
+    ``margin``; the eligible one with the highest low end wins (the simplest among equals), else
+    the baseline."""
+    comparisons = [paired_interval(row - per_query[0], confidence, seed=seed) for row in per_query]
+    eligible = [i for i, (_, low, _) in enumerate(comparisons) if i > 0 and low > margin]
+    if not eligible:
+        return 0, comparisons
+    return max(eligible, key=lambda i: (comparisons[i][1], -i)), comparisons
+
+
+@dataclass
+class Evidence:
+    """Per-query reciprocal ranks (candidates x pseudo-queries, pooled over splits) and what made them."""
+
+    per_query: np.ndarray
+    proxy: str
+    splits: int
+    #: seconds spent on the selection itself (pseudo-queries, their texts, every candidate's fits and
+    #: scores), apart from embedding the sample, which fitting the chosen shaping needs anyway
+    seconds: float
+
+
+def _group_key(candidate: dict[str, Any]) -> str:
+    return repr(sorted((key, value) for key, value in candidate.items() if key != "shape"))
+
+
+def gather_evidence(
+    texts: Sequence[str],
+    base: dict[str, Any],
+    candidates: Sequence[dict[str, Any]],
+    backbone: Any,
+    *,
+    proxy: str = DEFAULT_PROXY,
+    n_queries: int | None = None,
+    n_splits: int = 3,
+    holdout_fraction: float = 0.3,
+    seed: int = 0,
+    raw: dict[str, tuple[ShapedEncoder, np.ndarray]] | None = None,
+) -> Evidence:
+    """Score every candidate on the same pseudo-queries over ``n_splits`` seeded splits of ``texts``.
+
+    ``raw`` maps each candidate group (the options other than the shape) to its fitted unshaped
+    encoder and the raw vectors of ``texts``; missing groups are embedded here and added to it.
+    """
+    started = time.perf_counter()
+    texts = list(texts)
+    raw = {} if raw is None else raw
+    n_queries = n_queries or number_of_queries(len(texts))
+    per_split = -(-n_queries // n_splits)
+    splits = []
+    for split in range(n_splits):
+        order = np.random.default_rng([seed, split]).permutation(len(texts))
+        cut = int(len(texts) * (1 - holdout_fraction))
+        fit_index, held_index = order[:cut], order[cut:]
+        queries = build_pseudo_queries([texts[i] for i in held_index], per_split, proxy, seed=seed * 1000 + split)
+        splits.append((fit_index, held_index, queries))
+    total = sum(len(queries) for *_, queries in splits)
+    if total < 30 or any(len(fit) == 0 for fit, *_ in splits):
+        raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
+    new_queries = [q.text for *_, queries in splits for q in queries]
+    new_documents = [q.document for *_, queries in splits for q in queries if q.document is not None]
+    rows, sample_seconds, new_raw = [], 0.0, {}
+    for candidate in candidates:
+        key = _group_key(candidate)
+        if key not in raw:
+            tick = time.perf_counter()
+            unshaped = ShapedEncoder.create(**{**base, **candidate, "shape": "none"}, backbone=backbone)
+            unshaped.fit_sample(texts)
+            raw[key] = (unshaped, unshaped.embed_raw(texts))
+            sample_seconds += time.perf_counter() - tick
+        unshaped, sample_raw = raw[key]
+        if key not in new_raw:
+            new_raw[key] = (unshaped.embed_raw(new_queries, kind="query"),
+                            unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0])
+        query_raw, document_raw = new_raw[key]
+        scores, query_at, document_at = [], 0, 0
+        for fit_index, held_index, queries in splits:
+            encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=unshaped.backbone)
+            encoder.fit_transforms(sample_raw[fit_index])
+            documents = sample_raw[held_index].copy()
+            for query in queries:
+                if query.document is not None:
+                    documents[query.target] = document_raw[document_at]
+                    document_at += 1
+            shaped_queries = encoder.apply_transforms(query_raw[query_at:query_at + len(queries)])
+            query_at += len(queries)
+            scores.append(reciprocal_ranks_at_10(shaped_queries, encoder.apply_transforms(documents),
+                                                 [q.target for q in queries]))
+        rows.append(np.concatenate(scores))
+    return Evidence(np.stack(rows), proxy, n_splits, time.perf_counter() - started - sample_seconds)
 
 
 def choose_shape(
@@ -116,60 +274,68 @@ def choose_shape(
     options: dict[str, Any],
     *,
     candidates: Sequence[dict[str, Any]] | None = None,
-    n_queries: int = 500,
-    holdout_fraction: float = 0.3,
+    proxy: str = DEFAULT_PROXY,
+    n_queries: int | None = None,
+    n_splits: int = 3,
+    margin: float | None = None,
     seed: int = 0,
-    titles: Sequence[str] | None = None,
     fitted_on: str | None = None,
     backbone: Any = None,
 ) -> ShapedEncoder:
-    """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``, simplest
-    first) by pseudo-query MRR@10 and return an encoder with the simplest one close to the best
-    (:func:`simplest_close_to_best`), fitted on all of ``texts``.
+    """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``; the
+    first is the baseline) on label-free pseudo-queries and return an encoder with the candidate the
+    conservative rule picks (:func:`conservative_choice`), fitted on all of ``texts``.
 
-    The scores of every candidate are kept in ``encoder.metadata["auto_shape"]``. A ``backbone``
-    given by the caller (one with its own token-state cache, say) is used as is; otherwise the
-    model's backbone is wrapped in a temporary cache for the duration of the selection.
+    ``proxy`` falls back to :data:`FALLBACK_PROXY` when the texts give too few pseudo-queries
+    (one-sentence texts have no passage to cut out). ``margin`` defaults by backbone family. The
+    evidence is kept in ``encoder.metadata["auto_shape"]``.
     """
-    from isotrope.evaluate.cache import CachedBackbone
-
     texts = list(texts)
     model = options.get("model", "all-MiniLM-L6-v2")
+    static = is_static_source(model)
     if candidates is None:
-        candidates = STATIC_CANDIDATES if is_static_source(model) else TRANSFORMER_CANDIDATES
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(texts))
-    cut = int(len(texts) * (1 - holdout_fraction))
-    fit_part = [texts[i] for i in order[:cut]]
-    held = [texts[i] for i in order[cut:]]
-    held_titles = [titles[i] for i in order[cut:]] if titles is not None else None
-    queries, documents = build_pseudo_queries(held, n_queries, seed, titles=held_titles)
-    if len(queries) < 10 or not fit_part:
-        raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {len(queries)} pseudo-queries")
+        candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
+    if margin is None:
+        margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
     base = {key: value for key, value in options.items() if key != "shape"}
-    results, per_query = [], []
-    with tempfile.TemporaryDirectory(prefix="isotrope-auto-") as cache_dir:
-        owned = backbone is None
-        if owned:
-            backbone = CachedBackbone(ShapedEncoder.create(**{**base, "shape": "none"}).backbone, cache_dir)
-        for candidate in candidates:
-            encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=backbone)
-            if encoder.needs_corpus:
-                encoder.fit_sample(fit_part)
-            per_query.append(reciprocal_ranks_at_10(encoder.encode([q.text for q in queries], kind="query"),
-                                                    encoder.encode(documents), [q.document for q in queries]))
-            results.append({**candidate, "mrr@10": round(100 * float(per_query[-1].mean()), 2)})
-            logger.info("auto shape: %s -> MRR@10 %.2f", candidate, results[-1]["mrr@10"])
-        chosen, gaps = simplest_close_to_best(per_query)
-        for row, gap in zip(results, gaps):
-            row["standard_errors_below_best"] = gap if gap is None else round(gap, 2)
-        choice = dict(candidates[chosen])
-        encoder = ShapedEncoder.create(**{**base, **choice}, backbone=backbone)
-        encoder.fit_sample(texts, fitted_on=fitted_on)
-        if owned:
-            encoder.backbone = backbone.backbone  # fitted from cached states; encode with the real backbone
-            backbone.close()
-    rule = f"simplest within one standard error or {100 * MIN_EFFECT:g} MRR point of the best"
-    encoder.metadata["auto_shape"] = {"chosen": choice, "rule": rule, "candidates": results,
-                                      "pseudo_queries": len(queries), "held_aside_texts": len(held), "seed": seed}
+    backbone = backbone or ShapedEncoder.create(**{**base, "shape": "none"}).backbone
+    raw: dict[str, Any] = {}
+    wanted = n_queries or number_of_queries(len(texts))
+    try:
+        evidence = gather_evidence(texts, base, candidates, backbone, proxy=proxy, n_queries=n_queries,
+                                   n_splits=n_splits, seed=seed, raw=raw)
+        if evidence.per_query.shape[1] < min(wanted, len(texts) // 10) and proxy != FALLBACK_PROXY:
+            raise ValueError(f"too few {proxy} pseudo-queries ({evidence.per_query.shape[1]})")
+    except ValueError as error:
+        if proxy == FALLBACK_PROXY:
+            raise
+        logger.info("auto shape: %s; using the %s proxy", error, FALLBACK_PROXY)
+        evidence = gather_evidence(texts, base, candidates, backbone, proxy=FALLBACK_PROXY, n_queries=n_queries,
+                                   n_splits=n_splits, seed=seed, raw=raw)
+    chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
+    choice = dict(candidates[chosen])
+    unshaped, sample_raw = raw[_group_key(choice)]
+    encoder = ShapedEncoder.create(**{**base, **choice}, backbone=unshaped.backbone)
+    encoder.weighting = unshaped.weighting
+    if encoder.needs_corpus:
+        encoder.fit_transforms(sample_raw)
+    encoder.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(texts)}
+    results = []
+    for candidate, row, (difference, low, high) in zip(candidates, evidence.per_query, comparisons):
+        results.append({**candidate, "mrr@10": round(100 * float(row.mean()), 2),
+                        "vs_baseline": round(difference, 2), "interval": [round(low, 2), round(high, 2)]})
+        logger.info("auto shape: %s -> MRR@10 %.2f (%+.2f [%.2f, %.2f] vs baseline)", candidate,
+                    results[-1]["mrr@10"], difference, low, high)
+    rule = (f"keep {format_candidate(candidates[0])} unless another candidate's {100 * CONFIDENCE:g}% paired-bootstrap "
+            f"interval of the MRR@10 difference lies above +{margin:g} points "
+            f"({'static table' if static else 'trained encoder'} margin); then the highest lower bound wins")
+    encoder.metadata["auto_shape"] = {
+        "chosen": choice, "proxy": evidence.proxy, "pseudo_queries": int(evidence.per_query.shape[1]),
+        "splits": evidence.splits, "margin": margin, "rule": rule, "candidates": results, "seed": seed,
+        "selection_seconds": round(evidence.seconds, 1),
+    }
     return encoder
+
+
+def format_candidate(candidate: dict[str, Any]) -> str:
+    return " + ".join(str(value) for value in candidate.values())

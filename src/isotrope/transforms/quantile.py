@@ -46,12 +46,15 @@ class Quantile(Transform):
         self.random_state = random_state
 
     def fit(self, X: Any) -> Self:
+        """scikit-learn's fit (the same subsample, references and monotone quantiles), with the
+        per-column percentiles read off one sort of each column (numpy's nanpercentile takes a
+        partition per quantile and column: minutes for 1,000 quantiles of 384 columns)."""
         array = self._subsample(X)
         # sklearn clips n_quantiles to the sample count itself, but warns; clip here without the warning
-        estimator = self._make_estimator(min(self.n_quantiles, array.shape[0])).fit(array)
-        self.quantiles_ = estimator.quantiles_
-        self.references_ = estimator.references_
-        self._estimator = estimator
+        references = np.linspace(0, 1, min(self.n_quantiles, array.shape[0]), endpoint=True)
+        self.references_ = references
+        self.quantiles_ = np.maximum.accumulate(_linear_percentiles(np.sort(array, axis=0), references * 100))
+        self._estimator = type(self).from_state(self.get_config(), self.get_state())._estimator
         return self
 
     def _subsample(self, X: Any) -> np.ndarray:
@@ -101,3 +104,16 @@ class Quantile(Transform):
             raise ValueError(
                 f"quantile transform state has {self.quantiles_.shape[0]} quantiles; config allows {self.n_quantiles}"
             )
+
+
+def _linear_percentiles(sorted_columns: np.ndarray, percents: np.ndarray) -> np.ndarray:
+    """``np.percentile(x, percents, axis=0)`` (method "linear", same arithmetic) of column-sorted ``x``."""
+    n = sorted_columns.shape[0]
+    q = np.true_divide(percents, 100)
+    virtual = (n - 1) * q
+    previous = np.floor(virtual)
+    gamma = (virtual - previous)[:, None]
+    previous = np.clip(previous.astype(np.intp), 0, n - 1)
+    below, above = sorted_columns[previous], sorted_columns[np.clip(previous + 1, 0, n - 1)]
+    difference = above - below
+    return np.where(gamma >= 0.5, above - difference * (1 - gamma), below + difference * gamma)

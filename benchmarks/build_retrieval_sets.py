@@ -1,0 +1,114 @@
+"""Build small labelled retrieval sets (BEIR folders) from the labelled data in shared/data, to measure
+``--shape auto`` on more than SciFact.
+
+* ``20ng-topic``: retrieval by topic. A query is the first lines of a 20 Newsgroups test post's body
+  (headers, quoted replies and signatures dropped, at most 40 words); the corpus is the bodies of other
+  test posts (first 1,000 characters), and every post of the query's newsgroup is relevant (grade 1). Query posts are never
+  in the corpus.
+* ``stsb-para`` / ``sick-para``: retrieval by paraphrase. For each pair whose gold score is high
+  (STS-B >= 4.0 of 5, SICK >= 4.5 of 5) and whose sentences differ, sentence 1 is the query and
+  sentence 2 its relevant document; every other sentence of the data set is a distractor. A
+  sentence used as a query is never a document.
+
+    .venv/bin/python benchmarks/build_retrieval_sets.py --data-dir ../shared/data --out .cache/isotrope/sets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+
+from isotrope.evaluate.data import STSPairs, load_clustering, load_sick, load_stsb
+
+_HEADER = re.compile(r"^[A-Za-z-]+: ")
+
+
+def post_body(text: str, max_chars: int = 1000) -> str:
+    """A newsgroup post without its header block, quoted lines, or signature separator and after."""
+    _, _, body = text.partition("\n\n")
+    lines = []
+    for line in body.splitlines():
+        stripped = line.strip()
+        if stripped in ("--", "-- "):
+            break
+        if stripped.startswith((">", "|", ":")) or (_HEADER.match(stripped) and "writes" not in stripped):
+            continue
+        if re.search(r"(writes|wrote):$", stripped) or stripped.startswith("In article") or not stripped:
+            continue
+        lines.append(re.sub(r"\S+@\S+", "", stripped))
+    return " ".join(" ".join(lines).split())[:max_chars]
+
+
+def newsgroups_topic(data_dir: Path, n_docs: int, n_queries: int, seed: int) -> tuple[dict, dict, dict]:
+    data = load_clustering(data_dir / "clustering/20newsgroups/20news_bydate.jsonl.gz", split="test")
+    rng = random.Random(seed)
+    posts = [(body, label) for body, label in ((post_body(t), y) for t, y in zip(data.texts, data.labels))
+             if len(body.split()) >= 20]
+    rng.shuffle(posts)
+    query_posts, doc_posts = posts[:n_queries], posts[n_queries:n_queries + n_docs]
+    corpus = {f"d{i}": {"title": "", "text": body} for i, (body, _) in enumerate(doc_posts)}
+    queries = {f"q{i}": " ".join(body.split()[:40]) for i, (body, _) in enumerate(query_posts)}
+    qrels = {f"q{i}": {f"d{j}": 1 for j, (_, doc_label) in enumerate(doc_posts) if doc_label == label}
+             for i, (_, label) in enumerate(query_posts)}
+    return corpus, queries, qrels
+
+
+def paraphrase(sets: list[STSPairs], threshold: float, n_docs: int, n_queries: int,
+               seed: int) -> tuple[dict, dict, dict]:
+    rng = random.Random(seed)
+    pairs = [(a, b) for s in sets for a, b, score in zip(s.sentences1, s.sentences2, s.scores)
+             if score >= threshold and a.lower().strip(" .") != b.lower().strip(" .")]
+    pairs = list(dict.fromkeys(pairs))
+    rng.shuffle(pairs)
+    pairs = pairs[:n_queries]
+    query_texts = {a for a, _ in pairs}
+    relevant = list(dict.fromkeys(b for _, b in pairs if b not in query_texts))
+    others = sorted({t for s in sets for t in (*s.sentences1, *s.sentences2)} - query_texts - set(relevant))
+    rng.shuffle(others)
+    documents = relevant + others[:max(0, n_docs - len(relevant))]
+    ids = {text: f"d{i}" for i, text in enumerate(documents)}
+    corpus = {ids[text]: {"title": "", "text": text} for text in documents}
+    kept = [(a, b) for a, b in pairs if b in ids]
+    queries = {f"q{i}": a for i, (a, _) in enumerate(kept)}
+    qrels = {f"q{i}": {ids[b]: 1} for i, (_, b) in enumerate(kept)}
+    return corpus, queries, qrels
+
+
+def write_beir(folder: Path, corpus: dict, queries: dict, qrels: dict) -> None:
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(folder / "corpus.jsonl", "w") as out:
+        for doc_id, doc in corpus.items():
+            out.write(json.dumps({"_id": doc_id, **doc}) + "\n")
+    with open(folder / "queries.jsonl", "w") as out:
+        for query_id, text in queries.items():
+            out.write(json.dumps({"_id": query_id, "text": text}) + "\n")
+    with open(folder / "qrels" / "test.tsv", "w") as out:
+        out.write("query-id\tcorpus-id\tscore\n")
+        for query_id, docs in qrels.items():
+            for doc_id, grade in docs.items():
+                out.write(f"{query_id}\t{doc_id}\t{grade}\n")
+    print(f"{folder}: {len(corpus)} documents, {len(queries)} queries, "
+          f"{sum(len(d) for d in qrels.values())} relevance judgements")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path(".cache/isotrope/sets"))
+    parser.add_argument("--docs", type=int, default=3000)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--news-docs", type=int, default=1500, help="20 Newsgroups posts are long: fewer of them")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    write_beir(args.out / "20ng-topic", *newsgroups_topic(args.data_dir, args.news_docs, args.queries, args.seed))
+    stsb = [load_stsb(args.data_dir, split) for split in ("train", "dev", "test")]
+    write_beir(args.out / "stsb-para", *paraphrase(stsb, 4.0, args.docs, args.queries, args.seed))
+    sick = [load_sick(args.data_dir, split) for split in ("train", "trial", "test")]
+    write_beir(args.out / "sick-para", *paraphrase(sick, 4.5, args.docs, args.queries, args.seed))
+
+
+if __name__ == "__main__":
+    main()
