@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
+from isotrope.fusion import best_per_group, check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE
 from isotrope.stores.base import Hit, VectorStore
-from isotrope.stores.filters import parse_where
+from isotrope.stores.filters import check_fields, parse_where
 
 logger = logging.getLogger(__name__)
 
@@ -116,15 +117,47 @@ class Collection:
         queries: str | Sequence[str],
         k: int = 10,
         where: Mapping[str, Any] | str | None = None,
+        mode: str = "dense",
+        alpha: float | None = None,
+        group_by: str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
-        """Encode the query text(s) as queries and return the best ``k`` hits (a list per query for a list)."""
+        """The best ``k`` hits of the query text(s) (a list per query for a list).
+
+        ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
+        ``"hybrid"`` (both, fused by a convex combination of min-max-normalised scores with weight
+        ``alpha`` on the dense side; default :data:`isotrope.fusion.DEFAULT_ALPHA`).
+        ``where`` filters by metadata in every mode; a field no stored row has is an error.
+        ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
+        """
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
+        check_mode(mode)
+        if mode == "hybrid":
+            check_alpha(alpha)
+        elif alpha is not None:
+            raise ValueError(f"alpha weighs the two sides of hybrid search; mode {mode!r} takes none")
         if isinstance(where, str):
             where = parse_where(where)
-        vectors = self.encoder.encode(texts, kind="query")
-        hits = self.store.search(vectors, k, where=where)
+        if where:
+            check_fields(where, self.store.metadata_fields())
+        vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
+        if group_by is None:
+            hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha)
+        else:
+            hits = self._grouped(texts, vectors, k, where, mode, alpha, group_by)
         return hits[0] if single else hits
+
+    def _grouped(self, texts: list[str], vectors: Any, k: int, where: Mapping[str, Any] | None, mode: str,
+                 alpha: float | None, field: str) -> list[list[Hit]]:
+        """The best hit per value of ``field``: fetch deeper until ``k`` groups or the whole store."""
+        total = len(self.store)
+        fetch = max(4 * k, 50)
+        while True:
+            hits = search_store(self.store, texts, vectors, min(fetch, max(total, 1)), where=where, mode=mode, alpha=alpha)
+            grouped = [best_per_group(row, field, k) for row in hits]
+            if fetch >= total or all(len(g) == k or len(row) < fetch for g, row in zip(grouped, hits)):
+                return grouped
+            fetch *= 4
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
