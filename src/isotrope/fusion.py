@@ -89,13 +89,17 @@ def search_store(
     alpha: float | None = None,
     fusion: str = "convex",
     candidates: int = DEFAULT_CANDIDATES,
+    group_by: str | None = None,
 ) -> list[list[Hit]]:
     """One ranked list per query from any store: dense (``vectors``), lexical (``texts``) or both fused.
 
-    ``vectors`` may be None in lexical mode.
+    ``vectors`` may be None in lexical mode. ``group_by`` keeps the best hit per value of that metadata
+    field, searching deeper until each query has ``k`` groups or the store is exhausted.
     """
     check_mode(mode)
     k = check_k(k)
+    if group_by is not None:
+        return _grouped(store, texts, vectors, k, where, mode, alpha, fusion, candidates, group_by)
     if mode == "dense":
         return store.search(vectors, k, where=where)
     if mode == "lexical":
@@ -125,3 +129,16 @@ def best_per_group(hits: Sequence[Hit], field: str, k: int) -> list[Hit]:
             if len(out) == k:
                 break
     return out
+
+
+def _grouped(store: Any, texts: Sequence[str], vectors: Any, k: int, where: Mapping[str, Any] | None, mode: str,
+             alpha: float | None, fusion: str, candidates: int, field: str) -> list[list[Hit]]:
+    total = max(len(store), 1)
+    fetch = max(4 * k, 50)
+    while True:
+        depth = min(fetch, total)
+        hits = search_store(store, texts, vectors, depth, where, mode, alpha, fusion, max(candidates, depth))
+        grouped = [best_per_group(row, field, k) for row in hits]
+        if depth >= total or all(len(g) == k or len(row) < depth for g, row in zip(grouped, hits)):
+            return grouped
+        fetch *= 4
