@@ -98,7 +98,7 @@ def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
 
 
 class LanceDBStore(VectorStore):
-    """A LanceDB table with upsert, delete, prefiltered vector search and hybrid (FTS + vector) search.
+    """A LanceDB table with upsert, delete, prefiltered vector search and lexical (BM25) search.
 
     Parameters
     ----------
