@@ -112,6 +112,9 @@ class LanceDBStore(VectorStore):
     nprobes / refine_factor / ef: search-time settings used once an ANN index exists.
     """
 
+    #: a vector and a full-text query may run at the same time (hybrid search does)
+    concurrent_queries = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],

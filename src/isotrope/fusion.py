@@ -12,6 +12,7 @@ SciFact's *train* queries only and then frozen (docs/RESULTS.md, "Hybrid retriev
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -108,8 +109,14 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
-    dense = store.search(vectors, depth, where=where)
-    lexical = store.lexical_search(list(texts), depth, where=where)
+    if getattr(store, "concurrent_queries", False):  # the lexical query runs while the dense one does
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(store.lexical_search, list(texts), depth, where)
+            dense = store.search(vectors, depth, where=where)
+            lexical = pending.result()
+    else:
+        dense = store.search(vectors, depth, where=where)
+        lexical = store.lexical_search(list(texts), depth, where=where)
     if len(dense) != len(lexical):
         raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
     if fusion == "rrf":
