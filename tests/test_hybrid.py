@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_stores import make_data, run_child
 
-from isotrope.fusion import best_per_group, convex_fusion, reciprocal_rank_fusion, search_store
+from isotrope.fusion import DEFAULT_ALPHA, best_per_group, convex_fusion, reciprocal_rank_fusion, search_store
 from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
 from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields, matches
@@ -208,7 +208,7 @@ def test_hybrid_search_fuses_the_stores_own_lists(kind, tmp_path):
         dense = store.search(vectors, 100, where=where)
         lexical = store.lexical_search(queries, 100, where=where)
         for row, d, t in zip(fused, dense, lexical):
-            expected = convex_fusion(d, t, K, 0.5 if alpha is None else alpha)
+            expected = convex_fusion(d, t, K, DEFAULT_ALPHA if alpha is None else alpha)
             assert [h.id for h in row] == [h.id for h in expected]
             assert all(matches(contents[h.id][1], where) for h in row)
     assert search_store(store, queries, vectors, K, mode="dense")[0] == store.search(vectors, K)[0]

@@ -22,7 +22,7 @@ from isotrope.stores.base import Hit, check_k
 MODES = ("dense", "lexical", "hybrid")
 FUSIONS = ("convex", "rrf")
 #: weight of the dense scores in the convex combination (chosen on SciFact train, frozen)
-DEFAULT_ALPHA = 0.5
+DEFAULT_ALPHA = 0.3
 #: each list contributes at least this many candidates to the fusion
 DEFAULT_CANDIDATES = 100
 RRF_K = 60
