@@ -13,6 +13,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.distill import fast_source
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform
@@ -33,6 +34,14 @@ def default_shape(model: str) -> str:
     half a point from no shaping on a trained model), partial whitening for a static table
     (+10 to +15 points over none)."""
     return STATIC_DEFAULT_SHAPE if is_static_source(model) else DEFAULT_SHAPE
+
+
+def resolve_shape(model: str, shape: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]]:
+    """The shaping asked for; when none is, ``none`` except for ``fast``, whose recipe includes
+    ``whiten-partial``."""
+    if shape is not None:
+        return shape
+    return STATIC_DEFAULT_SHAPE if fast_source(model) else "none"
 
 
 def check_texts(texts: Any, what: str = "texts") -> list[str]:
@@ -97,7 +106,7 @@ class ShapedEncoder:
         cls,
         model: str = DEFAULT_MODEL,
         *,
-        shape: str | list[dict[str, Any]] = "none",
+        shape: str | list[dict[str, Any]] | None = None,
         pooling: str = "mean",
         layers: Any = "last",
         prompt: str | None = None,
@@ -110,18 +119,30 @@ class ShapedEncoder:
         device: str = "auto",
         batch_size: int = 64,
         backbone: Backbone | None = None,
+        distill_samples: int | None = None,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
         ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
         ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
         static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
+        ``fast`` / ``fast:<teacher>``: a static table distilled from the transformer (default
+        all-MiniLM-L6-v2) on a sample of at most ``distill_samples`` fit texts; its shaping
+        defaults to ``whiten-partial``, every other model's to ``none``.
         """
+        shape = resolve_shape(model, shape)
+        model = fast_source(model) or model
         static = is_static_source(model)
+        if distill_samples is not None and not model.startswith("fast:"):
+            raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
         if static:
             backbone_config: dict[str, Any] = {"type": "static", "source": model}
             if max_length:
                 backbone_config["max_length"] = max_length
+            if distill_samples is not None:
+                if distill_samples < 1:
+                    raise ValueError(f"distill_samples must be at least 1, got {distill_samples}")
+                backbone_config["distill_samples"] = distill_samples
         else:
             name, _, extra = model.partition("+")
             if extra and extra != f"context:{name}":
@@ -226,7 +247,7 @@ class ShapedEncoder:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
         if self.backbone.needs_fit:
-            self.backbone.fit(sample)
+            self.backbone.fit(sample, show_progress=show_progress)
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
         self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
         raw = None
@@ -234,6 +255,8 @@ class ShapedEncoder:
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
         self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        if getattr(self.backbone, "distill_report", None):
+            self.metadata["distill"] = self.backbone.distill_report
         return raw
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
