@@ -112,11 +112,20 @@ def fast_encoder(tiny_bert_path):
     return encoder.fit(make_sentences(300, seed=6))
 
 
-def test_fast_encoder_defaults_and_metadata(fast_encoder):
-    assert fast_encoder.shape == ShapedEncoder.create(model="glove-6b-50d", shape="whiten-partial").shape
-    assert fast_encoder.weighting.exclude_special
+def test_fast_encoder_is_the_folded_whiten_partial_chain(fast_encoder, tiny_bert_path):
+    """The fitted fast encoder is one folded table equal to the unfolded chain: distilled table,
+    special tokens left out, whiten-partial."""
+    texts = make_sentences(20, seed=9)
+    unfolded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=150)
+    unfolded._fold_in_place = lambda: False
+    unfolded.fit(make_sentences(300, seed=6))
+    assert unfolded.shape == ShapedEncoder.create(model="glove-6b-50d", shape="whiten-partial").shape
+    assert unfolded.weighting.exclude_special
+    assert fast_encoder.spec["backbone"]["type"] == "folded" and fast_encoder.shape == "l2"
+    assert fast_encoder.metadata["distill"] == unfolded.metadata["distill"]
     assert fast_encoder.metadata["distill"]["teacher_texts"] == 150
-    assert fast_encoder.spec["backbone"]["distill_samples"] == 150
+    cosine = (fast_encoder.encode(texts) * unfolded.encode(texts)).sum(axis=1)
+    assert cosine.min() >= 0.9999
 
 
 def test_distill_samples_only_for_fast(tiny_bert_path):
@@ -128,11 +137,11 @@ def test_save_load_gives_identical_vectors_and_the_fingerprint_covers_the_table(
     texts = ["the cat runs fast.", "a dog sleeps in the house", "blue music"]
     fast_encoder.save(tmp_path / "enc")
     state = load_file(tmp_path / "enc" / "state.safetensors")
-    assert "backbone.fast.0.table_" in state
+    np.testing.assert_array_equal(state["backbone.table"], fast_encoder.backbone.get_state()["table"])
     loaded = ShapedEncoder.load(tmp_path / "enc")
     np.testing.assert_array_equal(loaded.encode(texts), fast_encoder.encode(texts))
     assert loaded.fingerprint == fast_encoder.fingerprint
-    loaded.backbone._tables[0][7] += 1.0
+    loaded.backbone.get_state()["table"][7] += 1.0
     assert loaded.fingerprint != fast_encoder.fingerprint
 
 

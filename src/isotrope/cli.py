@@ -327,10 +327,9 @@ def sweep(
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    # quiet transformers (if a command loads it) without importing it: a folded encoder never does
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(standalone_mode=False)
     except SystemExit:

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import sparse
-from scipy.sparse.linalg import LinearOperator, cg
-from tqdm.auto import tqdm
 
 from isotrope.pooling import pool
 
-if TYPE_CHECKING:  # torch is imported only where a teacher runs
+if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
+    from scipy import sparse
+
     from isotrope.backbones.base import TokenizedBackbone
     from isotrope.backbones.context import ContextSums
 
@@ -70,6 +69,9 @@ class TeacherPass:
 def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray,
                  show_progress: bool = False) -> TeacherPass:
     """Run the teacher once over ``texts``; ``holdout`` (indices) are kept out of ``fit_sums``."""
+    from scipy import sparse
+    from tqdm.auto import tqdm
+
     from isotrope.backbones.context import ContextSums
 
     held = np.zeros(len(texts), dtype=bool)
@@ -100,7 +102,7 @@ def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
     """The context-averaged table; tokens never seen get their input embedding mapped by the
     ridge-regression map from input embeddings to context rows fitted on the seen tokens."""
     table = sums.table().astype(np.float64)
-    seen = (sums.counts > 0).numpy()
+    seen = sums.counts > 0
     if seen.all() or not seen.any():
         return table
     inputs = input_table.astype(np.float64)
@@ -126,6 +128,9 @@ def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, l
     dimensions, so all columns are solved as one block system. ``start`` warm-starts the
     solve (default ``T0``).
     """
+    from scipy import sparse
+    from scipy.sparse.linalg import LinearOperator, cg
+
     if lam <= 0:
         raise ValueError(f"lam must be positive, got {lam}")
     bags = sparse.csr_matrix(bags, dtype=np.float64)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
 from isotrope.distill import fast_source
@@ -57,6 +56,28 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
         if not text.strip():
             raise ValueError(f"{what}[{index}] is an empty string")
     return texts
+
+
+class _NoProgress:
+    """What ``encoding_progress`` gives when no bar is shown (tqdm is not even imported)."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def encoding_progress(total: int, show: bool) -> Any:
+    """A tqdm bar over ``total`` texts, or a no-op when ``show`` is False (a one-line query imports no tqdm)."""
+    if not show:
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="encoding", unit="text")
 
 
 def reservoir_sample(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
@@ -255,9 +276,25 @@ class ShapedEncoder:
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
         self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
-        if getattr(self.backbone, "distill_report", None):
+        if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
             self.metadata["distill"] = self.backbone.distill_report
+            if self._fold_in_place():
+                return None  # raw vectors of the unfolded chain do not apply to the folded encoder
         return raw
+
+    def _fold_in_place(self) -> bool:
+        """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
+        chain folds; returns whether it did."""
+        from isotrope.fold import FoldError, fold_encoder
+
+        try:
+            folded = fold_encoder(self)
+        except FoldError as error:
+            logger.info("fast: the chain is kept unfolded: %s", error)
+            return False
+        self.backbone, self.weighting, self.transforms = folded.backbone, folded.weighting, folded.transforms
+        self.metadata = folded.metadata
+        return True
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
         """Token statistics of ``texts`` in the backbone's vocabulary."""
@@ -288,8 +325,16 @@ class ShapedEncoder:
         if not hasattr(self.weighting, "weights_"):
             self.check_is_fitted()
         output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
+        pool_mean = getattr(self.backbone, "pool_mean", None)
+        if pool_mean is not None and self.pooling == "mean":  # a folded table: no padded batches
+            step = max(batch_size or self.batch_size, 1024)
+            with encoding_progress(len(texts), show_progress) as progress:
+                for begin in range(0, len(texts), step):
+                    output[begin : begin + step] = pool_mean(texts[begin : begin + step], self.weighting.weights_)
+                    progress.update(len(texts[begin : begin + step]))
+            return output
         batches = self.backbone.iter_batches(texts, kind, batch_size or self.batch_size, self.max_batch_tokens)
-        with tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress) as progress:
+        with encoding_progress(len(texts), show_progress) as progress:
             for index, batch in batches:
                 weights = self.weighting.token_weights(batch.input_ids)
                 output[index] = pool(batch.states, batch.attention_mask, self.pooling, weights, batch.target_index)

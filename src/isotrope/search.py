@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
-from isotrope.persist import SPEC_FILE
+from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
 from isotrope.stores.filters import parse_where
 
@@ -103,11 +103,14 @@ class Collection:
         recorded = store.properties.get("fingerprint")
         if encoder is None:
             encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)
-        if encoder.fingerprint != recorded:
+            fingerprint = read_spec(path / ENCODER_DIR)["fingerprint"]  # load checked the arrays against it
+        else:
+            fingerprint = encoder.fingerprint
+        if fingerprint != recorded:
             store.close()
             raise EncoderMismatchError(
                 f"store {path} was written by encoder {recorded} but the encoder given has fingerprint "
-                f"{encoder.fingerprint}; vectors from different shapings are not comparable"
+                f"{fingerprint}; vectors from different shapings are not comparable"
             )
         return cls(store, encoder, path, kind)
 

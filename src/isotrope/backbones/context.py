@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from isotrope.backbones.base import TokenBatch, TokenizedBackbone
 
@@ -18,30 +17,33 @@ class ContextSums:
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
-        self.sums: torch.Tensor | None = None
-        self.counts = torch.zeros(vocab_size, dtype=torch.float64)
+        self.sums: np.ndarray | None = None
+        self.counts = np.zeros(vocab_size, dtype=np.float64)
         self.norm_sum = 0.0
 
     def add(self, batch: TokenBatch, rows: np.ndarray | None = None) -> None:
         """Add the real, non-special tokens of ``batch`` (only its ``rows`` when given)."""
+        from scipy import sparse
+
         keep = batch.attention_mask & ~batch.special_mask
         if rows is not None:
             keep = keep & np.isin(np.arange(len(keep)), rows)[:, None]
-        ids = torch.from_numpy(batch.input_ids[keep])
+        ids, states = batch.input_ids[keep], batch.states[keep].astype(np.float64)
         if self.sums is None:
-            self.sums = torch.zeros((self.vocab_size, batch.states.shape[2]), dtype=torch.float64)
-        self.sums.index_add_(0, ids, torch.from_numpy(batch.states[keep]).double())
-        self.counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64))
-        self.norm_sum += float(np.linalg.norm(batch.states[keep], axis=1).sum())
+            self.sums = np.zeros((self.vocab_size, batch.states.shape[2]), dtype=np.float64)
+        scatter = sparse.csr_matrix((np.ones(len(ids)), (ids, np.arange(len(ids)))), shape=(self.vocab_size, len(ids)))
+        self.sums += scatter @ states
+        self.counts += np.bincount(ids, minlength=self.vocab_size)
+        self.norm_sum += float(np.linalg.norm(states, axis=1).sum())
 
     def table(self) -> np.ndarray:
         """Mean state of every token, float32 (V, d); tokens never seen get a zero row."""
         if self.sums is None:
             raise ValueError("context table: no texts to average over")
         seen = self.counts > 0
-        table = torch.zeros_like(self.sums)
+        table = np.zeros_like(self.sums)
         table[seen] = self.sums[seen] / self.counts[seen, None]
-        return table.float().numpy()
+        return table.astype(np.float32)
 
     @property
     def mean_norm(self) -> float:

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
-from isotrope.backbones.resolve import resolve_model_path
+from isotrope.backbones.resolve import require_transformers, resolve_model_path
 from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
@@ -22,8 +21,9 @@ UNK, PAD = "[UNK]", "[PAD]"
 PACKAGED_GLOVE = "glove-6b-50d"
 
 
-def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """Lower-casing word tokenizer (BERT pre-tokenisation) over ``words`` + [UNK] + [PAD]."""
+def word_level_tokenizer(words: list[str]) -> Any:
+    """Lower-casing word tokenizer (BERT pre-tokenisation) over ``words`` + [UNK] + [PAD]
+    (a transformers ``PreTrainedTokenizerFast``)."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers
     from tokenizers.models import WordLevel
 
@@ -33,6 +33,7 @@ def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     core = Tokenizer(WordLevel(vocab, unk_token=UNK))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    PreTrainedTokenizerFast = require_transformers("word-vector tables").PreTrainedTokenizerFast
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token=UNK, pad_token=PAD, model_max_length=1 << 20)
 
 
@@ -82,9 +83,7 @@ def _packaged_glove() -> tuple[list[str], np.ndarray]:
 
 
 def _input_embeddings(model: str) -> np.ndarray:
-    from transformers import AutoModel
-
-    backbone = AutoModel.from_pretrained(resolve_model_path(model))
+    backbone = require_transformers(f"static:{model}").AutoModel.from_pretrained(resolve_model_path(model))
     return backbone.get_input_embeddings().weight.detach().float().numpy().copy()
 
 
@@ -128,6 +127,7 @@ class StaticBackbone(TokenizedBackbone):
     def _assemble(self) -> None:
         if self.needs_fit:
             self.table = None
+            AutoConfig = require_transformers(self.source).AutoConfig
             self.dim = sum(int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
                            if table is None else table.shape[1] for part, table in zip(self._parts, self._tables))
             return
@@ -165,12 +165,13 @@ class StaticBackbone(TokenizedBackbone):
     def _load(self, source: str) -> tuple[Any, np.ndarray | None]:
         if source.startswith(("static:", "random:", "context:", "fast:")):
             kind, model = source.split(":", 1)
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+            transformers = require_transformers(source)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path(model))
             if kind == "static":
                 return tokenizer, _input_embeddings(model)
             if kind in ("context", "fast"):
                 return tokenizer, None
-            config = AutoConfig.from_pretrained(resolve_model_path(model))
+            config = transformers.AutoConfig.from_pretrained(resolve_model_path(model))
             rng = np.random.default_rng(self.seed)
             return tokenizer, rng.standard_normal((config.vocab_size, config.hidden_size), dtype=np.float32)
         if source == PACKAGED_GLOVE:
