@@ -39,7 +39,8 @@ def test_conjugate_gradients_match_dense_least_squares():
     dense /= dense.sum(axis=1, keepdims=True)
     targets, prior = rng.standard_normal((n, dim)), rng.standard_normal((vocab, dim))
 
-    solved = solve_table(sparse.csr_matrix(dense), targets, prior, lam, iterations=2000, tol=1e-12)
+    solved = solve_table(sparse.csr_matrix(dense), targets, prior, lam, iterations=2000, tol=1e-12, dtype=np.float64)
+    default = solve_table(sparse.csr_matrix(dense), targets, prior, lam, iterations=2000, tol=1e-6)  # float32
 
     used = np.flatnonzero(dense.any(axis=0))
     stacked = np.vstack([dense[:, used], np.sqrt(lam) * np.eye(len(used))])
@@ -47,6 +48,7 @@ def test_conjugate_gradients_match_dense_least_squares():
     reference = np.linalg.lstsq(stacked, rhs, rcond=None)[0]
     np.testing.assert_allclose(solved[used], reference, rtol=1e-6, atol=1e-8)
     np.testing.assert_array_equal(solved[[3, 17]], prior[[3, 17]])
+    np.testing.assert_allclose(default[used], reference, rtol=1e-3, atol=1e-4)
 
 
 def test_conjugate_gradients_need_a_positive_lambda():
