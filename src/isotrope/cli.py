@@ -20,7 +20,10 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
-Model = Annotated[str, typer.Option("--model", "-m", help="HF name/path, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+Model = Annotated[str, typer.Option("--model", "-m", help="HF name/path, fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+OptionalModel = Annotated[Optional[str], typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+DistillSamples = Annotated[Optional[int], typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
+EncoderDir = Annotated[Optional[Path], typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
 Shape = Annotated[str, typer.Option("--shape", "-s", help="preset (none, center, abtt, whiten, whiten-partial, quantile, flow) or a chain like 'center,abtt(3),l2'")]
 Pooling = Annotated[str, typer.Option(help="cls, mean, max, mean_sqrt_len, weighted_mean, last_token, mask")]
 Layers = Annotated[str, typer.Option(help="last, first_last, an index or a comma list (HF indexing: 0 = embeddings)")]
@@ -58,14 +61,27 @@ def encoder_options(
     max_length: int | None,
     token_prepending: bool = False,
     tp_layers: str | None = None,
+    distill_samples: int | None = None,
 ) -> dict:
     """Keyword arguments of ShapedEncoder.create from the shared CLI options."""
     return {
         "model": model, "shape": shape, "pooling": pooling, "layers": layers, "prompt": prompt,
         "weights": weights, "frequencies": frequencies, "drop_top": drop_top,
         "exclude_special": exclude_special, "exclude_punctuation": exclude_punctuation, "max_length": max_length,
-        "token_prepending": token_prepending, "tp_layers": tp_layers,
+        "token_prepending": token_prepending, "tp_layers": tp_layers, "distill_samples": distill_samples,
     }
+
+
+def load_saved_encoder(encoder_dir: Path | None, model: str | None, shape: str | None) -> object | None:
+    """The encoder of ``--encoder DIR`` (None without it); it cannot be combined with --model/--shape."""
+    if encoder_dir is None:
+        return None
+    if model is not None or shape is not None:
+        given = " and ".join(name for name, value in (("--model", model), ("--shape", shape)) if value is not None)
+        raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes the model and shaping; drop {given}")
+    from isotrope.encoder import ShapedEncoder
+
+    return ShapedEncoder.load(encoder_dir)
 
 
 @app.command()
@@ -73,7 +89,7 @@ def fit(
     corpus: Annotated[Path, typer.Argument(help="text file (one text a line) or .jsonl with a text field; .gz allowed")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
     model: Model = "all-MiniLM-L6-v2",
-    shape: Shape = "none",
+    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -87,13 +103,16 @@ def fit(
     text_field: TextField = "text",
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
+    distill_samples: DistillSamples = None,
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
-    from isotrope.encoder import ShapedEncoder
+    from isotrope.encoder import ShapedEncoder, resolve_shape
 
+    shape = resolve_shape(model, shape)
     options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
-                              exclude_special, exclude_punctuation, max_length, token_prepending, tp_layers)
+                              exclude_special, exclude_punctuation, max_length,
+                              token_prepending, tp_layers, distill_samples)
     if shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
@@ -148,8 +167,10 @@ def _print_hits(hits: list, as_json: bool) -> None:
 def index(
     source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
     store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
-    model: Model = "all-MiniLM-L6-v2",
+    model: OptionalModel = None,
     shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
+    encoder_dir: EncoderDir = None,
+    distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
     weights: Weights = "uniform",
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
@@ -166,16 +187,20 @@ def index(
     tp_layers: TPLayers = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
+    from isotrope.encoder import DEFAULT_MODEL
     from isotrope.ingest.pipeline import index_documents
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
-    encoder_options = {"model": model, "shape": shape, "pooling": pooling, "weights": weights}
+    saved = load_saved_encoder(encoder_dir, model, shape)
+    wanted = {"model": model or DEFAULT_MODEL, "shape": shape, "pooling": pooling, "weights": weights}
+    if distill_samples is not None:
+        wanted["distill_samples"] = distill_samples
     if token_prepending or tp_layers:
-        encoder_options.update(token_prepending=token_prepending, tp_layers=tp_layers)
-    options = dict(encoder_options=encoder_options,
+        wanted.update(token_prepending=token_prepending, tp_layers=tp_layers)
+    options = dict(encoder=saved, encoder_options={} if saved else wanted,
                    store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
@@ -252,8 +277,10 @@ def demo(
 @app.command("eval")
 def evaluate(
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
-    model: Model = "all-MiniLM-L6-v2",
-    shape: Shape = "none",
+    model: OptionalModel = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    encoder_dir: EncoderDir = None,
+    distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -287,15 +314,21 @@ def evaluate(
     fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
+    from isotrope.encoder import DEFAULT_MODEL, resolve_shape
     from isotrope.evaluate.commands import evaluate as run_evaluation
     from isotrope.evaluate.commands import write_json
     from isotrope.evaluate.harness import Evaluator, Recipe
 
-    recipe = Recipe(model=model, shape=shape, pooling=pooling, layers=layers, prompt=prompt, weights=weights,
-                    frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
-                    exclude_punctuation=exclude_punctuation, token_prepending=token_prepending, tp_layers=tp_layers)
+    saved = load_saved_encoder(encoder_dir, model, shape)
+    if saved is not None:
+        model, shape = f"saved encoder {encoder_dir}", saved.shape
+    model = model or DEFAULT_MODEL
+    recipe = Recipe(model=model, shape=resolve_shape(model, shape), pooling=pooling, layers=layers, prompt=prompt,
+                    weights=weights, frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
+                    exclude_punctuation=exclude_punctuation, distill_samples=distill_samples,
+                    token_prepending=token_prepending, tp_layers=tp_layers)
     result = run_evaluation(
-        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
+        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
         limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
         modes=_comma_list(mode), stores=_comma_list(store_kind), alpha=alpha, fusion=fusion,

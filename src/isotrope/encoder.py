@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.distill import fast_source
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform
@@ -32,6 +33,14 @@ def default_shape(model: str) -> str:
     half a point from no shaping on a trained model), partial whitening for a static table
     (+10 to +15 points over none)."""
     return STATIC_DEFAULT_SHAPE if is_static_source(model) else DEFAULT_SHAPE
+
+
+def resolve_shape(model: str, shape: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]]:
+    """The shaping asked for; when none is, ``none`` except for ``fast``, whose recipe includes
+    ``whiten-partial``."""
+    if shape is not None:
+        return shape
+    return STATIC_DEFAULT_SHAPE if fast_source(model) else "none"
 
 
 def check_texts(texts: Any, what: str = "texts") -> list[str]:
@@ -118,7 +127,7 @@ class ShapedEncoder:
         cls,
         model: str = DEFAULT_MODEL,
         *,
-        shape: str | list[dict[str, Any]] = "none",
+        shape: str | list[dict[str, Any]] | None = None,
         pooling: str = "mean",
         layers: Any = "last",
         prompt: str | None = None,
@@ -133,6 +142,7 @@ class ShapedEncoder:
         backbone: Backbone | None = None,
         token_prepending: bool = False,
         tp_layers: Any = None,
+        distill_samples: int | None = None,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
@@ -141,12 +151,23 @@ class ShapedEncoder:
         static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
         ``token_prepending`` (causal LMs) adds Token Prepending over decoder layers
         ``tp_layers`` (``"START:END"`` or a pair; default 1 to a quarter of the depth).
+        ``fast`` / ``fast:<teacher>``: a static table distilled from the transformer (default
+        all-MiniLM-L6-v2) on a sample of at most ``distill_samples`` fit texts; its shaping
+        defaults to ``whiten-partial``, every other model's to ``none``.
         """
+        shape = resolve_shape(model, shape)
+        model = fast_source(model) or model
         static = is_static_source(model)
+        if distill_samples is not None and not model.startswith("fast:"):
+            raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
         if static:
             backbone_config: dict[str, Any] = {"type": "static", "source": model}
             if max_length:
                 backbone_config["max_length"] = max_length
+            if distill_samples is not None:
+                if distill_samples < 1:
+                    raise ValueError(f"distill_samples must be at least 1, got {distill_samples}")
+                backbone_config["distill_samples"] = distill_samples
         else:
             name, _, extra = model.partition("+")
             if extra and extra != f"context:{name}":
@@ -257,7 +278,7 @@ class ShapedEncoder:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
         if self.backbone.needs_fit:
-            self.backbone.fit(sample)
+            self.backbone.fit(sample, show_progress=show_progress)
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
         self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
         raw = None
@@ -265,7 +286,25 @@ class ShapedEncoder:
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
         self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
+            self.metadata["distill"] = self.backbone.distill_report
+            if self._fold_in_place():
+                return None  # raw vectors of the unfolded chain do not apply to the folded encoder
         return raw
+
+    def _fold_in_place(self) -> bool:
+        """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
+        chain folds; returns whether it did."""
+        from isotrope.fold import FoldError, fold_encoder
+
+        try:
+            folded = fold_encoder(self)
+        except FoldError as error:
+            logger.info("fast: the chain is kept unfolded: %s", error)
+            return False
+        self.backbone, self.weighting, self.transforms = folded.backbone, folded.weighting, folded.transforms
+        self.metadata = folded.metadata
+        return True
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
         """Token statistics of ``texts`` in the backbone's vocabulary."""

@@ -20,7 +20,7 @@ def is_static_source(model: str) -> bool:
 
 
 def _is_static_part(part: str) -> bool:
-    return part.startswith(("static:", "random:", "context:")) or part == PACKAGED_GLOVE or part.endswith(
+    return part.startswith(("static:", "random:", "context:", "fast:")) or part in (PACKAGED_GLOVE, "fast") or part.endswith(
         (".txt", ".vec", ".txt.gz", ".vec.gz")
     )
 

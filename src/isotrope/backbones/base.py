@@ -83,7 +83,7 @@ class TokenizedBackbone:
     #: True while the backbone has statistics to compute from the fit corpus (context tables)
     needs_fit = False
 
-    def fit(self, texts: Sequence[str]) -> TokenizedBackbone:
+    def fit(self, texts: Sequence[str], show_progress: bool = False) -> TokenizedBackbone:
         """Compute corpus statistics the backbone needs; nothing by default."""
         return self
 
