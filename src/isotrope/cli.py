@@ -20,7 +20,10 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
-Model = Annotated[str, typer.Option("--model", "-m", help="HF name/path, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+Model = Annotated[str, typer.Option("--model", "-m", help="HF name/path, fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+OptionalModel = Annotated[Optional[str], typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+DistillSamples = Annotated[Optional[int], typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
+EncoderDir = Annotated[Optional[Path], typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
 Shape = Annotated[str, typer.Option("--shape", "-s", help="preset (none, center, abtt, whiten, whiten-partial, quantile, flow) or a chain like 'center,abtt(3),l2'")]
 Pooling = Annotated[str, typer.Option(help="cls, mean, max, mean_sqrt_len, weighted_mean, last_token, mask")]
 Layers = Annotated[str, typer.Option(help="last, first_last, an index or a comma list (HF indexing: 0 = embeddings)")]
@@ -52,13 +55,27 @@ def encoder_options(
     exclude_special: bool | None,
     exclude_punctuation: bool,
     max_length: int | None,
+    distill_samples: int | None = None,
 ) -> dict:
     """Keyword arguments of ShapedEncoder.create from the shared CLI options."""
     return {
         "model": model, "shape": shape, "pooling": pooling, "layers": layers, "prompt": prompt,
         "weights": weights, "frequencies": frequencies, "drop_top": drop_top,
         "exclude_special": exclude_special, "exclude_punctuation": exclude_punctuation, "max_length": max_length,
+        "distill_samples": distill_samples,
     }
+
+
+def load_saved_encoder(encoder_dir: Path | None, model: str | None, shape: str | None) -> object | None:
+    """The encoder of ``--encoder DIR`` (None without it); it cannot be combined with --model/--shape."""
+    if encoder_dir is None:
+        return None
+    if model is not None or shape is not None:
+        given = " and ".join(name for name, value in (("--model", model), ("--shape", shape)) if value is not None)
+        raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes the model and shaping; drop {given}")
+    from isotrope.encoder import ShapedEncoder
+
+    return ShapedEncoder.load(encoder_dir)
 
 
 @app.command()
@@ -66,7 +83,7 @@ def fit(
     corpus: Annotated[Path, typer.Argument(help="text file (one text a line) or .jsonl with a text field; .gz allowed")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
     model: Model = "all-MiniLM-L6-v2",
-    shape: Shape = "none",
+    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -78,13 +95,15 @@ def fit(
     max_length: Annotated[Optional[int], typer.Option(help="max tokens per text")] = None,
     max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
     text_field: TextField = "text",
+    distill_samples: DistillSamples = None,
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
-    from isotrope.encoder import ShapedEncoder
+    from isotrope.encoder import ShapedEncoder, resolve_shape
 
+    shape = resolve_shape(model, shape)
     options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
-                              exclude_special, exclude_punctuation, max_length)
+                              exclude_special, exclude_punctuation, max_length, distill_samples)
     if shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
@@ -139,8 +158,10 @@ def _print_hits(hits: list, as_json: bool) -> None:
 def index(
     source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
     store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
-    model: Model = "all-MiniLM-L6-v2",
+    model: OptionalModel = None,
     shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
+    encoder_dir: EncoderDir = None,
+    distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
     weights: Weights = "uniform",
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
@@ -155,13 +176,18 @@ def index(
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
+    from isotrope.encoder import DEFAULT_MODEL
     from isotrope.ingest.pipeline import index_documents
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
-    options = dict(encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
+    saved = load_saved_encoder(encoder_dir, model, shape)
+    wanted = {"model": model or DEFAULT_MODEL, "shape": shape, "pooling": pooling, "weights": weights}
+    if distill_samples is not None:
+        wanted["distill_samples"] = distill_samples
+    options = dict(encoder=saved, encoder_options={} if saved else wanted,
                    store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
@@ -235,8 +261,10 @@ def demo(
 @app.command("eval")
 def evaluate(
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
-    model: Model = "all-MiniLM-L6-v2",
-    shape: Shape = "none",
+    model: OptionalModel = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    encoder_dir: EncoderDir = None,
+    distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -264,15 +292,20 @@ def evaluate(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
+    from isotrope.encoder import DEFAULT_MODEL, resolve_shape
     from isotrope.evaluate.commands import evaluate as run_evaluation
     from isotrope.evaluate.commands import write_json
     from isotrope.evaluate.harness import Evaluator, Recipe
 
-    recipe = Recipe(model=model, shape=shape, pooling=pooling, layers=layers, prompt=prompt, weights=weights,
-                    frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
-                    exclude_punctuation=exclude_punctuation)
+    saved = load_saved_encoder(encoder_dir, model, shape)
+    if saved is not None:
+        model, shape = f"saved encoder {encoder_dir}", saved.shape
+    model = model or DEFAULT_MODEL
+    recipe = Recipe(model=model, shape=resolve_shape(model, shape), pooling=pooling, layers=layers, prompt=prompt,
+                    weights=weights, frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
+                    exclude_punctuation=exclude_punctuation, distill_samples=distill_samples)
     result = run_evaluation(
-        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
+        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
         limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
     )
@@ -294,10 +327,9 @@ def sweep(
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    # quiet transformers (if a command loads it) without importing it: a folded encoder never does
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(standalone_mode=False)
     except SystemExit:

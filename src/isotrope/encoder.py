@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.distill import fast_source
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform
@@ -35,6 +35,14 @@ def default_shape(model: str) -> str:
     return STATIC_DEFAULT_SHAPE if is_static_source(model) else DEFAULT_SHAPE
 
 
+def resolve_shape(model: str, shape: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]]:
+    """The shaping asked for; when none is, ``none`` except for ``fast``, whose recipe includes
+    ``whiten-partial``."""
+    if shape is not None:
+        return shape
+    return STATIC_DEFAULT_SHAPE if fast_source(model) else "none"
+
+
 def check_texts(texts: Any, what: str = "texts") -> list[str]:
     """A non-empty list of non-empty strings, or a ValueError/TypeError naming the bad item."""
     if isinstance(texts, str):
@@ -48,6 +56,28 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
         if not text.strip():
             raise ValueError(f"{what}[{index}] is an empty string")
     return texts
+
+
+class _NoProgress:
+    """What ``encoding_progress`` gives when no bar is shown (tqdm is not even imported)."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def encoding_progress(total: int, show: bool) -> Any:
+    """A tqdm bar over ``total`` texts, or a no-op when ``show`` is False (a one-line query imports no tqdm)."""
+    if not show:
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="encoding", unit="text")
 
 
 def reservoir_sample(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
@@ -97,7 +127,7 @@ class ShapedEncoder:
         cls,
         model: str = DEFAULT_MODEL,
         *,
-        shape: str | list[dict[str, Any]] = "none",
+        shape: str | list[dict[str, Any]] | None = None,
         pooling: str = "mean",
         layers: Any = "last",
         prompt: str | None = None,
@@ -110,18 +140,30 @@ class ShapedEncoder:
         device: str = "auto",
         batch_size: int = 64,
         backbone: Backbone | None = None,
+        distill_samples: int | None = None,
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
         ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
         ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
         static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
+        ``fast`` / ``fast:<teacher>``: a static table distilled from the transformer (default
+        all-MiniLM-L6-v2) on a sample of at most ``distill_samples`` fit texts; its shaping
+        defaults to ``whiten-partial``, every other model's to ``none``.
         """
+        shape = resolve_shape(model, shape)
+        model = fast_source(model) or model
         static = is_static_source(model)
+        if distill_samples is not None and not model.startswith("fast:"):
+            raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
         if static:
             backbone_config: dict[str, Any] = {"type": "static", "source": model}
             if max_length:
                 backbone_config["max_length"] = max_length
+            if distill_samples is not None:
+                if distill_samples < 1:
+                    raise ValueError(f"distill_samples must be at least 1, got {distill_samples}")
+                backbone_config["distill_samples"] = distill_samples
         else:
             name, _, extra = model.partition("+")
             if extra and extra != f"context:{name}":
@@ -226,7 +268,7 @@ class ShapedEncoder:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
         if self.backbone.needs_fit:
-            self.backbone.fit(sample)
+            self.backbone.fit(sample, show_progress=show_progress)
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
         self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
         raw = None
@@ -234,7 +276,25 @@ class ShapedEncoder:
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
         self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
+            self.metadata["distill"] = self.backbone.distill_report
+            if self._fold_in_place():
+                return None  # raw vectors of the unfolded chain do not apply to the folded encoder
         return raw
+
+    def _fold_in_place(self) -> bool:
+        """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
+        chain folds; returns whether it did."""
+        from isotrope.fold import FoldError, fold_encoder
+
+        try:
+            folded = fold_encoder(self)
+        except FoldError as error:
+            logger.info("fast: the chain is kept unfolded: %s", error)
+            return False
+        self.backbone, self.weighting, self.transforms = folded.backbone, folded.weighting, folded.transforms
+        self.metadata = folded.metadata
+        return True
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
         """Token statistics of ``texts`` in the backbone's vocabulary."""
@@ -265,8 +325,16 @@ class ShapedEncoder:
         if not hasattr(self.weighting, "weights_"):
             self.check_is_fitted()
         output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
+        pool_mean = getattr(self.backbone, "pool_mean", None)
+        if pool_mean is not None and self.pooling == "mean":  # a folded table: no padded batches
+            step = max(batch_size or self.batch_size, 1024)
+            with encoding_progress(len(texts), show_progress) as progress:
+                for begin in range(0, len(texts), step):
+                    output[begin : begin + step] = pool_mean(texts[begin : begin + step], self.weighting.weights_)
+                    progress.update(len(texts[begin : begin + step]))
+            return output
         batches = self.backbone.iter_batches(texts, kind, batch_size or self.batch_size, self.max_batch_tokens)
-        with tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress) as progress:
+        with encoding_progress(len(texts), show_progress) as progress:
             for index, batch in batches:
                 weights = self.weighting.token_weights(batch.input_ids)
                 output[index] = pool(batch.states, batch.attention_mask, self.pooling, weights, batch.target_index)

@@ -60,6 +60,9 @@ def save_encoder(encoder: ShapedEncoder, path: str | Path) -> Path:
     staging.mkdir()
     try:
         save_file({name: np.ascontiguousarray(array) for name, array in state.items()}, staging / STATE_FILE)
+        save_files = getattr(encoder.backbone, "save_files", None)
+        if save_files is not None:  # files the backbone keeps beside its arrays (a folded table's tokenizer.json)
+            save_files(staging)
         (staging / SPEC_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
         if path.exists():
             retired = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
@@ -120,7 +123,7 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
         backbone_config = dict(document["backbone"])
         if backbone_config.get("type") == "hf":
             backbone_config["device"] = device
-        backbone = make_backbone(backbone_config, _substate(state, "backbone."))
+        backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
         weighting = TokenWeighting.from_state(document["weighting"], _substate(state, "weighting."))
         transforms = []
         for index, step in enumerate(document["transforms"]):

@@ -10,7 +10,7 @@ from typing import Any
 
 from isotrope.encoder import ShapedEncoder
 from isotrope.fusion import best_per_group, check_alpha, check_mode, search_store
-from isotrope.persist import SPEC_FILE
+from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
 from isotrope.stores.filters import check_fields, parse_where
 
@@ -104,11 +104,14 @@ class Collection:
         recorded = store.properties.get("fingerprint")
         if encoder is None:
             encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)
-        if encoder.fingerprint != recorded:
+            fingerprint = read_spec(path / ENCODER_DIR)["fingerprint"]  # load checked the arrays against it
+        else:
+            fingerprint = encoder.fingerprint
+        if fingerprint != recorded:
             store.close()
             raise EncoderMismatchError(
                 f"store {path} was written by encoder {recorded} but the encoder given has fingerprint "
-                f"{encoder.fingerprint}; vectors from different shapings are not comparable"
+                f"{fingerprint}; vectors from different shapings are not comparable"
             )
         return cls(store, encoder, path, kind)
 

@@ -83,12 +83,16 @@ class TokenizedBackbone:
     #: True while the backbone has statistics to compute from the fit corpus (context tables)
     needs_fit = False
 
-    def fit(self, texts: Sequence[str]) -> TokenizedBackbone:
+    def fit(self, texts: Sequence[str], show_progress: bool = False) -> TokenizedBackbone:
         """Compute corpus statistics the backbone needs; nothing by default."""
         return self
 
     def tokenize(self, texts: Sequence[str], kind: TextKind) -> tuple[list[list[int]], list[list[int]]]:
         raise NotImplementedError
+
+    def pad_id(self) -> int:
+        """The id padded batches are filled with (masked out, so any valid id does)."""
+        return self.tokenizer.pad_token_id or 0
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         raise NotImplementedError
@@ -99,7 +103,7 @@ class TokenizedBackbone:
         """``(indices into texts, TokenBatch)`` for length-sorted batches covering all texts."""
         ids, special = self.tokenize(texts, kind)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
-        pad_id = self.tokenizer.pad_token_id or 0
+        pad_id = self.pad_id()
         for index in plan_batches(lengths, batch_size, max_tokens):
             width = int(lengths[index].max())
             input_ids = np.full((len(index), width), pad_id, dtype=np.int64)

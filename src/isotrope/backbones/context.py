@@ -6,11 +6,49 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
-from isotrope.backbones.base import TokenizedBackbone
+from isotrope.backbones.base import TokenBatch, TokenizedBackbone
 
 logger = logging.getLogger(__name__)
+
+
+class ContextSums:
+    """Running per-token sums of contextual states (special tokens left out), float64."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.sums: np.ndarray | None = None
+        self.counts = np.zeros(vocab_size, dtype=np.float64)
+        self.norm_sum = 0.0
+
+    def add(self, batch: TokenBatch, rows: np.ndarray | None = None) -> None:
+        """Add the real, non-special tokens of ``batch`` (only its ``rows`` when given)."""
+        from scipy import sparse
+
+        keep = batch.attention_mask & ~batch.special_mask
+        if rows is not None:
+            keep = keep & np.isin(np.arange(len(keep)), rows)[:, None]
+        ids, states = batch.input_ids[keep], batch.states[keep].astype(np.float64)
+        if self.sums is None:
+            self.sums = np.zeros((self.vocab_size, batch.states.shape[2]), dtype=np.float64)
+        scatter = sparse.csr_matrix((np.ones(len(ids)), (ids, np.arange(len(ids)))), shape=(self.vocab_size, len(ids)))
+        self.sums += scatter @ states
+        self.counts += np.bincount(ids, minlength=self.vocab_size)
+        self.norm_sum += float(np.linalg.norm(states, axis=1).sum())
+
+    def table(self) -> np.ndarray:
+        """Mean state of every token, float32 (V, d); tokens never seen get a zero row."""
+        if self.sums is None:
+            raise ValueError("context table: no texts to average over")
+        seen = self.counts > 0
+        table = np.zeros_like(self.sums)
+        table[seen] = self.sums[seen] / self.counts[seen, None]
+        return table.astype(np.float32)
+
+    @property
+    def mean_norm(self) -> float:
+        """Mean Euclidean norm of the token states added."""
+        return self.norm_sum / max(float(self.counts.sum()), 1.0)
 
 
 def context_average(
@@ -21,24 +59,13 @@ def context_average(
 
     Tokens never seen in ``texts`` get a zero row.
     """
-    sums: torch.Tensor | None = None
-    counts = torch.zeros(backbone.vocab_size, dtype=torch.float64)
-    norm_sum = 0.0
+    sums = ContextSums(backbone.vocab_size)
     for _, batch in backbone.iter_batches(texts, "document", batch_size, max_tokens):
-        keep = batch.attention_mask & ~batch.special_mask
-        ids = torch.from_numpy(batch.input_ids[keep])
-        if sums is None:
-            sums = torch.zeros((backbone.vocab_size, batch.states.shape[2]), dtype=torch.float64)
-        sums.index_add_(0, ids, torch.from_numpy(batch.states[keep]).double())
-        counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64))
-        norm_sum += float(np.linalg.norm(batch.states[keep], axis=1).sum())
-    if sums is None:
-        raise ValueError("context table: no texts to average over")
-    seen = counts > 0
-    logger.info("context table: %d of %d tokens seen in %d texts", int(seen.sum()), backbone.vocab_size, len(texts))
-    table = torch.zeros_like(sums)
-    table[seen] = sums[seen] / counts[seen, None]
-    return table.float().numpy(), norm_sum / max(float(counts.sum()), 1.0)
+        sums.add(batch)
+    table = sums.table()
+    logger.info("context table: %d of %d tokens seen in %d texts", int((sums.counts > 0).sum()), backbone.vocab_size,
+                len(texts))
+    return table, sums.mean_norm
 
 
 def unit_mean_norm(table: np.ndarray) -> np.ndarray:

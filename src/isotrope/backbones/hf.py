@@ -157,7 +157,7 @@ class HFBackbone(TokenizedBackbone):
         """With ``context=True`` ("BERT+Avg"), the context-averaged table comes from the fit corpus."""
         return self.context and self.context_table_ is None
 
-    def fit(self, texts: Sequence[str]) -> HFBackbone:
+    def fit(self, texts: Sequence[str], show_progress: bool = False) -> HFBackbone:
         if self.context:
             self.context_table_ = None  # forward yields the contextual states alone while fitting
             self._fitting = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -33,3 +34,21 @@ def resolve_model_path(name: str) -> str:
         else:
             return str(module.get_model_path())
     return name
+
+
+#: what to install for a transformer, a context table or a not-yet-folded static table
+TRANSFORMERS_EXTRA = "pip install 'isotrope[transformers]'"
+
+
+def require_transformers(what: str) -> ModuleType:
+    """The ``transformers`` module (with torch), or an ImportError saying which extra ``what`` needs.
+
+    Folded encoders never call this: they need only NumPy, safetensors and ``tokenizers``.
+    """
+    try:
+        import torch  # noqa: F401  (transformers' models need it; fail here with the extra to install)
+        import transformers
+    except ImportError as error:
+        raise ImportError(f"{what} needs torch and transformers ({error.name} is not installed): "
+                          f"{TRANSFORMERS_EXTRA}") from None
+    return transformers

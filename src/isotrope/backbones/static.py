@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import gzip
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
-from isotrope.backbones.resolve import resolve_model_path
+from isotrope.backbones.resolve import require_transformers, resolve_model_path
 from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
@@ -22,8 +21,9 @@ UNK, PAD = "[UNK]", "[PAD]"
 PACKAGED_GLOVE = "glove-6b-50d"
 
 
-def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """Lower-casing word tokenizer (BERT pre-tokenisation) over ``words`` + [UNK] + [PAD]."""
+def word_level_tokenizer(words: list[str]) -> Any:
+    """Lower-casing word tokenizer (BERT pre-tokenisation) over ``words`` + [UNK] + [PAD]
+    (a transformers ``PreTrainedTokenizerFast``)."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers
     from tokenizers.models import WordLevel
 
@@ -33,6 +33,7 @@ def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     core = Tokenizer(WordLevel(vocab, unk_token=UNK))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    PreTrainedTokenizerFast = require_transformers("word-vector tables").PreTrainedTokenizerFast
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token=UNK, pad_token=PAD, model_max_length=1 << 20)
 
 
@@ -82,9 +83,7 @@ def _packaged_glove() -> tuple[list[str], np.ndarray]:
 
 
 def _input_embeddings(model: str) -> np.ndarray:
-    from transformers import AutoModel
-
-    backbone = AutoModel.from_pretrained(resolve_model_path(model))
+    backbone = require_transformers(f"static:{model}").AutoModel.from_pretrained(resolve_model_path(model))
     return backbone.get_input_embeddings().weight.detach().float().numpy().copy()
 
 
@@ -96,14 +95,21 @@ class StaticBackbone(TokenizedBackbone):
     (each token's mean contextual state over the fit corpus; needs ``fit``),
     ``glove-6b-50d`` (packaged GloVe), a GloVe/word2vec text file, or several of these
     joined by ``+`` over one tokenizer, concatenated with each table scaled to unit
-    mean norm.
+    mean norm. ``fast:<model>`` is a table distilled from the transformer on the fit
+    corpus (:mod:`isotrope.distill`; needs ``fit``): the teacher runs on a seeded sample
+    of at most ``distill_samples`` fit texts.
     """
 
-    def __init__(self, source: str, seed: int = 0, max_length: int = 8192,
+    def __init__(self, source: str, seed: int = 0, max_length: int = 8192, distill_samples: int | None = None,
                  state: dict[str, np.ndarray] | None = None) -> None:
+        from isotrope.distill import DEFAULT_DISTILL_SAMPLES
+
         self.source = source
         self.seed = int(seed)
         self.max_length = int(max_length)
+        self.distill_samples = int(distill_samples or DEFAULT_DISTILL_SAMPLES)
+        #: what the distillation sampled, tried and chose (set by fit)
+        self.distill_report: dict[str, Any] = {}
         self._parts = source.split("+")
         loaded = [self._load(part) for part in self._parts]
         self.tokenizer = loaded[0][0]
@@ -112,14 +118,16 @@ class StaticBackbone(TokenizedBackbone):
             raise ValueError(f"{source!r}: concatenated tables must share one tokenizer (vocab sizes {sorted(sizes)})")
         self._tables: list[np.ndarray | None] = [table for _, table in loaded]
         for index, part in enumerate(self._parts):
-            if part.startswith("context:") and state and f"context.{index}.table_" in state:
-                self._tables[index] = np.asarray(state[f"context.{index}.table_"], dtype=np.float32)
+            for kind in ("context", "fast"):
+                if part.startswith(f"{kind}:") and state and f"{kind}.{index}.table_" in state:
+                    self._tables[index] = np.asarray(state[f"{kind}.{index}.table_"], dtype=np.float32)
         self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
         self._assemble()
 
     def _assemble(self) -> None:
         if self.needs_fit:
             self.table = None
+            AutoConfig = require_transformers(self.source).AutoConfig
             self.dim = sum(int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
                            if table is None else table.shape[1] for part, table in zip(self._parts, self._tables))
             return
@@ -129,28 +137,41 @@ class StaticBackbone(TokenizedBackbone):
 
     @property
     def needs_fit(self) -> bool:
-        """True while a context table has not been computed from a corpus."""
+        """True while a context or distilled table has not been computed from a corpus."""
         return any(table is None for table in self._tables)
 
-    def fit(self, texts: Sequence[str]) -> StaticBackbone:
-        """Compute the context-averaged tables from ``texts`` (the encoder's fit corpus)."""
-        from isotrope.backbones.hf import HFBackbone
+    def fit(self, texts: Sequence[str], teacher: Callable[[str], Any] | None = None,
+            show_progress: bool = False) -> StaticBackbone:
+        """Compute the context-averaged and distilled tables from ``texts`` (the encoder's fit corpus).
 
+        ``teacher`` maps a model name to its transformer backbone (default: load ``HFBackbone``);
+        the evaluation harness passes its cached one.
+        """
+        from isotrope.backbones.hf import HFBackbone
+        from isotrope.distill import distill_table
+
+        teacher = teacher or HFBackbone
         for index, part in enumerate(self._parts):
             if part.startswith("context:"):
-                self._tables[index] = context_average(HFBackbone(part.split(":", 1)[1]), texts)[0]
+                self._tables[index] = context_average(teacher(part.split(":", 1)[1]), texts)[0]
+            elif part.startswith("fast:"):
+                model = part.split(":", 1)[1]
+                self._tables[index], self.distill_report = distill_table(
+                    teacher(model), texts, _input_embeddings(model), samples=self.distill_samples, seed=self.seed,
+                    show_progress=show_progress)
         self._assemble()
         return self
 
     def _load(self, source: str) -> tuple[Any, np.ndarray | None]:
-        if source.startswith(("static:", "random:", "context:")):
+        if source.startswith(("static:", "random:", "context:", "fast:")):
             kind, model = source.split(":", 1)
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+            transformers = require_transformers(source)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path(model))
             if kind == "static":
                 return tokenizer, _input_embeddings(model)
-            if kind == "context":
+            if kind in ("context", "fast"):
                 return tokenizer, None
-            config = AutoConfig.from_pretrained(resolve_model_path(model))
+            config = transformers.AutoConfig.from_pretrained(resolve_model_path(model))
             rng = np.random.default_rng(self.seed)
             return tokenizer, rng.standard_normal((config.vocab_size, config.hidden_size), dtype=np.float32)
         if source == PACKAGED_GLOVE:
@@ -185,14 +206,17 @@ class StaticBackbone(TokenizedBackbone):
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"type": "static", "source": self.source, "max_length": self.max_length}
-        if self.source.startswith("random:"):
+        if self.source.startswith("random:") or "fast:" in self.source:
             config["seed"] = self.seed
+        if "fast:" in self.source:
+            config["distill_samples"] = self.distill_samples
         return config
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Context tables are fitted: they are saved with the encoder."""
-        return {f"context.{i}.table_": table for i, (part, table) in enumerate(zip(self._parts, self._tables))
-                if part.startswith("context:") and table is not None}
+        """Context and distilled tables are fitted: they are saved with the encoder."""
+        return {f"{part.split(':', 1)[0]}.{i}.table_": table
+                for i, (part, table) in enumerate(zip(self._parts, self._tables))
+                if part.startswith(("context:", "fast:")) and table is not None}
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, return_special_tokens_mask=True)

@@ -62,8 +62,8 @@ class CachedBackbone(TokenizedBackbone):
     def needs_fit(self) -> bool:
         return self.backbone.needs_fit
 
-    def fit(self, texts: Sequence[str]) -> CachedBackbone:
-        self.backbone.fit(texts)
+    def fit(self, texts: Sequence[str], show_progress: bool = False) -> CachedBackbone:
+        self.backbone.fit(texts, show_progress=show_progress)
         return self
 
     def _prefix(self) -> str:

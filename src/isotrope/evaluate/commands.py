@@ -41,7 +41,8 @@ def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), 
 def fit_report(encoder: Any, fitted_on: str) -> dict:
     """What the shaping was fitted on, and what ``--shape auto`` weighed when it chose it."""
     auto = {"auto_shape": encoder.metadata["auto_shape"]} if "auto_shape" in encoder.metadata else {}
-    return {"fitted_on": fitted_on, **auto}
+    distill = {"distill": encoder.metadata["distill"]} if "distill" in encoder.metadata else {}
+    return {"fitted_on": fitted_on, **auto, **distill}
 
 
 def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.backbones import is_static_source, make_backbone
-from isotrope.backbones.context import context_average
+from isotrope.backbones import is_static_source
 from isotrope.corpus import iter_texts
+from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.evaluate.isotropy import isotropy_report
@@ -43,9 +43,12 @@ class Recipe:
     exclude_special: bool | None = None
     exclude_punctuation: bool = False
     max_length: int | None = None
+    distill_samples: int | None = None
 
     def label(self) -> str:
         parts = [self.model, f"pool={self.pooling}"]
+        if self.distill_samples:
+            parts.append(f"distill_samples={self.distill_samples}")
         if self.layers != "last":
             parts.append(f"layers={self.layers}")
         if self.prompt:
@@ -74,6 +77,8 @@ class Evaluator:
     cache_dir: str | Path | None = None
     fit_samples: int = 20_000
     seed: int = 0
+    #: a saved, fitted encoder (``--encoder``): evaluated as it is, never refitted
+    encoder: ShapedEncoder | None = None
     _backbones: dict[str, Any] = field(default_factory=dict)
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -85,6 +90,8 @@ class Evaluator:
         ``context_corpus`` (a text file) gives the backbone's context tables their own
         corpus; weights and transforms are still fitted on ``corpus``.
         """
+        if self.encoder is not None:
+            return self.encoder, "saved encoder: " + str(self.encoder.metadata.get("fit", {}).get("fitted_on", "?"))
         if corpus is None and transductive:
             texts, fitted_on = list(dict.fromkeys(eval_texts)), "TRANSDUCTIVE: the evaluation texts"
         elif corpus is None:
@@ -106,7 +113,7 @@ class Evaluator:
             table_on = f"; context table: {context_corpus} ({len(table_texts)} texts)"
         else:
             encoder = self.build(recipe, texts)
-        tables_from_corpus = "context:" in recipe.model and context_corpus is None  # fitted even when cached
+        tables_from_corpus = ("context:" in recipe.model or bool(fast_source(recipe.model))) and context_corpus is None
         if not encoder.needs_corpus and not tables_from_corpus:
             return encoder, table_on.removeprefix("; ") or "nothing (no fitted statistics)"
         if texts is None:
@@ -140,27 +147,18 @@ class Evaluator:
 
     def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
         key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length))
-        if "context:" in recipe.model:  # the table is computed from the fit texts: one backbone per sample
-            key += hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
+        if "context:" in recipe.model or fast_source(recipe.model):  # tables from the fit texts: one per sample
+            key += repr(recipe.distill_samples) + hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
         if key not in self._backbones:
             backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
-                                            max_length=recipe.max_length).backbone
+                                            max_length=recipe.max_length, distill_samples=recipe.distill_samples).backbone
             if self.cache_dir and not is_static_source(recipe.model):
                 backbone = CachedBackbone(backbone, self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
-                backbone = self._static_with_context_tables(backbone, fit_texts)
+                # context and distilled tables computed through the cached transformer (its token states are reused)
+                backbone.fit(fit_texts, teacher=lambda name: self._backbone(Recipe(model=name), None), show_progress=True)
             self._backbones[key] = backbone
         return self._backbones[key]
-
-    def _static_with_context_tables(self, backbone: Any, fit_texts: Sequence[str]) -> Any:
-        """The static backbone with its ``context:`` tables averaged through the cached transformer
-        (as ``StaticBackbone.fit`` does, but each text's states come from the token-state cache)."""
-        state = {}
-        for index, part in enumerate(backbone.get_config()["source"].split("+")):
-            if part.startswith("context:"):
-                transformer = self._backbone(Recipe(model=part.split(":", 1)[1]), None)
-                state[f"context.{index}.table_"] = context_average(transformer, fit_texts)[0]
-        return make_backbone(backbone.get_config(), state)
 
 
 def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.ndarray]:

@@ -1,0 +1,225 @@
+"""``--model fast``: a static token table distilled from a transformer on the corpus's own texts.
+
+One teacher pass over a seeded sample of the fit texts gives, per token, its mean contextual
+state (the context-averaged table ``T0``; tokens the sample never saw get the teacher's input
+embedding mapped into that space) and, per text, its bag of tokens (``A``, rows normalised to
+sum 1: the static encoder's mean pooling) and the teacher's own sentence vector (``Y``). The
+table is then fitted to the teacher:
+
+    min_T ||A T - Y||^2 + lam ||T - T0||^2
+
+by conjugate gradients on the normal equations (one joint solve for every output dimension,
+Jacobi-preconditioned, started from ``T0``). ``lam`` is chosen on texts held aside from the fit
+by how well the static vectors (after ``whiten-partial``) rank their neighbours as the teacher
+does; the unfitted ``T0`` is kept when no ``lam`` beats it there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from isotrope.pooling import pool
+
+if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
+    from scipy import sparse
+
+    from isotrope.backbones.base import TokenizedBackbone
+    from isotrope.backbones.context import ContextSums
+
+logger = logging.getLogger(__name__)
+
+FAST = "fast"
+DEFAULT_TEACHER = "all-MiniLM-L6-v2"
+#: texts the teacher runs on by default (docs/RESULTS.md, "fast": the curve against the sample)
+DEFAULT_DISTILL_SAMPLES = 5000
+#: candidate regularisation strengths, as multiples of the mean diagonal of A^T A
+LAMBDAS = (3.0, 1.0, 0.3, 0.1)
+CG_ITERATIONS = 60
+HOLDOUT_FRACTION = 0.1
+NEIGHBOURS = 10
+
+
+def fast_source(model: str) -> str | None:
+    """``fast`` -> ``fast:all-MiniLM-L6-v2``; ``fast:<teacher>`` unchanged; None for other names."""
+    if model.lower() == FAST:
+        return f"{FAST}:{DEFAULT_TEACHER}"
+    if model.lower().startswith(f"{FAST}:"):
+        teacher = model.split(":", 1)[1]
+        if not teacher:
+            raise ValueError(f"{model!r}: name the teacher after 'fast:', e.g. fast:{DEFAULT_TEACHER}")
+        return f"{FAST}:{teacher}"
+    return None
+
+
+@dataclass
+class TeacherPass:
+    """What one pass of the teacher over the sample yields."""
+
+    bags: sparse.csr_matrix  # (n, V): each text's non-special tokens, rows summing to 1
+    vectors: np.ndarray  # (n, d) float64: the teacher's mean-pooled sentence vectors
+    fit_sums: ContextSums  # context sums over the fitting texts only
+    all_sums: ContextSums  # context sums over every sampled text
+
+
+def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray,
+                 show_progress: bool = False) -> TeacherPass:
+    """Run the teacher once over ``texts``; ``holdout`` (indices) are kept out of ``fit_sums``."""
+    from scipy import sparse
+    from tqdm.auto import tqdm
+
+    from isotrope.backbones.context import ContextSums
+
+    held = np.zeros(len(texts), dtype=bool)
+    held[holdout] = True
+    fit_sums, all_sums = ContextSums(teacher.vocab_size), ContextSums(teacher.vocab_size)
+    vectors = np.zeros((len(texts), teacher.dim), dtype=np.float64)
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    with tqdm(total=len(texts), desc="teacher pass", unit="text", disable=not show_progress) as progress:
+        for index, batch in teacher.iter_batches(texts, "document", 64, 16384):
+            all_sums.add(batch)
+            fit_sums.add(batch, rows=np.flatnonzero(~held[index]))
+            vectors[index] = pool(batch.states, batch.attention_mask, "mean")
+            keep = batch.attention_mask & ~batch.special_mask
+            for row, text_index in enumerate(index):
+                ids, counts = np.unique(batch.input_ids[row][keep[row]], return_counts=True)
+                rows.append(np.full(len(ids), text_index))
+                cols.append(ids)
+                values.append(counts / max(counts.sum(), 1))
+            progress.update(len(index))
+    bags = sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(len(texts), teacher.vocab_size))
+    return TeacherPass(bags, vectors, fit_sums, all_sums)
+
+
+def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
+    """The context-averaged table; tokens never seen get their input embedding mapped by the
+    ridge-regression map from input embeddings to context rows fitted on the seen tokens."""
+    table = sums.table().astype(np.float64)
+    seen = sums.counts > 0
+    if seen.all() or not seen.any():
+        return table
+    inputs = input_table.astype(np.float64)
+    gram = inputs[seen].T @ inputs[seen]
+    ridge = 1e-3 * np.trace(gram) / len(gram)
+    mapping = np.linalg.solve(gram + ridge * np.eye(len(gram)), inputs[seen].T @ table[seen])
+    table[~seen] = inputs[~seen] @ mapping
+    return table
+
+
+def lambda_scale(bags: sparse.spmatrix) -> float:
+    """Mean diagonal of A^T A over the tokens the texts hold: the unit of ``lam``."""
+    diagonal = np.asarray(bags.multiply(bags).sum(axis=0)).ravel()
+    return float(diagonal[diagonal > 0].mean())
+
+
+def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, lam: float,
+                iterations: int = CG_ITERATIONS, start: np.ndarray | None = None, tol: float = 1e-6) -> np.ndarray:
+    """min_T ||A T - Y||^2 + lam ||T - T0||^2 by preconditioned conjugate gradients.
+
+    Only the rows of tokens that occur in ``bags`` move; the others stay at ``T0``. The
+    normal equations (A^T A + lam I) T = A^T Y + lam T0 share one matrix across the output
+    dimensions, so all columns are solved as one block system. ``start`` warm-starts the
+    solve (default ``T0``).
+    """
+    from scipy import sparse
+    from scipy.sparse.linalg import LinearOperator, cg
+
+    if lam <= 0:
+        raise ValueError(f"lam must be positive, got {lam}")
+    bags = sparse.csr_matrix(bags, dtype=np.float64)
+    used = np.flatnonzero(bags.getnnz(axis=0))
+    a = bags[:, used].tocsr()
+    a_t = a.T.tocsr()
+    size, dim = len(used), table.shape[1]
+    prior = table[used].astype(np.float64)
+    rhs = a_t @ np.asarray(targets, dtype=np.float64) + lam * prior
+    diagonal = np.asarray(a.multiply(a).sum(axis=0)).ravel() + lam
+
+    def normal_matvec(flat: np.ndarray) -> np.ndarray:
+        block = flat.reshape(size, dim)
+        return (a_t @ (a @ block) + lam * block).ravel()
+
+    operator = LinearOperator((size * dim, size * dim), matvec=normal_matvec, dtype=np.float64)
+    jacobi = LinearOperator((size * dim, size * dim), dtype=np.float64,
+                            matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel())
+    x0 = (prior if start is None else start[used].astype(np.float64)).ravel()
+    solution, _ = cg(operator, rhs.ravel(), x0=x0, rtol=tol, maxiter=iterations, M=jacobi)
+    fitted = np.array(table, dtype=np.float64, copy=True)
+    fitted[used] = solution.reshape(size, dim)
+    return fitted
+
+
+def neighbour_agreement(train_vectors: np.ndarray, test_vectors: np.ndarray, teacher_vectors: np.ndarray,
+                        k: int = NEIGHBOURS) -> float:
+    """How often the static vectors of held-aside texts (whiten-partial fitted on ``train_vectors``)
+    find the same ``k`` nearest held-aside neighbours as the teacher's vectors, in [0, 1]."""
+    from isotrope.shapes import parse_shape
+    from isotrope.transforms import TRANSFORMS
+
+    vectors = np.asarray(test_vectors, dtype=np.float32)
+    fit = np.asarray(train_vectors, dtype=np.float32)
+    for step in parse_shape("whiten-partial"):
+        transform = TRANSFORMS[step["kind"]](**step["config"]).fit(fit)
+        fit, vectors = transform.transform(fit), transform.transform(vectors)
+    teacher = teacher_vectors / np.maximum(np.linalg.norm(teacher_vectors, axis=1, keepdims=True), 1e-12)
+    k = min(k, len(vectors) - 1)
+    static_sims, teacher_sims = vectors @ vectors.T, teacher @ teacher.T
+    np.fill_diagonal(static_sims, -np.inf)
+    np.fill_diagonal(teacher_sims, -np.inf)
+    static_top = np.argpartition(-static_sims, k, axis=1)[:, :k]
+    teacher_top = np.argpartition(-teacher_sims, k, axis=1)[:, :k]
+    overlaps = [len(np.intersect1d(mine, theirs)) for mine, theirs in zip(static_top, teacher_top)]
+    return float(np.mean(overlaps)) / k
+
+
+def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table: np.ndarray, *,
+                  samples: int = DEFAULT_DISTILL_SAMPLES, seed: int = 0, lambdas: Sequence[float] = LAMBDAS,
+                  iterations: int = CG_ITERATIONS, show_progress: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
+    """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen."""
+    rng = np.random.default_rng(seed)
+    unique = list(dict.fromkeys(texts))
+    chosen = np.sort(rng.choice(len(unique), size=min(samples, len(unique)), replace=False))
+    sample = [unique[i] for i in chosen]
+    n_held = int(min(1000, round(HOLDOUT_FRACTION * len(sample)))) if len(sample) >= 100 else 0
+    holdout = np.sort(rng.choice(len(sample), size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
+    logger.info("fast: teacher pass over %d of %d texts (%d held aside to choose the fit)", len(sample),
+                len(unique), n_held)
+    passed = teacher_pass(teacher, sample, holdout, show_progress)
+    report: dict[str, Any] = {"teacher_texts": len(sample), "held_aside": n_held}
+    if not n_held:
+        report.update(fitted=False, reason="too few texts to validate a fit: unfitted context table")
+        return initial_table(passed.all_sums, input_table).astype(np.float32), report
+    keep = np.setdiff1d(np.arange(len(sample)), holdout)
+    train_bags, test_bags = passed.bags[keep], passed.bags[holdout]
+    train_targets, test_targets = passed.vectors[keep], passed.vectors[holdout]
+    prior = initial_table(passed.fit_sums, input_table)
+    scale = lambda_scale(train_bags)
+
+    def score(table: np.ndarray) -> float:
+        return neighbour_agreement(train_bags @ table, test_bags @ table, test_targets)
+
+    scores = {"unfitted": score(prior)}
+    best, table = None, prior
+    for relative in sorted(lambdas, reverse=True):  # strongest first: each solve warm-starts the next
+        table = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
+        scores[f"{relative:g}"] = score(table)
+        logger.info("fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f)", relative, scale,
+                    scores[f"{relative:g}"], scores["unfitted"])
+        if scores[f"{relative:g}"] > scores.get(f"{best:g}" if best is not None else "unfitted"):
+            best = relative
+    report["validation"] = {name: round(value, 4) for name, value in scores.items()}
+    final_prior = initial_table(passed.all_sums, input_table)
+    if best is None:
+        report.update(fitted=False, reason="no fit beat the unfitted table on the held-aside texts")
+        logger.info("fast: keeping the unfitted context table")
+        return final_prior.astype(np.float32), report
+    report.update(fitted=True, lam=best, lam_scale=scale)
+    final = solve_table(passed.bags, passed.vectors, final_prior, best * lambda_scale(passed.bags), iterations)
+    return final.astype(np.float32), report
