@@ -181,6 +181,7 @@ class FaissStore(VectorStore):
         self._plain_params: tuple[int, int, faiss.SearchParameters | None] | None = None
         self._dirty = False
         self._mapped = False
+        self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._conn = self._connect(dim, factory, metric)
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
@@ -430,6 +431,7 @@ class FaissStore(VectorStore):
                 self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
                 if self._needs_training and self.is_exact and len(self) >= self.train_min:
                     self._index = self._rebuild()
+                    self._calibrated = False
         except BaseException:
             self._conn.execute("ROLLBACK TO isotrope_add")
             self._index = self._rebuild()
@@ -534,17 +536,22 @@ class FaissStore(VectorStore):
         if crossed or (planned != self.index_factory and n >= index_plan.REBUILD_GROWTH * max(self._built_rows, 1)):
             logger.info("%s: %d rows, building index %s", self.path, n, planned)
             self._build(planned)
+        elif not self._calibrated and not self.is_exact:  # trained by add() once it had enough rows
+            self._save_settings({"index_rows": str(n), **self.calibrate()})
+
+    def _save_settings(self, settings: dict[str, str]) -> None:
+        self._begin()
+        self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", settings.items())
+        self._built_rows = int(settings.get("index_rows", self._built_rows))
+        self._calibrated = True
 
     def _build(self, factory: str) -> None:
         """Rebuild the index from ``factory`` and calibrate its search breadth (inside the open transaction)."""
         self._use_factory(factory)
         self._index = self._rebuild()
-        self._built_rows = len(self)
-        settings = {"index_factory": factory, "index_rows": str(self._built_rows), **self.calibrate()}
-        self._begin()
-        self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", settings.items())
+        self._save_settings({"index_factory": factory, "index_rows": str(len(self)), **self.calibrate()})
 
-    def calibrate(self, target: float = index_plan.TARGET_RECALL) -> dict[str, str]:
+    def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
         """Set nprobe / efSearch to the smallest breadth reaching ``target`` recall@10 against exact search,
         with stored vectors as queries (index_plan's rule); returns the settings chosen (none for exact indexes)."""
         ivf = faiss.try_extract_index_ivf(self._index)
@@ -565,7 +572,7 @@ class FaissStore(VectorStore):
             setattr(self, name, value)
             return index_plan.drop_self(self._index.search(queries, k + 1, params=self._search_params(None))[1], own, k)
 
-        value, reached = index_plan.calibrate(ladder, search, np.array(truth))
+        value, reached = index_plan.calibrate(ladder, search, np.array(truth), target)
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
         return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
