@@ -553,32 +553,46 @@ class FaissStore(VectorStore):
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
         """Set nprobe / efSearch to the smallest breadth reaching ``target`` recall@10 against exact search,
-        with stored vectors as queries (index_plan's rule); returns the settings chosen (none for exact indexes)."""
+        with midpoints of stored vectors as queries (index_plan's rule); returns the settings chosen (none for
+        exact indexes)."""
         ivf = faiss.try_extract_index_ivf(self._index)
         hnsw = isinstance(_inner(self._index), faiss.IndexHNSW)
         if self.is_exact or (ivf is None and not hnsw):
             return {}
         n, k = len(self), index_plan.CALIBRATION_K
         keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
-        own = np.sort(np.random.default_rng(1).choice(keys, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
-        queries = np.concatenate([v for _, v in self._iter_vectors(
-            f"key IN ({','.join('?' * len(own))})", own.tolist())])
-        truth = index_plan.drop_self(index_plan.exact_neighbours(queries, self._iter_vectors(), k + 1, self.metric),
-                                     own, k)
+        chosen = np.random.default_rng(1).choice(keys, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
+        order = np.argsort(chosen)
+        stored = np.concatenate([v for _, v in self._iter_vectors(
+            f"key IN ({','.join('?' * len(chosen))})", np.sort(chosen).tolist())])
+        queries = index_plan.calibration_queries(stored[np.argsort(order)])  # back in the random order
+        truth = index_plan.exact_neighbours(queries, self._iter_vectors(), k, self.metric)
         name, ladder = ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist]) if ivf is not None \
             else ("ef_search", list(index_plan.EF_LADDER))
 
-        def search(value: int) -> list[list[int]]:
+        def search(value: int) -> np.ndarray:
             setattr(self, name, value)
-            return index_plan.drop_self(self._index.search(queries, k + 1, params=self._search_params(None))[1], own, k)
+            return self._index.search(queries, k, params=self._search_params(None))[1]
 
-        value, reached = index_plan.calibrate(ladder, search, np.array(truth), target)
+        value, reached = index_plan.calibrate(ladder, search, truth, target)
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
         return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
 
-    def optimize(self) -> None:
-        """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit."""
+    def optimize(self, factory: str | None = None) -> None:
+        """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
+
+        ``factory`` (an index_factory string or "auto") replaces the store's index type for good.
+        """
+        if factory is not None and factory != self.factory:
+            try:
+                if factory != _AUTO:
+                    faiss.index_factory(self.dim, factory)
+            except RuntimeError as error:
+                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+            self._begin()
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('factory', ?)", (factory,))
+            self.factory = factory
         n = len(self)
         self._build(index_plan.faiss_factory_for(n) if self.factory == _AUTO else self.factory)
         self._dirty = True

@@ -380,7 +380,7 @@ class LanceDBStore(VectorStore):
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
         """Set ``nprobes`` to the smallest of index_plan's ladder reaching ``target`` recall@10 against exact
-        search (stored vectors as queries, each one's own row left out); saved in the table's metadata."""
+        search (midpoints of stored vectors as queries); saved in the table's metadata."""
         if self.vector_index is None:
             return {}
         k = index_plan.CALIBRATION_K
@@ -395,17 +395,14 @@ class LanceDBStore(VectorStore):
                     yield keys, _to_numpy(batch.column("vector"), self.dim, ids, "vector")
 
         n = len(self)
-        chosen = np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False)
-        sample = self._table.to_lance().take(np.sort(chosen), columns=["id", "vector"])
-        queries = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
-        truth = index_plan.exact_neighbours(queries, batches(), k + 1, self.metric)
-        own = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
-        truth = np.array(index_plan.drop_self(truth, own, k))
+        chosen = np.random.default_rng(1).choice(n, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
+        sample = self._table.to_lance().take(chosen, columns=["id", "vector"])
+        queries = index_plan.calibration_queries(_to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector"))
+        truth = index_plan.exact_neighbours(queries, batches(), k, self.metric)
 
         def search(value: int) -> list[list[int]]:
             self.nprobes = value
-            found = [[positions[h.id] for h in hits] for hits in self.search(queries, k + 1)]
-            return index_plan.drop_self(np.array(found), own, k)
+            return [[positions[h.id] for h in hits] for hits in self.search(queries, k)]
 
         value, reached = index_plan.calibrate(index_plan.NPROBE_LADDER, search, truth, target)
         self.nprobes = value

@@ -11,8 +11,10 @@ The rules (``--index auto``, the default):
   ``num_partitions`` = sqrt(n) and ``num_sub_vectors`` = dim / 8 (refined with the exact vectors);
 - the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes``) is the smallest
   of a doubling ladder whose recall@10 against exact search, over :data:`CALIBRATION_QUERIES`
-  stored vectors used as queries (each one's own row left out), is at least :data:`TARGET_RECALL`
-  plus :data:`CALIBRATION_MARGIN` (stored vectors are easier queries than fresh ones).
+  queries made from the stored vectors, is at least :data:`TARGET_RECALL` plus
+  :data:`CALIBRATION_MARGIN`. A query is the midpoint of two random stored vectors
+  (:func:`calibration_queries`): a stored vector itself is too easy a query (an HNSW node is
+  linked to its neighbours; an IVF point sits in its own list), a midpoint is not in the index.
   It is measured when the index is built and saved with it; ``--nprobe`` / ``--ef`` override it.
 """
 
@@ -86,6 +88,7 @@ def calibrate(ladder: Sequence[int], search: Callable[[int], Sequence[Sequence[i
     return value, reached
 
 
-def drop_self(found: np.ndarray, own: np.ndarray, k: int) -> list[list[int]]:
-    """Each row's keys without the query's own key, cut to ``k``."""
-    return [[int(key) for key in row if key != me and key >= 0][:k] for row, me in zip(found, own)]
+def calibration_queries(vectors: np.ndarray) -> np.ndarray:
+    """Midpoints of consecutive pairs of ``vectors`` (2m stored vectors give m queries)."""
+    half = len(vectors) // 2
+    return ((vectors[:half] + vectors[half : 2 * half]) / 2).astype(np.float32)
