@@ -307,7 +307,9 @@ DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_pq_refine", "lancedb": "fla
 
 
 def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: list[str], threads: int,
-        search_threads: int, queries: int, single: int, batch_repeats: int, workdir: str | None, keep: bool) -> dict[str, Any]:
+        search_threads: int, queries: int, single: int, batch_repeats: int, workdir: str | None, keep: bool,
+        types: dict[str, str] | None = None) -> dict[str, Any]:
+    types = {**DEFAULT_TYPES, **(types or {})}
     result: dict[str, Any] = {"chunks": chunks, "k": K, "queries": queries, "single_queries": single,
                               "passages": f"windows of consecutive sentences of {SENTENCES}: disjoint "
                                           f"{FIRST_WINDOW}-sentence windows, then sliding windows of "
@@ -327,7 +329,7 @@ def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: lis
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
             logger.warning("%s: %s", kind, indexing)
             logger.warning("searching %s", kind)
-            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", DEFAULT_TYPES[kind],
+            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", types[kind],
                                                     *common], search_threads)
             result["stores"][kind] = {"indexing": indexing, "search": search}
             out.write_text(json.dumps(result, indent=2))
@@ -339,9 +341,39 @@ def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: lis
     return result
 
 
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The docs tables: indexing per size and store, then search per size, store and index type."""
+    lines = ["| chunks | store | index wall s | embed s | write s | chunks/s | peak RSS MB | disk B/chunk |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for result in results:
+        for kind, data in result["stores"].items():
+            ix = data["indexing"]
+            lines.append(f"| {result['chunks']:,} | {kind} | {ix['index_wall_s']:.1f} | {ix['stages_s']['embed']:.1f} | "
+                         f"{ix['stages_s']['write']:.1f} | {ix['chunks_per_s']:.0f} | {ix['peak_rss_mb']:.0f} | "
+                         f"{ix['disk_bytes_per_chunk']:.0f} |")
+    lines += ["", "| chunks | store | index | settings | build s | recall@10 | p50 ms single | bare p50 ms | "
+              "overhead single % | overhead batch % | LlamaIndex p50 ms |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for result in results:
+        for kind, data in result["stores"].items():
+            for name, row in data["search"].items():
+                if not isinstance(row, dict) or "recall_at_10" not in row:
+                    continue
+                settings = ", ".join(f"{key}={row[key]}" for key in ("nlist", "nprobe", "ef_search", "num_partitions",
+                                                                      "num_sub_vectors", "nprobes") if key in row)
+                llama = row.get("llama_index_p50_ms_single")
+                lines.append(f"| {result['chunks']:,} | {kind} | {row.get('factory', name)} | {settings} | "
+                             f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
+                             f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
+                             f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     import sys
 
+    if sys.argv[1:2] == ["--table"]:
+        print(markdown([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
+        return
     if "--child" in sys.argv:
         parser = child_parser("one step of the scale benchmark")
         parser.add_argument("--child", choices=sorted(CHILDREN), required=True)
@@ -366,11 +398,14 @@ def main() -> None:
     parser.add_argument("--batch-repeats", type=int, default=5)
     parser.add_argument("--workdir", help="where the stores are written (a temporary folder inside it)")
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
+    parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     run(args.chunks, args.data_dir, args.out, args.encoder, args.stores.split(","), args.threads,
         args.search_threads, args.queries,
-        args.single, args.batch_repeats, args.workdir, args.keep)
+        args.single, args.batch_repeats, args.workdir, args.keep,
+        {"faiss": args.faiss_types, "lancedb": args.lancedb_types})
 
 
 if __name__ == "__main__":
