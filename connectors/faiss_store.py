@@ -74,7 +74,8 @@ CREATE TABLE IF NOT EXISTS items (
     vector BLOB NOT NULL
 );
 """
-#: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer)
+#: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
+#: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
 _FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
 
 
@@ -421,7 +422,7 @@ class FaissStore(VectorStore):
             keys = self._keys(batch.ids)
             self._delete_terms(list(existing.values()))
             self._conn.executemany(
-                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(keys[i], t) for i, t in zip(batch.ids, terms)]
+                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(keys[i], t) for i, t in zip(batch.ids, terms) if t]
             )
             if existing and not self._can_remove():
                 self._index = self._refill()
@@ -477,7 +478,8 @@ class FaissStore(VectorStore):
         cursor = self._conn.execute("SELECT key, text FROM items ORDER BY key")
         while rows := cursor.fetchmany(_ADD_BATCH):
             self._conn.executemany(
-                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(key, index_text(text)) for key, text in rows]
+                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)",
+                [(key, terms) for key, text in rows if (terms := index_text(text))],
             )
 
     def build_lexical_index(self) -> None:

@@ -105,7 +105,7 @@ def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
 
 
 class LanceDBStore(VectorStore):
-    """A LanceDB table with upsert, delete, prefiltered vector search and hybrid (FTS + vector) search.
+    """A LanceDB table with upsert, delete, prefiltered vector search and lexical (BM25) search.
 
     Parameters
     ----------
@@ -122,6 +122,9 @@ class LanceDBStore(VectorStore):
     nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
         nprobes: the calibrated one of an auto index, else 20).
     """
+
+    #: a vector and a full-text query may run at the same time (hybrid search does)
+    concurrent_queries = True
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ SciFact's *train* queries only and then frozen (docs/RESULTS.md, "Hybrid retriev
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -89,13 +90,17 @@ def search_store(
     alpha: float | None = None,
     fusion: str = "convex",
     candidates: int = DEFAULT_CANDIDATES,
+    group_by: str | None = None,
 ) -> list[list[Hit]]:
     """One ranked list per query from any store: dense (``vectors``), lexical (``texts``) or both fused.
 
-    ``vectors`` may be None in lexical mode.
+    ``vectors`` may be None in lexical mode. ``group_by`` keeps the best hit per value of that metadata
+    field, searching deeper until each query has ``k`` groups or the store is exhausted.
     """
     check_mode(mode)
     k = check_k(k)
+    if group_by is not None:
+        return _grouped(store, texts, vectors, k, where, mode, alpha, fusion, candidates, group_by)
     if mode == "dense":
         return store.search(vectors, k, where=where)
     if mode == "lexical":
@@ -104,8 +109,14 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
-    dense = store.search(vectors, depth, where=where)
-    lexical = store.lexical_search(list(texts), depth, where=where)
+    if getattr(store, "concurrent_queries", False):  # the lexical query runs while the dense one does
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(store.lexical_search, list(texts), depth, where)
+            dense = store.search(vectors, depth, where=where)
+            lexical = pending.result()
+    else:
+        dense = store.search(vectors, depth, where=where)
+        lexical = store.lexical_search(list(texts), depth, where=where)
     if len(dense) != len(lexical):
         raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
     if fusion == "rrf":
@@ -125,3 +136,16 @@ def best_per_group(hits: Sequence[Hit], field: str, k: int) -> list[Hit]:
             if len(out) == k:
                 break
     return out
+
+
+def _grouped(store: Any, texts: Sequence[str], vectors: Any, k: int, where: Mapping[str, Any] | None, mode: str,
+             alpha: float | None, fusion: str, candidates: int, field: str) -> list[list[Hit]]:
+    total = max(len(store), 1)
+    fetch = max(4 * k, 50)
+    while True:
+        depth = min(fetch, total)
+        hits = search_store(store, texts, vectors, depth, where, mode, alpha, fusion, max(candidates, depth))
+        grouped = [best_per_group(row, field, k) for row in hits]
+        if depth >= total or all(len(g) == k or len(row) < depth for g, row in zip(grouped, hits)):
+            return grouped
+        fetch *= 4

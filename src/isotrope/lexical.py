@@ -49,6 +49,8 @@ def _stemmer():
 
 
 def _fold(text: str) -> str:
+    if text.isascii():
+        return text.lower()
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(c for c in decomposed if not unicodedata.combining(c)).lower()
 
@@ -80,15 +82,16 @@ def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str], idf: s
     """BM25 of each analyzed document for the distinct query ``terms`` (float64; 0 where none matches).
 
     ``idf``: ``"lucene"`` (LanceDB, bm25s) or ``"fts5"`` (SQLite's ``bm25()``, floored at 1e-6).
+    Documents without terms count in neither N nor the average length (as in both engines).
     """
     if idf not in ("lucene", "fts5"):
         raise ValueError(f"idf must be 'lucene' or 'fts5'; got {idf!r}")
-    n_docs = len(documents)
-    scores = np.zeros(n_docs)
+    scores = np.zeros(len(documents))
+    lengths = np.array([len(d) for d in documents], dtype=np.float64)
+    n_docs = int((lengths > 0).sum())
     if n_docs == 0:
         return scores
-    lengths = np.array([len(d) for d in documents], dtype=np.float64)
-    average = lengths.mean() if lengths.sum() else 1.0
+    average = lengths.sum() / n_docs
     counts = [Counter(d) for d in documents]
     for term in dict.fromkeys(terms):
         tf = np.array([c.get(term, 0) for c in counts], dtype=np.float64)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
-from isotrope.fusion import best_per_group, check_alpha, check_mode, search_store
+from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
 from isotrope.stores.filters import check_fields, parse_where
@@ -149,23 +149,8 @@ class Collection:
         if where:
             check_fields(where, self.store.metadata_fields())
         vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
-        if group_by is None:
-            hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha)
-        else:
-            hits = self._grouped(texts, vectors, k, where, mode, alpha, group_by)
+        hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha, group_by=group_by)
         return hits[0] if single else hits
-
-    def _grouped(self, texts: list[str], vectors: Any, k: int, where: Mapping[str, Any] | None, mode: str,
-                 alpha: float | None, field: str) -> list[list[Hit]]:
-        """The best hit per value of ``field``: fetch deeper until ``k`` groups or the whole store."""
-        total = len(self.store)
-        fetch = max(4 * k, 50)
-        while True:
-            hits = search_store(self.store, texts, vectors, min(fetch, max(total, 1)), where=where, mode=mode, alpha=alpha)
-            grouped = [best_per_group(row, field, k) for row in hits]
-            if fetch >= total or all(len(g) == k or len(row) < fetch for g, row in zip(grouped, hits)):
-                return grouped
-            fetch *= 4
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
