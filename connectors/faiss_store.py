@@ -551,6 +551,8 @@ class FaissStore(VectorStore):
         """Rebuild the index from ``factory`` and calibrate its search breadth (inside the open transaction)."""
         self._use_factory(factory)
         self._index = self._rebuild()
+        self._begin()  # the previous index's calibration does not describe this one
+        self._conn.execute("DELETE FROM meta WHERE key IN ('nprobe', 'ef_search', 'calibrated_recall')")
         self._save_settings({"index_factory": factory, "index_rows": str(len(self)), **self.calibrate()})
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
@@ -610,7 +612,7 @@ class FaissStore(VectorStore):
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
         if isinstance(_inner(self._index), faiss.IndexHNSW):
             info.update(hnsw_m=_inner(self._index).hnsw.nb_neighbors(1), ef_search=self.ef_search)
-        if "calibrated_recall" in meta:
+        if "calibrated_recall" in meta and not self.is_exact:
             info["calibrated_recall_at_10"] = float(meta["calibrated_recall"])
         return info
 
