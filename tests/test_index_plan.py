@@ -128,7 +128,8 @@ def test_faiss_index_is_memory_mapped_until_written(tmp_path, small_threshold):
     store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
     fill(store, data, batch=3000)
     store.close()
-    reopened = FaissStore(tmp_path / "s")
+    assert not FaissStore(tmp_path / "s")._mapped  # read into memory by default
+    reopened = FaissStore(tmp_path / "s", mmap_index=True)
     assert reopened._mapped  # IVF lists read through a memory map
     before = reopened.search(data[:3], 5)
     reopened.add(["new"], data[:1] * -1)
