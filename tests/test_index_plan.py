@@ -6,7 +6,6 @@ Recall is checked against an independent exact search (NumPy float64, full sort)
 from __future__ import annotations
 
 import json
-import sys
 
 import faiss
 import numpy as np
