@@ -33,6 +33,7 @@ import faiss
 import numpy as np
 
 from isotrope.lexical import fts5_match, index_text, query_terms
+from isotrope.stores import index_plan
 from isotrope.stores.base import (
     Hit,
     StoreFormatError,
@@ -56,6 +57,9 @@ INDEX_NAME = "index.faiss"
 _CHUNK = 900  # SQLite variables per statement
 _ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
+_TRAIN_PER_LIST = 64  # k-means sample points per IVF list (faiss asks for at least 39)
+_AUTO = "auto"
+_READ_BLOCK = 1 << 22
 #: SQLite reads the database through a memory map up to this size: looking up the rows of the
 #: hits then costs no read() system call per page
 _MMAP_BYTES = 256 * 1024 * 1024
@@ -144,16 +148,22 @@ class FaissStore(VectorStore):
     ----------
     path: the store directory (created if missing).
     dim: vector dimension; required for a new store, checked against an existing one.
-    factory: a ``faiss.index_factory`` string ("Flat", "HNSW32", "IVF64,Flat", "IVF64,PQ16", ...);
+    factory: a ``faiss.index_factory`` string ("Flat", "HNSW32", "IVF64,Flat", "IVF64,PQ16", ...)
+        or "auto" (the index follows the row count: :mod:`isotrope.stores.index_plan`);
         default "Flat" for a new store, read from an existing one.
     metric: "ip" (default), "cosine" (vectors are L2-normalised on the way in) or "l2"
         (scores are minus the squared distance).
-    nprobe / ef_search: search-time breadth of IVF and HNSW indexes.
+    nprobe / ef_search: search-time breadth of IVF and HNSW indexes (default: the breadth
+        calibrated when the index was last built, else 16 / 128).
     train_min: vectors needed before an index that needs training is trained
         (default: 39 per k-means centroid); until then search is exact.
     exact_filter_limit: a filtered search over at most this many rows of an approximate index
         is done exactly on the stored vectors instead.
     use_gpu: search on all GPUs (None: when faiss sees any); filtered search stays on the CPU.
+    mmap_index: memory-map the committed index on open (read-only, where faiss can: IVF lists,
+        flat codes) instead of reading it; it is read into memory before the first write. Off by
+        default: measured 2 to 5 times slower per single query (faiss's OnDiskInvertedLists), so
+        it is for indexes larger than the RAM to spare.
     """
 
     def __init__(
@@ -163,30 +173,42 @@ class FaissStore(VectorStore):
         factory: str | None = None,
         metric: str | None = None,
         *,
-        nprobe: int = 16,
-        ef_search: int = 128,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
         train_min: int | None = None,
         exact_filter_limit: int = 10_000,
         use_gpu: bool | None = None,
+        mmap_index: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.nprobe = nprobe
-        self.ef_search = ef_search
+        self.mmap_index = mmap_index
         self.exact_filter_limit = exact_filter_limit
         self.use_gpu = faiss.get_num_gpus() > 0 if use_gpu is None else use_gpu
         self._gpu_index: faiss.Index | None = None
         self._plain_params: tuple[int, int, faiss.SearchParameters | None] | None = None
         self._dirty = False
+        self._mapped = False
+        self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._conn = self._connect(dim, factory, metric)
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
         self.factory = meta["factory"]
         self.metric = meta["metric"]
+        self.nprobe = nprobe or int(meta.get("nprobe", 16))
+        self.ef_search = ef_search or int(meta.get("ef_search", 128))
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+        self._train_min_given = train_min
+        self._built_rows = int(meta.get("index_rows", 0))
+        self._use_factory(meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self.factory == _AUTO
+                                                         else self.factory))
+        self._index, self._mapped = self._open_index(meta.get("index_sha256"))
+
+    def _use_factory(self, factory: str) -> None:
+        """Build indexes from ``factory`` from now on."""
+        self.index_factory = factory
         fresh = self._new_index()
         self._needs_training = not fresh.is_trained
-        self.train_min = _default_train_min(fresh) if train_min is None else train_min
-        self._index = self._open_index(meta.get("index_sha256"))
+        self.train_min = _default_train_min(fresh) if self._train_min_given is None else self._train_min_given
 
     # ------------------------------------------------------------------ opening
 
@@ -205,7 +227,8 @@ class FaissStore(VectorStore):
             factory = factory or "Flat"
             metric = check_metric(metric or "ip")
             try:
-                faiss.index_factory(int(dim), factory)
+                if factory != _AUTO:
+                    faiss.index_factory(int(dim), factory)
             except RuntimeError as error:
                 raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
             self.path.mkdir(parents=True, exist_ok=True)
@@ -230,27 +253,27 @@ class FaissStore(VectorStore):
                 raise StoreFormatError(f"{self.path} was created with {name}={stored[name]}; got {name}={value}")
         return conn
 
-    def _open_index(self, digest: str | None) -> faiss.Index:
+    def _open_index(self, digest: str | None) -> tuple[faiss.Index, bool]:
+        """The committed index (memory-mapped where its type allows) and whether it is mapped; rebuilt if stale."""
         index_path = self.path / INDEX_NAME
         for stale in self.path.glob(INDEX_NAME + ".*.tmp"):
             stale.unlink()
         if digest is not None and index_path.is_file():
-            raw = index_path.read_bytes()
-            if hashlib.sha256(raw).hexdigest() == digest:
-                index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+            if _file_sha256(index_path) == digest:
+                index, mapped = _read_index(index_path, self.mmap_index)
                 if index.d == self.dim and index.ntotal == len(self):
-                    return index
+                    return index, mapped
             logger.warning("%s does not match the committed state in %s; rebuilding it", index_path, DB_NAME)
         elif len(self):
             logger.warning("%s is missing; rebuilding it from the %d stored vectors", index_path, len(self))
-        return self._rebuild()
+        return self._rebuild(), False
 
     # ------------------------------------------------------------------ the faiss index
 
     def _new_index(self) -> faiss.Index:
         """A fresh index from the factory string. Polysemous training (slow, and only useful for
         Hamming-filtered search, which this store does not use) is switched off."""
-        index = faiss.index_factory(self.dim, self.factory, self._faiss_metric)
+        index = faiss.index_factory(self.dim, self.index_factory, self._faiss_metric)
         inner = _inner(index)
         if hasattr(inner, "do_polysemous_training"):
             inner.do_polysemous_training = False
@@ -307,10 +330,12 @@ class FaissStore(VectorStore):
         return index
 
     def _training_sample(self, n: int) -> np.ndarray:
-        if n <= _TRAIN_SAMPLE:
+        ivf = faiss.try_extract_index_ivf(self._new_index())
+        size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.train_min))
+        if n <= size:
             return np.concatenate([v for _, v in self._iter_vectors()])
         keys = [k for (k,) in self._conn.execute("SELECT key FROM items").fetchall()]
-        chosen = np.random.default_rng(0).choice(keys, _TRAIN_SAMPLE, replace=False)
+        chosen = np.random.default_rng(0).choice(keys, size, replace=False)
         parts = []
         for part in _chunks(sorted(chosen.tolist())):
             parts.extend(v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part))
@@ -335,6 +360,7 @@ class FaissStore(VectorStore):
     def _index(self, index: faiss.Index) -> None:
         self._cpu_index = index
         self._plain_params = None
+        self._mapped = False
 
     def _search_params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
         """Search breadth for IVF / HNSW, plus the selector; None where there is nothing to pass.
@@ -352,6 +378,8 @@ class FaissStore(VectorStore):
     # ------------------------------------------------------------------ writing
 
     def _begin(self) -> None:
+        if self._mapped:  # a memory-mapped index is read-only: writes need it in memory
+            self._index, self._mapped = faiss.read_index(str(self.path / INDEX_NAME)), False
         if not self._conn.in_transaction:
             self._conn.execute("BEGIN IMMEDIATE")
 
@@ -410,6 +438,7 @@ class FaissStore(VectorStore):
                 self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
                 if self._needs_training and self.is_exact and len(self) >= self.train_min:
                     self._index = self._rebuild()
+                    self._calibrated = False
         except BaseException:
             self._conn.execute("ROLLBACK TO isotrope_add")
             self._index = self._rebuild()
@@ -489,20 +518,109 @@ class FaissStore(VectorStore):
         """Write the index (temp file, fsync), commit SQLite with its digest, then rename it into place."""
         if not self._dirty and not self._conn.in_transaction:
             return
-        raw = faiss.serialize_index(self._index).tobytes()
+        if self.factory == _AUTO:
+            self._follow_plan()
         tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(raw)
-            handle.flush()
+        faiss.write_index(self._index, str(tmp))  # streamed to disk: no serialized copy in memory
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         self._begin()
         self._conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (hashlib.sha256(raw).hexdigest(),)
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (_file_sha256(tmp),)
         )
         self._conn.execute("COMMIT")
         os.replace(tmp, self.path / INDEX_NAME)
         _fsync_dir(self.path)
         self._dirty = False
+
+    # ------------------------------------------------------------------ index planning
+
+    def _follow_plan(self) -> None:
+        """An auto store: switch to the planned index when the store crosses into it, and rebuild it
+        once the store has grown :data:`index_plan.REBUILD_GROWTH` times past its last build."""
+        n = len(self)
+        planned = index_plan.faiss_factory_for(n)
+        crossed = planned != self.index_factory and (self.index_factory == "Flat" or planned == "Flat")
+        if crossed or (planned != self.index_factory and n >= index_plan.REBUILD_GROWTH * max(self._built_rows, 1)):
+            logger.info("%s: %d rows, building index %s", self.path, n, planned)
+            self._build(planned)
+        elif not self._calibrated and not self.is_exact:  # trained by add() once it had enough rows
+            self._save_settings({"index_rows": str(n), **self.calibrate()})
+
+    def _save_settings(self, settings: dict[str, str]) -> None:
+        self._begin()
+        self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", settings.items())
+        self._built_rows = int(settings.get("index_rows", self._built_rows))
+        self._calibrated = True
+
+    def _build(self, factory: str) -> None:
+        """Rebuild the index from ``factory`` and calibrate its search breadth (inside the open transaction)."""
+        self._use_factory(factory)
+        self._index = self._rebuild()
+        self._begin()  # the previous index's calibration does not describe this one
+        self._conn.execute("DELETE FROM meta WHERE key IN ('nprobe', 'ef_search', 'calibrated_recall')")
+        self._save_settings({"index_factory": factory, "index_rows": str(len(self)), **self.calibrate()})
+
+    def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
+        """Set nprobe / efSearch to the smallest breadth reaching ``target`` recall@10 against exact search,
+        with midpoints of stored vectors as queries (index_plan's rule); returns the settings chosen (none for
+        exact indexes)."""
+        ivf = faiss.try_extract_index_ivf(self._index)
+        hnsw = isinstance(_inner(self._index), faiss.IndexHNSW)
+        if self.is_exact or (ivf is None and not hnsw):
+            return {}
+        n, k = len(self), index_plan.CALIBRATION_K
+        keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
+        chosen = np.random.default_rng(1).choice(keys, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
+        order = np.argsort(chosen)
+        stored = np.concatenate([v for _, v in self._iter_vectors(
+            f"key IN ({','.join('?' * len(chosen))})", np.sort(chosen).tolist())])
+        queries = index_plan.calibration_queries(stored[np.argsort(order)])  # back in the random order
+        truth = index_plan.exact_neighbours(queries, self._iter_vectors(), k, self.metric)
+        name, ladder = ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist]) if ivf is not None \
+            else ("ef_search", list(index_plan.EF_LADDER))
+
+        def search(value: int) -> np.ndarray:
+            setattr(self, name, value)
+            return self._index.search(queries, k, params=self._search_params(None))[1]
+
+        value, reached = index_plan.calibrate(ladder, search, truth, target)
+        setattr(self, name, value)
+        logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
+        return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
+
+    def optimize(self, factory: str | None = None) -> None:
+        """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
+
+        ``factory`` (an index_factory string or "auto") replaces the store's index type for good.
+        """
+        if factory is not None and factory != self.factory:
+            try:
+                if factory != _AUTO:
+                    faiss.index_factory(self.dim, factory)
+            except RuntimeError as error:
+                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+            self._begin()
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('factory', ?)", (factory,))
+            self.factory = factory
+        n = len(self)
+        self._build(index_plan.faiss_factory_for(n) if self.factory == _AUTO else self.factory)
+        self._dirty = True
+        self.commit()
+
+    def index_info(self) -> dict[str, Any]:
+        """The index type as asked and as built, and its search settings."""
+        meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        info: dict[str, Any] = {"index": self.factory, "index_built": self.index_factory,
+                                "index_exact": self.is_exact}
+        ivf = faiss.try_extract_index_ivf(self._index)
+        if ivf is not None and not self.is_exact:
+            info.update(nlist=ivf.nlist, nprobe=self.nprobe)
+        if isinstance(_inner(self._index), faiss.IndexHNSW):
+            info.update(hnsw_m=_inner(self._index).hnsw.nb_neighbors(1), ef_search=self.ef_search)
+        if "calibrated_recall" in meta and not self.is_exact:
+            info["calibrated_recall_at_10"] = float(meta["calibrated_recall"])
+        return info
 
     def close(self) -> None:
         """Close the SQLite connection; uncommitted changes are discarded."""
@@ -677,6 +795,24 @@ def _create_db(db_path: Path, settings: dict[str, str]) -> None:
         conn.close()
     os.replace(tmp, db_path)
     _fsync_dir(db_path.parent)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_READ_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
+    """The index file, memory-mapped (read-only) if asked and faiss can, else read into memory; and whether it is mapped."""
+    if mmap:
+        try:
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY), True
+        except RuntimeError:
+            logger.info("%s cannot be memory-mapped; reading it", path)
+    return faiss.read_index(str(path)), False
 
 
 def _fsync_dir(path: Path) -> None:

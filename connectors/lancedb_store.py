@@ -36,6 +36,7 @@ from lancedb.index import FTS, HnswSq, IvfPq
 from lancedb.query import FullTextOperator, MatchQuery
 
 from isotrope.lexical import index_text, query_terms
+from isotrope.stores import index_plan
 
 from isotrope.stores.base import (
     Hit,
@@ -63,6 +64,12 @@ _ID_CHUNK = 1000
 _TERMS = "terms"
 #: the table version at which the full-text index was last made exact
 _META_LEXICAL = "isotrope.lexical_index_version"
+#: the index asked for ("auto" or an index type) and the search breadth calibrated when it was built
+_META_INDEX = "isotrope.index"
+_META_NPROBES = "isotrope.nprobes"
+_META_RECALL = "isotrope.calibrated_recall"
+_META_PARAMS = "isotrope.index_params"
+_AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
 _FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
                    ascii_folding=False, max_token_length=None, with_position=False)
@@ -108,8 +115,12 @@ class LanceDBStore(VectorStore):
     metric: "cosine" (default for a new table), "ip" or "l2"; read from an existing table.
     raw_dim: dimension of the optional ``raw_vector`` column (new tables only; None: no column).
     index_threshold: rows at which an ANN index is built automatically (None: never).
-    index_type: the automatic index, "ivf_pq" or "hnsw_sq".
-    nprobes / refine_factor / ef: search-time settings used once an ANN index exists.
+    index_type: the automatic index, "ivf_pq", "hnsw_sq" or "auto" (exact below
+        :data:`index_plan.EXACT_BELOW` rows, then IVF_PQ sized from the count and rebuilt as the
+        table grows, nprobes calibrated: :mod:`isotrope.stores.index_plan`); default: the one the
+        table was created with, else "ivf_pq".
+    nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
+        nprobes: the calibrated one of an auto index, else 20).
     """
 
     #: a vector and a full-text query may run at the same time (hybrid search does)
@@ -124,18 +135,16 @@ class LanceDBStore(VectorStore):
         metric: str | None = None,
         raw_dim: int | None = None,
         index_threshold: int | None = 50_000,
-        index_type: str = "ivf_pq",
-        nprobes: int = 20,
+        index_type: str | None = None,
+        nprobes: int | None = None,
         refine_factor: int | None = 10,
         ef: int | None = None,
     ) -> None:
-        if index_type not in _INDEX_TYPES:
-            raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted(_INDEX_TYPES)}")
+        if index_type is not None and index_type not in (*_INDEX_TYPES, _AUTO):
+            raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted([*_INDEX_TYPES, _AUTO])}")
         self.path = Path(path)
         self.table_name = table
         self.index_threshold = index_threshold
-        self.index_type = index_type
-        self.nprobes = nprobes
         self.refine_factor = refine_factor
         self.ef = ef
         self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
@@ -152,6 +161,14 @@ class LanceDBStore(VectorStore):
         self.dim = schema.field("vector").type.list_size
         self.raw_dim = schema.field("raw_vector").type.list_size if "raw_vector" in schema.names else None
         self.metric = schema.metadata[_META_METRIC.encode()].decode()
+        stored = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+        self.index_type = index_type or stored.get(_META_INDEX, "ivf_pq")
+        if self.index_type == _AUTO:
+            self.index_threshold = index_plan.EXACT_BELOW
+            if stored.get(_META_INDEX) != _AUTO:
+                self._set_meta({_META_INDEX: _AUTO})
+        self.nprobes = nprobes or int(stored.get(_META_NPROBES, 20))
+        self._indexed_rows = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -342,9 +359,71 @@ class LanceDBStore(VectorStore):
         return self._index_type
 
     def _maybe_index(self) -> None:
-        if self.index_threshold is not None and self.vector_index is None and len(self) >= self.index_threshold:
-            logger.info("table %r reached %d rows: building a %s index", self.table_name, len(self), self.index_type)
+        if self.index_threshold is None:
+            return
+        n = len(self)
+        if self.vector_index is None and n >= self.index_threshold:
+            logger.info("table %r reached %d rows: building a %s index", self.table_name, n, self.index_type)
             self.create_index()
+        elif self.index_type == _AUTO and self.vector_index is not None and self._indexed_rows and \
+                n >= index_plan.REBUILD_GROWTH * self._indexed_rows:
+            logger.info("table %r grew to %d rows: rebuilding its index", self.table_name, n)
+            self.create_index()
+
+    def _set_meta(self, values: dict[str, str]) -> None:
+        self._table.to_lance().update_schema_metadata(values)
+        self._table.checkout_latest()
+
+    def _planned_config(self) -> Any:
+        distance = _LANCE_DISTANCE[self.metric]
+        if self.index_type != _AUTO:
+            return _INDEX_TYPES[self.index_type](distance_type=distance)
+        plan = index_plan.lancedb_index_for(max(len(self), index_plan.EXACT_BELOW), self.dim)
+        return IvfPq(distance_type=distance, **plan)
+
+    def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
+        """Set ``nprobes`` to the smallest of index_plan's ladder reaching ``target`` recall@10 against exact
+        search (midpoints of stored vectors as queries); saved in the table's metadata."""
+        if self.vector_index is None:
+            return {}
+        k = index_plan.CALIBRATION_K
+        positions: dict[str, int] = {}
+
+        def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for batch in self._table.to_lance().to_batches(columns=["id", "vector"], batch_size=65_536):
+                if batch.num_rows:
+                    ids = batch.column("id")
+                    keys = np.arange(len(positions), len(positions) + batch.num_rows, dtype=np.int64)
+                    positions.update(zip(ids.to_pylist(), keys.tolist()))
+                    yield keys, _to_numpy(batch.column("vector"), self.dim, ids, "vector")
+
+        n = len(self)
+        chosen = np.random.default_rng(1).choice(n, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
+        sample = self._table.to_lance().take(chosen, columns=["id", "vector"])
+        queries = index_plan.calibration_queries(_to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector"))
+        truth = index_plan.exact_neighbours(queries, batches(), k, self.metric)
+
+        def search(value: int) -> list[list[int]]:
+            self.nprobes = value
+            return [[positions[h.id] for h in hits] for hits in self.search(queries, k)]
+
+        value, reached = index_plan.calibrate(index_plan.NPROBE_LADDER, search, truth, target)
+        self.nprobes = value
+        logger.info("table %r: nprobes=%d reaches recall@10 %.3f", self.table_name, value, reached)
+        settings = {_META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"}
+        self._set_meta(settings)
+        return settings
+
+    def index_info(self) -> dict[str, Any]:
+        """The index type as asked and as built, and its search settings."""
+        meta = {k.decode(): v.decode() for k, v in (self._table.schema.metadata or {}).items()}
+        info: dict[str, Any] = {"index": self.index_type, "index_built": self.vector_index or "exact"}
+        if self.vector_index is not None:
+            info.update(json.loads(meta.get(_META_PARAMS, "{}")))
+            info.update(nprobes=self.nprobes, refine_factor=self.refine_factor)
+            if _META_RECALL in meta:
+                info["calibrated_recall_at_10"] = float(meta[_META_RECALL])
+        return info
 
     def create_index(self, config: IvfPq | HnswSq | Any | None = None) -> None:
         """Build (or rebuild) the ANN index on ``vector``.
@@ -354,7 +433,7 @@ class LanceDBStore(VectorStore):
         """
         distance = _LANCE_DISTANCE[self.metric]
         if config is None:
-            config = _INDEX_TYPES[self.index_type](distance_type=distance)
+            config = self._planned_config()
         elif getattr(config, "distance_type", distance) != distance:
             raise ValueError(
                 f"index distance_type {config.distance_type!r} does not match the store metric "
@@ -362,6 +441,12 @@ class LanceDBStore(VectorStore):
             )
         self._index_type = False
         self._table.create_index("vector", config=config, replace=True)
+        self._indexed_rows = len(self)
+        params = {name: getattr(config, name) for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
+                  if isinstance(getattr(config, name, None), int)}
+        self._set_meta({_META_PARAMS: json.dumps(params)})
+        if self.index_type == _AUTO:
+            self.calibrate()
 
     # ------------------------------------------------------------------ the lexical index
 
@@ -420,9 +505,13 @@ class LanceDBStore(VectorStore):
             self._refresh_lexical_index()
 
     def optimize(self) -> None:
-        """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``)."""
+        """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``);
+        an auto table also gets the index its size calls for, rebuilt and recalibrated."""
         self._index_type = False
         self._table.optimize()
+        self._index_type = False
+        if self.index_type == _AUTO and len(self) >= index_plan.EXACT_BELOW:
+            self.create_index()
 
     # ------------------------------------------------------------------ reading
 

@@ -177,6 +177,7 @@ def index(
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
     factory: Annotated[Optional[str], typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
+    index_kind: Annotated[str, typer.Option("--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq")] = "auto",
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
     text_field: TextField = "text",
     engine: Annotated[str, typer.Option(help="local: this process; ray: Ray tasks and embedding actors")] = "local",
@@ -192,6 +193,7 @@ def index(
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
+    store_options = _index_options(store, index_kind, factory)
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = load_saved_encoder(encoder_dir, model, shape)
@@ -201,7 +203,7 @@ def index(
     if token_prepending or tp_layers:
         wanted.update(token_prepending=token_prepending, tp_layers=tp_layers)
     options = dict(encoder=saved, encoder_options={} if saved else wanted,
-                   store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
+                   store_options=store_options, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
         from isotrope.connectors.ray import index_with_ray
@@ -215,6 +217,32 @@ def index(
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
 
 
+def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str, object]:
+    """The store options of ``--index`` (and FAISS ``--factory``, which wins)."""
+    faiss_store = store.startswith("faiss:")
+    choices = {"auto": "auto", "flat": "Flat"} if faiss_store else {"auto": "auto", "flat": None, "ivf_pq": "ivf_pq",
+                                                                     "hnsw_sq": "hnsw_sq"}
+    if index_kind not in choices:
+        raise typer.BadParameter(f"--index: choose one of {', '.join(choices)} for this store; got {index_kind!r}",
+                                 param_hint="--index")
+    if faiss_store:
+        return {"factory": factory or choices[index_kind]}
+    if index_kind == "flat":
+        return {"index_type": "ivf_pq", "index_threshold": None}
+    return {"index_type": choices[index_kind]}
+
+
+def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, int]:
+    """``--nprobe`` / ``--ef`` under the store's own option names."""
+    from isotrope.search import parse_store_uri
+
+    for name, value in (("--nprobe", nprobe), ("--ef", ef)):
+        if value is not None and value < 1:
+            raise typer.BadParameter(f"{name} must be at least 1; got {value}", param_hint=name)
+    names = ("nprobe", "ef_search") if parse_store_uri(store)[0] == "faiss" else ("nprobes", "ef")
+    return {key: value for key, value in zip(names, (nprobe, ef)) if value is not None}
+
+
 @app.command()
 def search(
     store: Store,
@@ -225,11 +253,13 @@ def search(
     mode: Annotated[str, typer.Option(help="dense (vectors), lexical (BM25) or hybrid (both fused)")] = "dense",
     alpha: Annotated[Optional[float], typer.Option(help="--mode hybrid: weight of the dense scores, 0..1")] = None,
     group_by: Annotated[Optional[str], typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
+    nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: calibrated for recall@10 >= 0.95)")] = None,
+    ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: calibrated or 128)")] = None,
 ) -> None:
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
-    with Collection.open(store) as collection:
+    with Collection.open(store, **_search_options(store, nprobe, ef)) as collection:
         _print_hits(collection.search(query, k=k, where=where, mode=mode, alpha=alpha, group_by=group_by), as_json)
 
 
@@ -242,6 +272,17 @@ def info(store: Store) -> None:
 
     with Collection.open(store) as collection:
         typer.echo(json.dumps(collection.info(), indent=2, default=str))
+
+
+@app.command()
+def optimize(store: Store) -> None:
+    """(Re)build the approximate index for the store's current size, recalibrate it, compact LanceDB."""
+    import json
+
+    from isotrope.search import Collection
+
+    with Collection.open(store) as collection:
+        typer.echo(json.dumps({"store": store, "chunks": len(collection.store), **collection.optimize()}, indent=2))
 
 
 @app.command()

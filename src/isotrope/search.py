@@ -22,6 +22,8 @@ STORE_KINDS = {
     "faiss": "isotrope.connectors.faiss_store:FaissStore",
     "lancedb": "isotrope.connectors.lancedb_store:LanceDBStore",
 }
+#: store kind -> the store option naming its index type
+INDEX_OPTION = {"faiss": "factory", "lancedb": "index_type"}
 
 
 class EncoderMismatchError(ValueError):
@@ -81,6 +83,7 @@ class Collection:
         path.mkdir(parents=True, exist_ok=True)
         if kind == "lancedb":  # keep the pre-transform vectors so the shaping can be refitted (reshape)
             store_options.setdefault("raw_dim", encoder.backbone.dim)
+        store_options.setdefault(INDEX_OPTION[kind], "auto")  # the index follows the size (stores.index_plan)
         store = _store_class(kind)(path, dim=encoder.dim, **store_options)
         store.set_properties(**describe_encoder(encoder))
         store.commit()
@@ -88,12 +91,14 @@ class Collection:
         return cls(store, encoder, path, kind)
 
     @classmethod
-    def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto") -> Collection:
-        """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints."""
+    def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto",
+             **store_options: Any) -> Collection:
+        """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints.
+        ``store_options`` go to the store (e.g. ``nprobe``/``ef_search`` for FAISS, ``nprobes``/``ef`` for LanceDB)."""
         kind, path = parse_store_uri(uri)
         if not cls.exists(uri):
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
-        store = _store_class(kind)(path)
+        store = _store_class(kind)(path, **store_options)
         from isotrope.reshape import recover_interrupted_reshape
 
         try:
@@ -149,8 +154,14 @@ class Collection:
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
+        index = self.store.index_info() if hasattr(self.store, "index_info") else {}
         return {"store": f"{self.kind}:{self.path}", "chunks": len(self.store), **self.store.properties,
-                **self.encoder.metadata}
+                **self.encoder.metadata, **index}
+
+    def optimize(self) -> dict[str, Any]:
+        """Rebuild the store's approximate index for its current size (and compact LanceDB); the new index info."""
+        self.store.optimize()
+        return self.store.index_info()
 
     def close(self) -> None:
         self.store.close()

@@ -25,7 +25,8 @@ from isotrope.shapes import format_shape, parse_shape
 
 logger = logging.getLogger(__name__)
 
-DocumentSource = str | Path | Iterable[Document]
+#: a path, documents, or a function starting a fresh pass over documents (streamed, never held in memory)
+DocumentSource = str | Path | Iterable[Document] | Callable[[], Iterable[Document]]
 
 
 @dataclass
@@ -62,6 +63,8 @@ def _document_stream(source: DocumentSource, report: IngestReport, loader_option
             report.skipped = list(load_report.skipped)
 
         return from_files
+    if callable(source):
+        return lambda: iter(source())
     documents = list(source)
     return lambda: iter(documents)
 
@@ -182,11 +185,12 @@ def _write(
     seen_documents: set[str] = set()
     pending: list[Chunk] = []
     since_commit = 0
+    committed = len(existing)
     timer = {"embed": 0.0, "write": 0.0}
     accepts_raw = getattr(store, "stores_raw_vectors", False)
 
     def flush() -> None:
-        nonlocal since_commit
+        nonlocal since_commit, committed
         if not pending:
             return
         texts = [chunk.text for chunk in pending]
@@ -204,8 +208,10 @@ def _write(
         extra = {"raw_vectors": raw} if accepts_raw else {}
         store.add([c.id for c in pending], vectors, texts, [c.metadata for c in pending], **extra)
         since_commit += len(pending)
-        if since_commit >= commit_every:
+        # commits grow with the store (a FAISS commit rewrites the whole index): O(n) work in all
+        if since_commit >= max(commit_every, committed // 4):
             store.commit()
+            committed += since_commit
             since_commit = 0
         timer["write"] += time.perf_counter() - tick
         progress.update(len(pending))

@@ -1,0 +1,412 @@
+"""Issue 22: what N chunks cost on one machine (indexing time by stage, peak RSS, disk) and how search
+scales per index type, next to the bare library on the same vectors and to LlamaIndex's FaissVectorStore.
+
+Passages are windows of consecutive sentences of ``corpus/general_english_sentences.txt.gz``
+(156k sentences): first non-overlapping 3-sentence windows (52k passages), then sliding windows
+of 2, 4, 5, 6, ... sentences (stride 1) until N passages exist; past 52k, passages overlap.
+
+    python -m benchmarks.scale --chunks 100000 --data-dir ../shared/data --out benchmarks/results/scale-100k.json
+
+Indexing runs in a child process per store (its peak RSS is the store's), through
+``index_documents`` with the encoder given by ``--encoder DIR`` (a saved, e.g. ``--model fast``,
+encoder) or else ``static:all-MiniLM-L6-v2`` with ``whiten-partial`` fitted on 20,000 passages.
+Search runs in a second child per store: each index type is built on the store's own vectors
+(``FaissStore.optimize(factory)``, ``LanceDBStore.create_index``), its breadth calibrated by the
+store (index_plan: recall@10 >= 0.95 on stored vectors), and the bare library searches the very
+index the store committed with the same settings. Single queries alternate store / bare, one query
+at a time; batches alternate whole batches. recall@10 is against exact float32 search (IndexFlatIP)
+over all stored vectors, with held-out encoded sentences as queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import child_main, child_parser, machine_info, run_child
+
+logger = logging.getLogger(__name__)
+
+SENTENCES = "corpus/general_english_sentences.txt.gz"
+K = 10
+FIT_PASSAGES = 20_000
+FIRST_WINDOW = 3
+SLIDING_WINDOWS = (2, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+ADD_BATCH = 2048
+
+
+# -- passages -------------------------------------------------------------------------
+def read_sentences(data_dir: str | Path) -> list[str]:
+    path = Path(data_dir) / SENTENCES
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [line.strip() for line in handle if line.strip()]
+
+
+def passages(sentences: list[str], n: int) -> Iterator[tuple[str, str]]:
+    """``(id, text)`` of the first ``n`` passages: disjoint 3-sentence windows, then sliding windows."""
+    made = 0
+    plans = [(FIRST_WINDOW, FIRST_WINDOW)] + [(size, 1) for size in SLIDING_WINDOWS]
+    for size, stride in plans:
+        for start in range(0, len(sentences) - size + 1, stride):
+            if made >= n:
+                return
+            yield f"w{size}s{stride}-{start}", " ".join(sentences[start : start + size])
+            made += 1
+    raise ValueError(f"the corpus makes at most {made} passages with windows {plans}; asked for {n}")
+
+
+def documents(sentences: list[str], n: int) -> Callable[[], Iterator[Any]]:
+    """A fresh, streamed pass over the passages as Documents (one chunk each)."""
+    from isotrope.ingest.loaders import Document
+
+    return lambda: (Document(source=pid, text=text) for pid, text in passages(sentences, n))
+
+
+def query_texts(sentences: list[str], count: int) -> list[str]:
+    rng = np.random.default_rng(7)
+    return [sentences[i] for i in rng.choice(len(sentences), count, replace=False)]
+
+
+# -- encoder ----------------------------------------------------------------------------
+def prepare_encoder(sentences: list[str], encoder_dir: Path | None, workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """A saved encoder folder: the one given, or the static MiniLM table fitted on passages."""
+    if encoder_dir is not None:
+        return encoder_dir, {"encoder": str(encoder_dir), "fit_s": 0.0}
+    from isotrope.encoder import ShapedEncoder
+
+    start = time.perf_counter()
+    encoder = ShapedEncoder.create(model="static:all-MiniLM-L6-v2", shape="whiten-partial")
+    encoder.fit([text for _, text in passages(sentences, FIT_PASSAGES)])
+    path = encoder.save(workdir / "encoder")
+    return path, {"encoder": "static:all-MiniLM-L6-v2 + whiten-partial, fitted on 20,000 passages",
+                  "fit_s": time.perf_counter() - start}
+
+
+# -- child: index -----------------------------------------------------------------------
+def index_child(args: argparse.Namespace) -> dict[str, Any]:
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.ingest.pipeline import index_documents
+
+    sentences = read_sentences(args.data_dir)
+    encoder = ShapedEncoder.load(args.encoder)
+    start = time.perf_counter()
+    report = index_documents(documents(sentences, args.chunks), f"{args.kind}:{args.path}", encoder=encoder,
+                             chunk_tokens=0, batch_size=ADD_BATCH, show_progress=False)
+    wall = time.perf_counter() - start
+    disk = sum(f.stat().st_size for f in Path(args.path).rglob("*") if f.is_file())
+    return {"chunks": report.added, "index_wall_s": wall, "stages_s": report.seconds,
+            "chunks_per_s": report.added / wall, "disk_bytes": disk, "disk_bytes_per_chunk": disk / report.added}
+
+
+# -- timing -----------------------------------------------------------------------------
+def time_pair(ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray,
+              single: int, batch_repeats: int) -> dict[str, Any]:
+    """Single-query and batch latencies of both sides, interleaved; p50/p99 and our overhead."""
+    for _ in range(2):  # warm-up
+        ours(queries[:1]), bare(queries[:1])
+    times: dict[str, list[float]] = {"ours": [], "bare": []}
+    for i in range(single):
+        q = queries[i % len(queries)][None, :]
+        order = (("ours", ours), ("bare", bare)) if i % 2 == 0 else (("bare", bare), ("ours", ours))
+        for side, call in order:
+            tick = time.perf_counter()
+            call(q)
+            times[side].append(time.perf_counter() - tick)
+    batch: dict[str, list[float]] = {"ours": [], "bare": []}
+    for i in range(batch_repeats):
+        order = (("ours", ours), ("bare", bare)) if i % 2 == 0 else (("bare", bare), ("ours", ours))
+        for side, call in order:
+            tick = time.perf_counter()
+            call(queries)
+            batch[side].append(time.perf_counter() - tick)
+    out: dict[str, Any] = {}
+    for side in ("ours", "bare"):
+        prefix = "" if side == "ours" else "bare_"
+        out[f"{prefix}p50_ms_single"] = 1000 * float(np.median(times[side]))
+        out[f"{prefix}p99_ms_single"] = 1000 * float(np.percentile(times[side], 99))
+        out[f"{prefix}p50_ms_batch"] = 1000 * float(np.median(batch[side]))
+        out[f"{prefix}p99_ms_batch"] = 1000 * float(np.percentile(batch[side], 99))
+    out["overhead_pct_single"] = 100 * (out["p50_ms_single"] / out["bare_p50_ms_single"] - 1)
+    out["overhead_pct_batch"] = 100 * (out["p50_ms_batch"] / out["bare_p50_ms_batch"] - 1)
+    return out
+
+
+def recall_at_10(found: list[list[int]], truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t.tolist())) / K for f, t in zip(found, truth)]))
+
+
+def single_p50_ms(call: Callable[[np.ndarray], Any], queries: np.ndarray, count: int) -> float:
+    call(queries[:1])
+    times = []
+    for i in range(count):
+        tick = time.perf_counter()
+        call(queries[i % len(queries)][None, :])
+        times.append(time.perf_counter() - tick)
+    return 1000 * float(np.median(times))
+
+
+def encoded_queries(args: argparse.Namespace) -> tuple[list[str], np.ndarray]:
+    from isotrope.encoder import ShapedEncoder
+
+    texts = query_texts(read_sentences(args.data_dir), args.queries)
+    return texts, ShapedEncoder.load(args.encoder).encode(texts, kind="query").astype(np.float32)
+
+
+def collection_p50_ms(uri: str, texts: list[str], count: int) -> float:
+    """Single-query p50 of ``Collection.search(text)``: encoding included."""
+    from isotrope.search import Collection
+
+    with Collection.open(uri) as collection:
+        collection.search(texts[0], k=K)
+        times = []
+        for i in range(count):
+            tick = time.perf_counter()
+            collection.search(texts[i % len(texts)], k=K)
+            times.append(time.perf_counter() - tick)
+    return 1000 * float(np.median(times))
+
+
+# -- child: search FAISS ----------------------------------------------------------------
+def faiss_types(n: int) -> dict[str, str]:
+    from isotrope.stores.index_plan import nlist_for
+
+    nlist = nlist_for(n)
+    return {"flat": "Flat", "ivf": f"IVF{nlist},Flat", "hnsw": "HNSW32", "ivf_sq8": f"IVF{nlist},SQ8",
+            "ivf_pq_refine": f"IVF{nlist},PQ48,RFlat"}
+
+
+def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
+    import faiss
+    from llama_index.core.vector_stores.types import VectorStoreQuery
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    from isotrope.connectors.faiss_store import FaissStore, _params_for
+
+    texts, queries = encoded_queries(args)
+    path = Path(args.path)
+    result: dict[str, Any] = {"p50_ms_single_with_encode_auto": collection_p50_ms(f"faiss:{path}", texts, args.single)}
+    store = FaissStore(path)
+    result["auto_index"] = store.index_info()
+    key_of = dict(store._conn.execute("SELECT id, key FROM items"))
+    exact = faiss.IndexIDMap2(faiss.IndexFlatIP(store.dim))
+    for keys, vectors in store._iter_vectors():
+        exact.add_with_ids(vectors, keys)
+    truth = exact.search(queries, K)[1]
+    del exact
+    for name in args.types.split(","):
+        factory = faiss_types(len(store))[name]
+        tick = time.perf_counter()
+        store.optimize(factory)
+        build_s = time.perf_counter() - tick
+        bare_index = faiss.read_index(str(path / "index.faiss"))
+        params = _params_for(bare_index, None, store.nprobe, store.ef_search)
+
+        def ours(q: np.ndarray) -> Any:
+            return store.search(q, K)
+
+        def bare(q: np.ndarray) -> Any:
+            return bare_index.search(q, K, params=params)
+
+        found = [[key_of[hit.id] for hit in hits] for hits in ours(queries)]
+        row: dict[str, Any] = {"factory": factory, "build_s": build_s, **store.index_info(),
+                               "index_bytes": (path / "index.faiss").stat().st_size,
+                               "recall_at_10": recall_at_10(found, truth),
+                               "bare_recall_at_10": recall_at_10(bare(queries)[1].tolist(), truth),
+                               **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
+        if name in ("flat", "ivf"):
+            ivf = faiss.try_extract_index_ivf(bare_index)
+            if ivf is not None:
+                ivf.nprobe = store.nprobe
+            llama = FaissVectorStore(faiss_index=bare_index)
+            row["llama_index_p50_ms_single"] = single_p50_ms(
+                lambda q: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
+                queries, args.single)
+        result[name] = row
+        logger.warning("faiss %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
+                                                                   "overhead_pct_single", "overhead_pct_batch")})
+    store.close()
+    return result
+
+
+# -- child: search LanceDB --------------------------------------------------------------
+def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
+    import faiss
+    import lancedb
+    from lancedb.index import HnswSq, IvfPq
+
+    from isotrope.connectors.lancedb_store import LanceDBStore, _to_numpy
+    from isotrope.stores import index_plan
+
+    texts, queries = encoded_queries(args)
+    path = Path(args.path)
+    result: dict[str, Any] = {"p50_ms_single_with_encode_auto": collection_p50_ms(f"lancedb:{path}", texts, args.single)}
+    store = LanceDBStore(path)
+    result["auto_index"] = store.index_info()
+    ids: list[str] = []
+    exact = faiss.IndexFlatIP(store.dim)
+    for batch in store._table.to_lance().to_batches(columns=["id", "vector"], batch_size=65_536):
+        ids.extend(batch.column("id").to_pylist())
+        exact.add(_to_numpy(batch.column("vector"), store.dim, batch.column("id"), "vector"))
+    truth = exact.search(queries, K)[1]
+    position = {i: p for p, i in enumerate(ids)}
+    del exact
+    table = lancedb.connect(path).open_table(store.table_name)
+    distance = {"ip": "dot", "cosine": "cosine", "l2": "l2"}[store.metric]
+    n = len(store)
+    for name in args.types.split(","):
+        tick = time.perf_counter()
+        if name == "flat":
+            for index in store._table.list_indices():
+                if "vector" in index.columns:
+                    store._table.drop_index(index.name)
+            store._index_type = False
+        else:
+            plan = index_plan.lancedb_index_for(max(n, index_plan.EXACT_BELOW), store.dim)
+            config = IvfPq(distance_type=distance, **plan) if name == "ivf_pq" else HnswSq(distance_type=distance)
+            store.create_index(config)
+            store.calibrate()
+        build_s = time.perf_counter() - tick
+        table.checkout_latest()
+        indexed = store.vector_index is not None
+
+        def ours(q: np.ndarray) -> Any:
+            return store.search(q, K)
+
+        def bare(q: np.ndarray) -> Any:
+            query = (table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
+                     .distance_type(distance).limit(K).select(["id", "text", "metadata", "_distance"]))
+            if indexed:
+                query = query.nprobes(store.nprobes)
+                if store.refine_factor:
+                    query = query.refine_factor(store.refine_factor)
+            return query.to_arrow()
+
+        found = [[position[hit.id] for hit in hits] for hits in ours(queries)]
+        row = {"build_s": build_s, **store.index_info(), "recall_at_10": recall_at_10(found, truth),
+               **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
+        result[name] = row
+        logger.warning("lancedb %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
+                                                                     "overhead_pct_single", "overhead_pct_batch")})
+    store.close()
+    return result
+
+
+# -- driver ---------------------------------------------------------------------------------
+CHILDREN = {"index": index_child, "search-faiss": search_faiss_child, "search-lancedb": search_lancedb_child}
+DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_pq_refine", "lancedb": "flat,ivf_pq,ivf_hnsw_sq"}
+
+
+def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: list[str], threads: int,
+        search_threads: int, queries: int, single: int, batch_repeats: int, workdir: str | None, keep: bool,
+        types: dict[str, str] | None = None) -> dict[str, Any]:
+    types = {**DEFAULT_TYPES, **(types or {})}
+    result: dict[str, Any] = {"chunks": chunks, "k": K, "queries": queries, "single_queries": single,
+                              "passages": f"windows of consecutive sentences of {SENTENCES}: disjoint "
+                                          f"{FIRST_WINDOW}-sentence windows, then sliding windows of "
+                                          f"{', '.join(map(str, SLIDING_WINDOWS))} sentences",
+                              "machine": {**machine_info(threads), "search_threads": search_threads}, "stores": {}}
+    tmp = Path(tempfile.mkdtemp(prefix="isotrope-scale-", dir=workdir))
+    try:
+        sentences = read_sentences(data_dir)
+        encoder_dir, result["encoder"] = prepare_encoder(sentences, encoder, tmp)
+        del sentences
+        for kind in stores:
+            path = tmp / f"{kind}-{chunks}"
+            common = ["--data-dir", str(data_dir), "--encoder", str(encoder_dir), "--kind", kind,
+                      "--path", str(path), "--chunks", str(chunks), "--queries", str(queries),
+                      "--single", str(single), "--batch-repeats", str(batch_repeats)]
+            logger.warning("indexing %d chunks into %s", chunks, kind)
+            indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
+            logger.warning("%s: %s", kind, indexing)
+            logger.warning("searching %s", kind)
+            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", types[kind],
+                                                    *common], search_threads)
+            result["stores"][kind] = {"indexing": indexing, "search": search}
+            out.write_text(json.dumps(result, indent=2))
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["machine"]["load_average_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+    out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The docs tables: indexing per size and store, then search per size, store and index type."""
+    lines = ["| chunks | store | index wall s | embed s | write s | chunks/s | peak RSS MB | disk B/chunk |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for result in results:
+        for kind, data in result["stores"].items():
+            ix = data["indexing"]
+            lines.append(f"| {result['chunks']:,} | {kind} | {ix['index_wall_s']:.1f} | {ix['stages_s']['embed']:.1f} | "
+                         f"{ix['stages_s']['write']:.1f} | {ix['chunks_per_s']:.0f} | {ix['peak_rss_mb']:.0f} | "
+                         f"{ix['disk_bytes_per_chunk']:.0f} |")
+    lines += ["", "| chunks | store | index | settings | build s | recall@10 | p50 ms single | bare p50 ms | "
+              "overhead single % | overhead batch % | LlamaIndex p50 ms |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for result in results:
+        for kind, data in result["stores"].items():
+            for name, row in data["search"].items():
+                if not isinstance(row, dict) or "recall_at_10" not in row:
+                    continue
+                settings = ", ".join(f"{key}={row[key]}" for key in ("nlist", "nprobe", "ef_search", "num_partitions",
+                                                                      "num_sub_vectors", "nprobes") if key in row)
+                llama = row.get("llama_index_p50_ms_single")
+                lines.append(f"| {result['chunks']:,} | {kind} | {row.get('factory', name)} | {settings} | "
+                             f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
+                             f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
+                             f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["--table"]:
+        print(markdown([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
+        return
+    if "--child" in sys.argv:
+        parser = child_parser("one step of the scale benchmark")
+        parser.add_argument("--child", choices=sorted(CHILDREN), required=True)
+        for name in ("--data-dir", "--kind", "--path", "--types"):
+            parser.add_argument(name)
+        parser.add_argument("--encoder", type=Path)
+        for name in ("--chunks", "--queries", "--single", "--batch-repeats"):
+            parser.add_argument(name, type=int)
+        child_main(parser, lambda args: CHILDREN[args.child](args))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=int, required=True)
+    parser.add_argument("--data-dir", required=True, help="the shared data folder (holds corpus/)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--encoder", type=Path, help="a saved encoder folder (e.g. fitted with --model fast)")
+    parser.add_argument("--stores", default="faiss,lancedb")
+    parser.add_argument("--threads", type=int, default=2, help="threads for indexing")
+    parser.add_argument("--search-threads", type=int, default=1,
+                        help="threads for search (1: on a shared machine, OpenMP hand-offs dominate small searches)")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--single", type=int, default=200, help="single queries timed per side")
+    parser.add_argument("--batch-repeats", type=int, default=5)
+    parser.add_argument("--workdir", help="where the stores are written (a temporary folder inside it)")
+    parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
+    parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    run(args.chunks, args.data_dir, args.out, args.encoder, args.stores.split(","), args.threads,
+        args.search_threads, args.queries,
+        args.single, args.batch_repeats, args.workdir, args.keep,
+        {"faiss": args.faiss_types, "lancedb": args.lancedb_types})
+
+
+if __name__ == "__main__":
+    main()

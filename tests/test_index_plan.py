@@ -1,0 +1,183 @@
+"""--index auto: the index follows the row count, its breadth is calibrated for recall, optimize keeps every row.
+
+Recall is checked against an independent exact search (NumPy float64, full sort) with fresh queries.
+"""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
+from isotrope.stores import index_plan
+
+DIM = 32
+CENTRES = np.random.default_rng(123).standard_normal((40, DIM)).astype(np.float32)
+
+
+def draw(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    vectors = CENTRES[rng.integers(0, len(CENTRES), n)] + 0.6 * rng.standard_normal((n, DIM)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def brute_force(queries: np.ndarray, data: np.ndarray, k: int = 10) -> np.ndarray:
+    scores = queries.astype(np.float64) @ data.astype(np.float64).T
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def recall_of(hits: list, truth: np.ndarray) -> float:
+    found = [{int(hit.id) for hit in row} for row in hits]
+    return float(np.mean([len(f & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
+
+
+@pytest.fixture
+def small_threshold(monkeypatch):
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+
+
+def fill(store, data: np.ndarray, batch: int = 700, first: int = 0) -> None:
+    """Add ``data`` as ids ``first``, ``first + 1``, ... committing every ``batch`` rows."""
+    for start in range(0, len(data), batch):
+        part = data[start : start + batch]
+        store.add([str(first + start + i) for i in range(len(part))], part)
+        store.commit()
+
+
+def test_rules_follow_the_count():
+    assert index_plan.faiss_factory_for(index_plan.EXACT_BELOW - 1) == "Flat"
+    assert index_plan.faiss_factory_for(1_000_000) == "IVF1024,Flat"
+    assert index_plan.nlist_for(100_000) == 256 and index_plan.nlist_for(10) == 64
+    assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW - 1, 384) is None
+    assert index_plan.lancedb_index_for(1_000_000, 384) == {"num_partitions": 1000, "num_sub_vectors": 48}
+
+
+def test_exact_neighbours_matches_a_full_sort():
+    data, queries = draw(3000, 1), draw(7, 2)
+    batches = ((np.arange(s, s + 500) + 100, data[s : s + 500]) for s in range(0, 3000, 500))
+    found = index_plan.exact_neighbours(queries, batches, 10, "ip")
+    np.testing.assert_array_equal(found, brute_force(queries, data) + 100)
+
+
+def test_calibrate_takes_the_smallest_setting_reaching_the_target():
+    truth = np.array([[1, 2, 3, 4]])
+    results = {1: [[1]], 2: [[1, 2, 3]], 4: [[1, 2, 3, 4]], 8: [[1, 2, 3, 4]]}
+    assert index_plan.calibrate([1, 2, 4, 8], results.__getitem__, truth, target=0.7) == (2, 0.75)
+    assert index_plan.calibrate([1, 2], results.__getitem__, truth, target=0.9) == (2, 0.75)
+
+
+def test_faiss_auto_switches_to_ivf_with_recall_over_the_target(tmp_path, small_threshold):
+    data, queries = draw(4000, 3), draw(100, 4)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    fill(store, data[:700])
+    assert store.index_info()["index_built"] == "Flat" and store.is_exact
+    fill(store, data[700:], batch=1100, first=700)
+    info = store.index_info()
+    assert info["index_built"] == index_plan.faiss_factory_for(4000) and not store.is_exact
+    assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
+    assert info["nprobe"] < info["nlist"]  # calibration stopped before searching everything
+    assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
+    store.close()
+    reopened = FaissStore(tmp_path / "s")  # the calibrated breadth is saved with the index
+    assert reopened.nprobe == info["nprobe"] and reopened.index_info() == info
+    reopened.close()
+
+
+def test_faiss_nprobe_override_takes_effect(tmp_path, small_threshold):
+    data, queries = draw(3000, 5), draw(50, 6)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    fill(store, data, batch=3000)
+    store.close()
+    nlist = index_plan.nlist_for(3000)
+    narrow = FaissStore(tmp_path / "s", nprobe=1)
+    bare = faiss.read_index(str(tmp_path / "s" / "index.faiss"))
+    _, keys = bare.search(queries, 10, params=faiss.SearchParametersIVF(nprobe=1))
+    assert [[int(h.id) for h in row] for row in narrow.search(queries, 10)] == [
+        [int(key) - 1 for key in row if key >= 0] for row in keys]  # keys are 1-based rowids
+    narrow.close()
+    wide = FaissStore(tmp_path / "s", nprobe=nlist)  # every list: IVF-Flat is exact
+    assert recall_of(wide.search(queries, 10), brute_force(queries, data)) == 1.0
+    wide.close()
+
+
+def test_faiss_optimize_keeps_every_row_and_resizes(tmp_path, small_threshold):
+    data = draw(9000, 7)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    fill(store, data[:3000], batch=3000)  # built at 3000 rows
+    assert store.index_info()["nlist"] == index_plan.nlist_for(3000)
+    store.add([str(i) for i in range(3000, 9000)], data[3000:])
+    store.commit()  # grown 3x: below the rebuild factor, the index keeps its lists
+    assert store.index_info()["nlist"] == index_plan.nlist_for(3000) != index_plan.nlist_for(9000)
+    store.delete(["5", "6"])
+    store.optimize()
+    assert store.index_info()["nlist"] == index_plan.nlist_for(8998)
+    assert sorted(store.ids(), key=int) == [str(i) for i in range(9000) if i not in (5, 6)]
+    assert store._index.ntotal == 8998
+    np.testing.assert_array_equal(store.vectors(["7", "8999"]), data[[7, 8999]])
+    store.close()
+
+
+def test_faiss_index_is_memory_mapped_until_written(tmp_path, small_threshold):
+    data = draw(3000, 8)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    fill(store, data, batch=3000)
+    store.close()
+    assert not FaissStore(tmp_path / "s")._mapped  # read into memory by default
+    reopened = FaissStore(tmp_path / "s", mmap_index=True)
+    assert reopened._mapped  # IVF lists read through a memory map
+    before = reopened.search(data[:3], 5)
+    reopened.add(["new"], data[:1] * -1)
+    reopened.commit()
+    assert reopened._mapped is False and len(reopened) == reopened._index.ntotal == 3001
+    assert [h.id for h in reopened.search(data[:3], 5)[0]] == [h.id for h in before[0]]
+    reopened.close()
+
+
+def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 2000)
+    data, queries = draw(3000, 9), draw(50, 10)
+    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_type="auto")
+    fill(store, data[:1500], batch=1500)
+    assert store.vector_index is None
+    fill(store, data[1500:], batch=1500, first=1500)
+    info = store.index_info()
+    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000 ** 0.5)
+    assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
+    assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
+    store.close()
+    reopened = LanceDBStore(tmp_path / "db", nprobes=1)  # the override wins over the saved breadth
+    assert reopened.index_type == "auto" and reopened.nprobes == 1
+    reopened.delete(["3"])
+    reopened.optimize()
+    assert sorted(reopened.ids(), key=int) == [str(i) for i in range(3000) if i != 3]
+    assert reopened.index_info()["index_built"] == "IvfPq"
+    reopened.close()
+
+
+def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert_path):
+    from test_cli import run_cli
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("\n\n".join(make_sentences(40, seed=3)))
+    store = f"faiss:{tmp_path / 's'}"
+    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", store, "--model", tiny_bert_path,
+                             "--shape", "center", "--chunk-tokens", "16", "--overlap-tokens", "0")
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "info", store)
+    info = json.loads(out)
+    assert (info["index"], info["index_built"], info["index_exact"]) == ("auto", "Flat", True)
+    code, out, err = run_cli(monkeypatch, capsys, "search", store, "the cat", "--nprobe", "0")
+    assert code != 0 and "--nprobe" in err
+    code, out, err = run_cli(monkeypatch, capsys, "search", store, "the cat", "--nprobe", "3", "--json", "-k", "2")
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "optimize", store)
+    assert code == 0, err and json.loads(out)["chunks"] == info["chunks"]
+    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}",
+                             "--index", "ivf", "--model", tiny_bert_path)
+    assert code != 0 and "--index" in err and "ivf" in err
