@@ -42,7 +42,7 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
     return sentences
 
 
-def build_store(store: str, sentences: list[str], model: str, shape: str) -> None:
+def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000) -> None:
     """Index one chunk per sentence (skipped when the store exists)."""
     from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
@@ -51,8 +51,12 @@ def build_store(store: str, sentences: list[str], model: str, shape: str) -> Non
     if Collection.exists(store):
         return
     documents = [Document(source=CORPUS, text=text, metadata={"line": i + 1}, position=i) for i, text in enumerate(sentences)]
-    report = index_documents(documents, store, encoder_options={"model": model, "shape": shape}, chunk_tokens=0)
+    report = index_documents(documents, store, encoder_options={"model": model, "shape": shape}, chunk_tokens=0,
+                             fit_samples=fit_samples)
     print(f"built {store}: {report.summary()}", file=sys.stderr)
+    with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index
+        if hasattr(collection.store, "optimize"):
+            collection.store.optimize()
 
 
 def free_port() -> int:
@@ -129,6 +133,7 @@ def main() -> None:
     parser.add_argument("--model", default="static:all-MiniLM-L6-v2")
     parser.add_argument("--shape", default="whiten-partial")
     parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--fit-samples", type=int, default=20_000, help="chunks the shaping is fitted on")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("-k", type=int, default=10)
@@ -139,7 +144,7 @@ def main() -> None:
     sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
     if len(sentences) < args.chunks + args.queries + args.warmup:
         raise SystemExit(f"{args.data_dir / CORPUS} has only {len(sentences)} sentences")
-    build_store(args.store, sentences[:args.chunks], args.model, args.shape)
+    build_store(args.store, sentences[:args.chunks], args.model, args.shape, args.fit_samples)
     queries = sentences[args.chunks:]  # held out: never indexed
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -23,7 +23,7 @@ pytest.importorskip("faiss")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from isotrope.cli import main  # noqa: E402
-from isotrope.connectors.server import STATIC_DIR, create_app  # noqa: E402
+from isotrope.connectors.server import STATIC_DIR, collection_worker, create_app  # noqa: E402
 from isotrope.encoder import ShapedEncoder  # noqa: E402
 from isotrope.report import COSINE_BINS, build_report, render_html, summarize  # noqa: E402
 from isotrope.search import Collection  # noqa: E402
@@ -276,6 +276,23 @@ def test_report_of_a_store_without_raw_vectors_says_so(tmp_path, encoder):
     assert report.raw is None and "does not keep the raw" in report.notes[0]
     page = render_html(report)
     assert "does not keep the raw" in page and page.count("<svg") == 2
+
+
+def test_a_faiss_store_is_served_from_the_thread_that_opened_it(tmp_path, encoder):
+    uri = f"faiss:{tmp_path / 'f'}"
+    build_store(uri, encoder)
+    worker = collection_worker()
+    opened = worker.submit(Collection.open, uri).result()
+    try:
+        client = TestClient(create_app(opened, worker=worker))
+        response = client.post("/search", json={"query": QUERY, "k": 4, "where": "source = 'b.md'"})
+        assert response.status_code == 200, response.text
+        expected = worker.submit(hits_of, opened, QUERY, 4, {"source": "b.md"}).result()
+        assert_same_hits(response.json()["hits"], expected)
+        assert client.get("/info").json()["store"] == uri
+    finally:
+        worker.submit(opened.close).result()
+        worker.shutdown()
 
 
 def test_report_route_and_command(client, store_uri, tmp_path, monkeypatch, capsys):

@@ -1,17 +1,20 @@
 """``isotrope serve``: a FastAPI app over one collection, its search page and its shaping report.
 
-The store and its encoder are opened once, before the server starts. Searches run one at a
-time under a lock (the tokenizer and the stores are not shared safely between threads; the
-work is CPU-bound anyway). Bad input is a 4xx answer with a one-line ``detail``; any other
+The store and its encoder are opened once, before the server starts, in one worker thread
+that then runs every search, one at a time (a FAISS store's SQLite connection lives in the
+thread that opened it, a tokenizer is not shared safely between threads, and the work is
+CPU-bound anyway); the event loop only parses, validates and answers. Bad input is a 4xx answer with a one-line ``detail``; any other
 failure is a 500 whose body names the error type, never a traceback (that goes to the log).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import secrets
-import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
@@ -122,16 +125,25 @@ class FormBodyAsJSON:
         await self.app(scope, receive, send)
 
 
-class Searcher:
-    """The collection behind the app: one lock, the modes this version of ``Collection.search`` takes."""
+def collection_worker() -> ThreadPoolExecutor:
+    """The one thread that opens and uses a collection: a FAISS store's SQLite connection works only
+    in the thread that made it, and a tokenizer is not shared safely between threads."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="isotrope-collection")
 
-    def __init__(self, collection: Collection) -> None:
+
+class Searcher:
+    """The collection behind the app, used from its worker thread only; the modes its ``search`` takes."""
+
+    def __init__(self, collection: Collection, worker: ThreadPoolExecutor) -> None:
         self.collection = collection
-        self.lock = threading.Lock()
+        self.worker = worker
         parameters = inspect.signature(collection.search).parameters
         self.modes = MODES if "mode" in parameters else ("dense",)
         self.group_by = "group_by" in parameters
         self._report: dict[int, str] = {}
+
+    async def _run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wrap_future(self.worker.submit(function, *args, **kwargs))
 
     def _options(self, options: SearchOptions) -> dict[str, Any]:
         """Keyword arguments of ``Collection.search``; a 400 for what this version of it does not offer."""
@@ -151,46 +163,45 @@ class Searcher:
             keywords["group_by"] = options.group_by
         return keywords
 
-    def search(self, queries: list[str], options: SearchOptions, field: str = "query") -> list[list[Hit]]:
+    async def search(self, queries: list[str], options: SearchOptions, field: str = "query") -> list[list[Hit]]:
         for index, query in enumerate(queries):
             if not query.strip():
                 raise HTTPException(422, f"{field if field == 'query' else f'{field}.{index}'}: is blank")
-        keywords = self._options(options)
-        with self.lock:
-            try:
-                return self.collection.search(queries, **keywords)
-            except (ValueError, KeyError, TypeError) as error:  # bad filter, unknown field, bad k
-                raise HTTPException(400, str(error).strip("'\"")) from None
+        try:
+            return await self._run(self.collection.search, queries, **self._options(options))
+        except (ValueError, KeyError, TypeError) as error:  # bad filter, unknown field
+            raise HTTPException(400, str(error).strip("'\"")) from None
 
-    def embed(self, texts: list[str], kind: str) -> Any:
-        with self.lock:
-            try:
-                return self.collection.encoder.encode(texts, kind=kind)
-            except (ValueError, TypeError) as error:
-                raise HTTPException(422, f"texts: {error}") from None
+    async def embed(self, texts: list[str], kind: str) -> Any:
+        try:
+            return await self._run(self.collection.encoder.encode, texts, kind=kind)
+        except (ValueError, TypeError) as error:
+            raise HTTPException(422, f"texts: {error}") from None
 
-    def info(self) -> dict[str, Any]:
-        with self.lock:
-            info = self.collection.info()
+    async def info(self) -> dict[str, Any]:
+        info = await self._run(self.collection.info)
         return {**info, "server": {"isotrope": __version__, "modes": list(self.modes), "group_by": self.group_by}}
 
-    def report(self, sample: int) -> str:
-        """The shaping report page, computed on first request for each sample size."""
+    def _render_report(self, sample: int) -> str:
         from isotrope.report import build_report, render_html
 
-        with self.lock:
-            if sample not in self._report:
-                try:
-                    self._report[sample] = render_html(build_report(self.collection, sample=sample))
-                except ValueError as error:
-                    raise HTTPException(400, str(error)) from None
-            return self._report[sample]
+        if sample not in self._report:  # only the worker thread reads and writes this cache
+            self._report[sample] = render_html(build_report(self.collection, sample=sample))
+        return self._report[sample]
+
+    async def report(self, sample: int) -> str:
+        """The shaping report page, computed on the first request for each sample size."""
+        try:
+            return await self._run(self._render_report, sample)
+        except ValueError as error:
+            raise HTTPException(400, str(error)) from None
 
 
-def create_app(collection: Collection, api_key: str | None = None) -> Any:
-    """The FastAPI app over an open ``collection``; ``api_key`` requires ``Authorization: Bearer KEY``
+def create_app(collection: Collection, api_key: str | None = None, worker: ThreadPoolExecutor | None = None) -> Any:
+    """The FastAPI app over an open ``collection``, used from ``worker`` (the thread that opened it;
+    a new one when None: fine for a LanceDB store). ``api_key`` requires ``Authorization: Bearer KEY``
     on every API route (the page, its static files, the OpenAPI docs and /healthz hold no store data)."""
-    searcher = Searcher(collection)
+    searcher = Searcher(collection, worker or collection_worker())
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
@@ -220,33 +231,33 @@ def create_app(collection: Collection, api_key: str | None = None) -> Any:
         return {"status": "ok"}
 
     @app.get("/info", tags=["service"], dependencies=guarded)
-    def info() -> dict[str, Any]:
+    async def info() -> dict[str, Any]:
         """What ``isotrope info`` prints, and the search modes this server offers."""
-        return searcher.info()
+        return await searcher.info()
 
     @app.post("/search", response_model=SearchResponse, tags=["search"], dependencies=guarded)
-    def search(request: SearchRequest) -> dict[str, Any]:
+    async def search(request: SearchRequest) -> dict[str, Any]:
         """The best ``k`` chunks for one query."""
-        hits = searcher.search([request.query], request)[0]
+        hits = (await searcher.search([request.query], request))[0]
         return {"query": request.query, "hits": [hit_json(hit) for hit in hits]}
 
     @app.post("/search/batch", response_model=BatchResponse, tags=["search"], dependencies=guarded)
-    def search_batch(request: BatchRequest) -> dict[str, Any]:
+    async def search_batch(request: BatchRequest) -> dict[str, Any]:
         """The best ``k`` chunks for each of many queries (one encoder pass)."""
-        results = searcher.search(request.queries, request, field="queries")
+        results = await searcher.search(request.queries, request, field="queries")
         return {"results": [{"query": query, "hits": [hit_json(hit) for hit in hits]}
                             for query, hits in zip(request.queries, results)]}
 
     @app.post("/embed", response_model=EmbedResponse, tags=["search"], dependencies=guarded)
-    def embed(request: EmbedRequest) -> dict[str, Any]:
+    async def embed(request: EmbedRequest) -> dict[str, Any]:
         """Vectors from the store's encoder, comparable with the stored ones."""
-        vectors = searcher.embed(request.texts, request.kind)
+        vectors = await searcher.embed(request.texts, request.kind)
         return {"fingerprint": collection.encoder.fingerprint, "dim": int(vectors.shape[1]), "vectors": vectors.tolist()}
 
     @app.get("/report", response_class=HTMLResponse, tags=["report"], dependencies=guarded)
-    def report(sample: int = Query(2000, ge=10, le=20_000, description="stored vectors sampled")) -> HTMLResponse:
+    async def report(sample: int = Query(2000, ge=10, le=20_000, description="stored vectors sampled")) -> HTMLResponse:
         """The shaping report: spectra, cosine distributions, isotropy, fit and auto-shape candidates."""
-        return HTMLResponse(searcher.report(sample))
+        return HTMLResponse(await searcher.report(sample))
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:
@@ -259,17 +270,20 @@ def create_app(collection: Collection, api_key: str | None = None) -> Any:
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           log_level: str = "info") -> None:
-    """Open ``store`` with its encoder, warm it up with one query, and serve until interrupted."""
+    """Open ``store`` with its encoder (once, in the collection's worker thread), warm it up with one
+    query, and serve until interrupted."""
     import uvicorn
 
     from isotrope.search import Collection
 
-    collection = Collection.open(store)
+    worker = collection_worker()
+    collection = worker.submit(Collection.open, store).result()
     try:
         if len(collection.store):
-            collection.search("warm up", k=1)
-        app = create_app(collection, api_key)
+            worker.submit(collection.search, "warm up", k=1).result()
+        app = create_app(collection, api_key, worker)
         logger.info("serving %s on http://%s:%d", store, host, port)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
-        collection.close()
+        worker.submit(collection.close).result()
+        worker.shutdown()
