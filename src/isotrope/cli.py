@@ -268,6 +268,8 @@ def demo(
     for question, hits in answers:
         typer.echo(f"\nQ: {question}")
         _print_hits(hits, as_json=False)
+    typer.echo(f"\nserve it (search page, JSON API, shaping report): isotrope serve {store}\n"
+               "then open http://127.0.0.1:8000/ or: curl -X POST localhost:8000/search -d '{\"query\": \"read a gzip file\"}'")
 
 
 @app.command("eval")
