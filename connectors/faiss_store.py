@@ -3,7 +3,9 @@
 Directory layout::
 
     store.sqlite   meta (format, dim, factory, metric, index digest), properties, and one row
-                   per item: int64 key, string id, text, metadata JSON, float32 vector blob
+                   per item: int64 key, string id, text, metadata JSON, float32 vector blob;
+                   items_fts, an FTS5 table of each item's analyzed text (rowid = key), written
+                   in the same transaction as the items (lexical search, BM25)
     index.faiss    the faiss index over the stored vectors, keyed by the int64 keys
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
@@ -30,6 +32,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from isotrope.lexical import fts5_match, index_text, query_terms
 from isotrope.stores.base import (
     Hit,
     StoreFormatError,
@@ -67,6 +70,9 @@ CREATE TABLE IF NOT EXISTS items (
     vector BLOB NOT NULL
 );
 """
+#: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
+#: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
+_FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
 
 
 def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -377,7 +383,9 @@ class FaissStore(VectorStore):
             (text, dumps_metadata(meta), vector.tobytes(), i)
             for i, text, meta, vector in zip(batch.ids, batch.texts, batch.metadata, vectors)
         ]
+        terms = [index_text(text) for text in batch.texts]
         self._begin()
+        self._ensure_lexical_index()
         self._conn.execute("SAVEPOINT isotrope_add")
         try:
             existing = self._keys(batch.ids)
@@ -390,6 +398,10 @@ class FaissStore(VectorStore):
                 [row for row in rows if row[3] not in existing],
             )
             keys = self._keys(batch.ids)
+            self._delete_terms(list(existing.values()))
+            self._conn.executemany(
+                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(keys[i], t) for i, t in zip(batch.ids, terms) if t]
+            )
             if existing and not self._can_remove():
                 self._index = self._refill()
             else:
@@ -413,14 +425,54 @@ class FaissStore(VectorStore):
         if not keys:
             return
         self._begin()
+        self._ensure_lexical_index()
         for part in _chunks(list(keys.values())):
             self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
+        self._delete_terms(list(keys.values()))
         if self._can_remove():
             self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(keys.values(), dtype=np.int64)))
         else:
             self._index = self._refill()
         self._gpu_index = None
         self._dirty = True
+
+    # ------------------------------------------------------------------ the lexical index
+
+    def _delete_terms(self, keys: Sequence[int]) -> None:
+        for part in _chunks(keys):
+            self._conn.execute(f"DELETE FROM items_fts WHERE rowid IN ({','.join('?' * len(part))})", part)
+
+    @property
+    def has_lexical_index(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_fts'").fetchone() is not None
+
+    def _ensure_lexical_index(self) -> None:
+        """Build the FTS5 table of a store written before it existed (inside the open transaction)."""
+        if self.has_lexical_index:
+            return
+        logger.warning("%s has no lexical index: building it from the %d stored texts", self.path, len(self))
+        self._conn.execute(_FTS_SCHEMA)
+        cursor = self._conn.execute("SELECT key, text FROM items ORDER BY key")
+        while rows := cursor.fetchmany(_ADD_BATCH):
+            self._conn.executemany(
+                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)",
+                [(key, terms) for key, text in rows if (terms := index_text(text))],
+            )
+
+    def build_lexical_index(self) -> None:
+        """Build the lexical index if the store has none: committed now, or with the pending writes."""
+        if self.has_lexical_index:
+            return
+        if self._conn.in_transaction:
+            self._ensure_lexical_index()
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._ensure_lexical_index()
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
 
     def set_properties(self, **kv: str) -> None:
         """Set persisted string properties (committed with the data)."""
@@ -507,6 +559,33 @@ class FaissStore(VectorStore):
         scores = -distances if self.metric == "l2" else distances
         return self._hits(labels, scores)
 
+    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """The ``k`` best rows of each query text by FTS5's ``bm25()`` (negated: higher is better),
+        among rows matching ``where``. A store without the lexical index gets it built first."""
+        k = check_k(k)
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of query strings, not a single string")
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        condition, params = ("", [])
+        if where:
+            sql, params = to_sqlite(where)
+            condition = f" AND rowid IN (SELECT key FROM items WHERE {sql})"
+        query = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ?{condition} ORDER BY rank, rowid LIMIT ?"
+        out = []
+        for text in texts:
+            terms = query_terms(text)
+            found = self._conn.execute(query, [fts5_match(terms), *params, k]).fetchall() if terms else []
+            keys = np.array([[key for key, _ in found]], dtype=np.int64).reshape(1, -1)
+            scores = np.array([[score for _, score in found]], dtype=np.float64).reshape(1, -1)
+            out.append(self._hits(keys, scores)[0])
+        return out
+
+    def metadata_fields(self) -> set[str]:
+        """The metadata keys of the stored rows (one pass over the metadata JSON)."""
+        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"
+        return {key for (key,) in self._conn.execute(query)}
+
     def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> list[list[Hit]]:
         found_keys, vectors = [], []
         for part in _chunks(np.sort(keys).tolist()):
@@ -590,6 +669,7 @@ def _create_db(db_path: Path, settings: dict[str, str]) -> None:
     conn = sqlite3.connect(tmp)
     try:
         conn.executescript(_SCHEMA)
+        conn.execute(_FTS_SCHEMA)
         rows = {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings}
         conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
         conn.commit()

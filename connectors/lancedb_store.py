@@ -3,7 +3,9 @@
 Table columns::
 
     id          string, unique (upserts merge on it)
-    text        string (full-text searchable for hybrid search)
+    text        string
+    terms       string: the text analyzed by isotrope.lexical, under LanceDB's native full-text
+                index (whitespace tokenizer, nothing else), for lexical and hybrid search
     metadata    lance.json (JSONB): filtered in Lance SQL by isotrope.stores.filters.to_lance
     vector      fixed_size_list<float32>[dim]
     raw_vector  fixed_size_list<float32>[raw_dim], optional: the pre-shaping vector, so the shaping
@@ -12,7 +14,10 @@ Table columns::
 The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``).
 Every Lance write (add, delete, property update) commits a new table version atomically, so a
 process killed mid-write leaves the previous version readable, and ``commit()`` has no data to
-flush: it creates the ANN index once the table is large enough.
+flush: it brings the full-text index up to date (new rows added to it; rebuilt after deletes
+or updates, so BM25 statistics stay exact) and creates the ANN index once the table is large
+enough. Between a write and its commit the new rows are still found by full-text search
+(LanceDB scans unindexed rows), with statistics of the previous commit.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from typing import Any
 import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.index import HnswSq, IvfPq
+from lancedb.index import FTS, HnswSq, IvfPq
+from lancedb.query import FullTextOperator, MatchQuery
+
+from isotrope.lexical import index_text, query_terms
 
 from isotrope.stores.base import (
     Hit,
@@ -52,6 +60,12 @@ _PROPERTY = "isotrope.property."
 _LANCE_DISTANCE = {"ip": "dot", "cosine": "cosine", "l2": "l2"}
 _INDEX_TYPES = {"ivf_pq": IvfPq, "hnsw_sq": HnswSq}
 _ID_CHUNK = 1000
+_TERMS = "terms"
+#: the table version at which the full-text index was last made exact
+_META_LEXICAL = "isotrope.lexical_index_version"
+#: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
+_FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
+                   ascii_folding=False, max_token_length=None, with_position=False)
 
 
 def _id_filter(ids: Sequence[str]) -> str:
@@ -84,7 +98,7 @@ def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
 
 
 class LanceDBStore(VectorStore):
-    """A LanceDB table with upsert, delete, prefiltered vector search and hybrid (FTS + vector) search.
+    """A LanceDB table with upsert, delete, prefiltered vector search and lexical (BM25) search.
 
     Parameters
     ----------
@@ -122,6 +136,7 @@ class LanceDBStore(VectorStore):
         self.refine_factor = refine_factor
         self.ef = ef
         self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
+        self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         if self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
         self._db = lancedb.connect(self.path)
@@ -148,6 +163,7 @@ class LanceDBStore(VectorStore):
         fields = [
             pa.field("id", pa.string(), nullable=False),
             pa.field("text", pa.string()),
+            pa.field(_TERMS, pa.string()),
             pa.field("metadata", pa.json_(pa.utf8())),
             pa.field("vector", pa.list_(pa.float32(), int(dim))),
         ]
@@ -204,9 +220,12 @@ class LanceDBStore(VectorStore):
         batch = check_batch(ids, vectors, texts, metadata, self.dim)
         if not batch.ids:
             return
+        self._ensure_terms_column()
+        self._note_write()
         columns: dict[str, pa.Array] = {
             "id": pa.array(batch.ids, pa.string()),
             "text": pa.array(batch.texts, pa.string()),
+            _TERMS: pa.array([index_text(text) for text in batch.texts], pa.string()),
             "metadata": pa.array([dumps_metadata(m) for m in batch.metadata], pa.json_(pa.utf8())),
             "vector": _vector_array(batch.vectors),
         }
@@ -219,12 +238,14 @@ class LanceDBStore(VectorStore):
             columns["raw_vector"] = _vector_array(raw)
         elif self.raw_dim is not None:
             columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
-        (
+        result = (
             self._table.merge_insert("id")
             .when_matched_update_all()
             .when_not_matched_insert_all()
             .execute(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
         )
+        if getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0):
+            self._lexical_state = "stale"
         self._maybe_index()
 
     def update_vectors(self, ids: Sequence[str], vectors: Any) -> None:
@@ -239,6 +260,7 @@ class LanceDBStore(VectorStore):
         if len(set(wanted)) != len(wanted):
             raise ValueError("update_vectors got the same id more than once")
         data = pa.table({"id": pa.array(wanted, pa.string()), "vector": _vector_array(array)})
+        self._note_write(stale=True)
         self._table.merge_insert("id").when_matched_update_all().execute(data)
 
     def rewrite_vectors(self, batches: Iterable[tuple[Sequence[str], Any]]) -> None:
@@ -255,6 +277,7 @@ class LanceDBStore(VectorStore):
                 yield pa.RecordBatch.from_arrays([pa.array(as_ids(ids), pa.string()), _vector_array(array)], schema=schema)
 
         reader = pa.RecordBatchReader.from_batches(schema, record_batches())
+        self._note_write(stale=True)
         self._table.merge_insert("id").when_matched_update_all().execute(reader)
 
     @property
@@ -266,10 +289,13 @@ class LanceDBStore(VectorStore):
         """Make ``version`` the latest again (a new version with its content)."""
         self._table.restore(version)
         self._index_type = False
+        self._lexical_state = "stale"
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
         wanted = as_ids(ids)
+        if wanted:
+            self._note_write(stale=True)
         for part in _chunks(wanted):
             self._table.delete(_id_filter(part))
 
@@ -288,8 +314,11 @@ class LanceDBStore(VectorStore):
         return {k[len(prefix) :].decode(): v.decode() for k, v in meta.items() if k.startswith(prefix)}
 
     def commit(self) -> None:
-        """Every write is already a committed Lance version; build the ANN index if it is now due."""
+        """Every write is already a committed Lance version; bring the full-text index up to date
+        and build the ANN index if it is now due."""
         self._maybe_index()
+        if self._lexical_state is not None and self._lexical_state != "exact":
+            self._refresh_lexical_index()
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
@@ -331,9 +360,61 @@ class LanceDBStore(VectorStore):
         self._index_type = False
         self._table.create_index("vector", config=config, replace=True)
 
-    def create_fts_index(self) -> None:
-        """Build (or rebuild) the full-text index on ``text`` used by :meth:`hybrid_search`."""
-        self._table.create_fts_index("text", replace=True)
+    # ------------------------------------------------------------------ the lexical index
+
+    @property
+    def has_lexical_index(self) -> bool:
+        return _TERMS in self._table.schema.names and any(_TERMS in i.columns for i in self._table.list_indices())
+
+    def _lexical_exact(self) -> bool:
+        meta = self._table.schema.metadata or {}
+        return meta.get(_META_LEXICAL.encode()) == str(self.version).encode()
+
+    def _note_write(self, stale: bool = False) -> None:
+        """Before a write: remember whether the full-text index was exact, and whether it now needs a rebuild."""
+        if self._lexical_state is None:
+            self._lexical_state = "exact" if self.has_lexical_index and self._lexical_exact() else "stale"
+        if stale:
+            self._lexical_state = "stale"
+        elif self._lexical_state == "exact":
+            self._lexical_state = "appended"
+
+    def _ensure_terms_column(self) -> None:
+        """Add and fill the ``terms`` column of a table written before it existed (one new version)."""
+        if _TERMS in self._table.schema.names:
+            return
+        logger.warning("table %r in %s has no lexical terms: analyzing its %d texts", self.table_name, self.path, len(self))
+        self._table.add_columns(pa.field(_TERMS, pa.string()))
+        schema = pa.schema([pa.field("id", pa.string()), pa.field(_TERMS, pa.string())])
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in self._table.to_lance().to_batches(columns=["id", "text"], batch_size=4096):
+                terms = [index_text(text) for text in batch.column("text").to_pylist()]
+                yield pa.RecordBatch.from_arrays([batch.column("id"), pa.array(terms, pa.string())], schema=schema)
+
+        reader = pa.RecordBatchReader.from_batches(schema, batches())
+        self._table.merge_insert("id").when_matched_update_all().execute(reader)
+        self._lexical_state = "stale"
+
+    def _refresh_lexical_index(self) -> None:
+        """Make the full-text index exact: add appended rows to it, or rebuild it after deletes and updates."""
+        self._ensure_terms_column()
+        if self._lexical_state == "appended" and self.has_lexical_index:
+            name = next(i.name for i in self._table.list_indices() if _TERMS in i.columns)
+            self._table.to_lance().optimize.optimize_indices(index_names=[name])
+            self._table.checkout_latest()
+        else:
+            self._table.create_index(_TERMS, config=FTS(**_FTS_CONFIG), replace=True)
+        self._index_type = False
+        self._table.to_lance().update_schema_metadata({_META_LEXICAL: str(self.version + 1)})
+        self._table.checkout_latest()
+        self._lexical_state = "exact"
+
+    def build_lexical_index(self) -> None:
+        """Build the full-text index if it is missing or out of date (a store written before it existed)."""
+        if not self.has_lexical_index or not self._lexical_exact():
+            self._lexical_state = "stale"
+            self._refresh_lexical_index()
 
     def optimize(self) -> None:
         """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``)."""
@@ -383,45 +464,36 @@ class LanceDBStore(VectorStore):
             out[query_index[row]].append(Hit(ids[row], scores[row], texts[row], _load_metadata(metadata[row])))
         return out
 
-    def hybrid_search(
-        self,
-        query_texts: Sequence[str],
-        query_vectors: Any,
-        k: int,
-        where: Mapping[str, Any] | None = None,
-        *,
-        candidates: int | None = None,
-        rrf_k: int = 60,
-    ) -> list[list[Hit]]:
-        """Full-text and vector search fused by reciprocal rank: score = sum of 1 / (rrf_k + rank).
-
-        Each list contributes its best ``candidates`` (default ``2 * k``, at least 20); the
-        full-text index on ``text`` is built on first use.
-        """
-        texts = list(query_texts)
+    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """The ``k`` best rows of each query text by LanceDB's BM25 over the ``terms`` index (OR of the
+        query's terms), prefiltered by ``where``. A store without the index gets it built first."""
         k = check_k(k)
-        vector_hits = self.search(query_vectors, max(candidates or 2 * k, 20, k), where)
-        if len(texts) != len(vector_hits):
-            raise ValueError(f"got {len(texts)} query texts but {len(vector_hits)} query vectors")
-        if not any(i.index_type == "FTS" for i in self._table.list_indices()):
-            self.create_fts_index()
-        fused = []
-        for text, vector_list in zip(texts, vector_hits):
-            text_list = self._text_search(text, max(candidates or 2 * k, 20, k), where)
-            fused.append(reciprocal_rank_fusion([vector_list, text_list], k, rrf_k))
-        return fused
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of query strings, not a single string")
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        condition = to_lance(where) if where else None
+        out = []
+        for text in texts:
+            terms = query_terms(text)
+            if not terms:
+                out.append([])
+                continue
+            match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
+            query = self._table.search(match, query_type="fts").limit(k).select(["id", "text", "metadata", "_score"])
+            if condition:
+                query = query.where(condition, prefilter=True)
+            rows = query.to_arrow().to_pylist()
+            rows.sort(key=lambda row: -row["_score"])  # stable
+            out.append([Hit(r["id"], float(r["_score"]), r["text"], _load_metadata(r["metadata"])) for r in rows])
+        return out
 
-    def _text_search(self, text: str, n: int, where: Mapping[str, Any] | None) -> list[Hit]:
-        if not text.strip():
-            return []
-        query = self._table.search(text, query_type="fts", fts_columns="text").limit(n)
-        query = query.select(["id", "text", "metadata", "_score"])
-        if where:
-            query = query.where(to_lance(where), prefilter=True)
-        return [
-            Hit(row["id"], float(row["_score"]), row["text"], _load_metadata(row["metadata"]))
-            for row in query.to_arrow().to_pylist()
-        ]
+    def metadata_fields(self) -> set[str]:
+        """The metadata keys of the stored rows (one scan of the metadata column)."""
+        fields: set[str] = set()
+        for value in set(self._scan(["metadata"], None).column("metadata").to_pylist()):
+            fields.update(_load_metadata(value))
+        return fields
 
     def _scan(self, columns: list[str], filter: str | None) -> pa.Table:
         return self._table.to_lance().to_table(columns=columns, filter=filter)
@@ -486,18 +558,3 @@ def _to_numpy(column: pa.Array | pa.ChunkedArray, dim: int, ids: pa.Array | pa.C
         raise ValueError(f"id {ids[first].as_py()!r} has no stored {name}")
     values = column.flatten().to_numpy(zero_copy_only=False)
     return values.astype(np.float32, copy=False).reshape(len(column), dim)
-
-
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = 60) -> list[Hit]:
-    """Fuse ranked lists: each id scores the sum over lists of ``1 / (rrf_k + rank)`` (rank from 1).
-
-    Ties keep the order of first appearance (earlier lists first).
-    """
-    scores: dict[str, float] = {}
-    first: dict[str, Hit] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking, start=1):
-            scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (rrf_k + rank)
-            first.setdefault(hit.id, hit)
-    order = sorted(scores, key=lambda i: -scores[i])
-    return [Hit(i, scores[i], first[i].text, first[i].metadata) for i in order[:k]]

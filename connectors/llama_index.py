@@ -51,9 +51,11 @@ from llama_index.core.vector_stores.types import (
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
+from isotrope.fusion import search_store
 from isotrope.persist import read_spec
 from isotrope.search import ENCODER_DIR, Collection, EncoderMismatchError, parse_store_uri
 from isotrope.shapes import format_shape
+from isotrope.stores.filters import check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +282,13 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, bool, int))
 
 
+_MODES = {
+    VectorStoreQueryMode.DEFAULT: "dense",
+    VectorStoreQueryMode.TEXT_SEARCH: "lexical",
+    VectorStoreQueryMode.HYBRID: "hybrid",
+}
+
+
 class IsotropeVectorStore(BasePydanticVectorStore):
     """A LlamaIndex vector store over an isotrope collection, with the encoder that wrote it.
 
@@ -457,22 +466,40 @@ class IsotropeVectorStore(BasePydanticVectorStore):
 
     # -- reading --------------------------------------------------------------------
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        """Top ``similarity_top_k`` nodes for the query embedding (or ``query_str``, encoded as a query),
-        restricted by ``filters``, ``doc_ids`` and ``node_ids``."""
-        if query.mode != VectorStoreQueryMode.DEFAULT:
-            raise ValueError(f"IsotropeVectorStore supports the default (dense) query mode, not {query.mode.value!r}")
-        if query.query_embedding is not None:
-            vector = np.asarray(query.query_embedding, dtype=np.float32)
-        elif query.query_str:
-            vector = self._collection.encoder.encode([query.query_str], kind="query")[0]
-        else:
-            raise ValueError("the query has neither query_embedding nor query_str")
+        """Top ``similarity_top_k`` nodes, restricted by ``filters``, ``doc_ids`` and ``node_ids``.
+
+        ``DEFAULT``: the query embedding (or ``query_str``, encoded as a query); ``TEXT_SEARCH``: BM25 over
+        the stored texts for ``query_str``; ``HYBRID``: both fused, ``alpha`` weighing the dense side
+        (1: dense only). A ``group_by`` keyword (e.g. ``"source"``) keeps the best node per value.
+        """
+        mode = _MODES.get(query.mode)
+        if mode is None:
+            raise ValueError(
+                f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, "
+                f"not {query.mode.value!r}"
+            )
+        if mode != "dense" and not query.query_str:
+            raise ValueError(f"query mode {query.mode.value!r} needs query_str")
+        vector = None
+        if mode != "lexical":
+            if query.query_embedding is not None:
+                vector = np.asarray(query.query_embedding, dtype=np.float32)
+            elif query.query_str:
+                vector = self._collection.encoder.encode([query.query_str], kind="query")[0]
+            else:
+                raise ValueError("the query has neither query_embedding nor query_str")
+            vector = vector[None, :]
+        user_where = to_where(query.filters)
+        if user_where:
+            check_fields(user_where, self._collection.store.metadata_fields())
         where = _all_of(
-            to_where(query.filters),
+            user_where,
             _in(REF_DOC_ID_KEY, query.doc_ids or None),  # an empty list is "no restriction" here:
             _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
-        hits = self._collection.store.search(vector[None, :], query.similarity_top_k, where=where)[0]
+        hits = search_store(self._collection.store, [query.query_str or ""], vector, query.similarity_top_k,
+                            where=where, mode=mode, alpha=query.alpha if mode == "hybrid" else None,
+                            group_by=kwargs.get("group_by"))[0]
         return VectorStoreQueryResult(
             nodes=[metadata_dict_to_node(hit.metadata, hit.text) for hit in hits],
             similarities=[hit.score for hit in hits],

@@ -20,7 +20,7 @@ from isotrope.stores.memory import MemoryStore
 faiss = pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
 from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore, reciprocal_rank_fusion  # noqa: E402
+from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
 
 DIM = 32
 K = 10
@@ -681,33 +681,3 @@ def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_pa
     assert LanceDBStore(tmp_path / "lance").vector_index == "IvfPq"  # what a fresh handle reads
     store.restore(unindexed)
     assert store.vector_index == LanceDBStore(tmp_path / "lance").vector_index
-
-
-def test_reciprocal_rank_fusion_formula():
-    def hits(*ids):
-        return [Hit(i, 0.0, None, {}) for i in ids]
-
-    fused = reciprocal_rank_fusion([hits("a", "b", "c"), hits("c", "d")], k=3, rrf_k=60)
-    expected = {"a": 1 / 61, "b": 1 / 62, "c": 1 / 63 + 1 / 61, "d": 1 / 62}
-    assert [h.id for h in fused] == ["c", "a", "b"]  # b and d tie: b came first
-    assert [h.score for h in fused] == pytest.approx([expected["c"], expected["a"], expected["b"]])
-
-
-def test_lance_hybrid_search_fuses_text_and_vectors(tmp_path):
-    data = make_data("random", 300)
-    texts = [f"ordinary chunk number {i}" for i in range(300)]
-    texts[7] = "the zygomorphic orchid appears here"
-    texts[8] = "another zygomorphic flower"
-    store = filled("lance", tmp_path, data, "cosine", texts=texts)
-    query_vector = data[42:43]
-    fused = store.hybrid_search(["zygomorphic orchid"], query_vector, k=5)[0]
-    ids = [h.id for h in fused]
-    assert ids[0] in ("d42", "d7")  # first in one list each
-    assert {"d42", "d7", "d8"} <= set(ids)
-    assert all(a.score >= b.score for a, b in zip(fused, fused[1:]))
-    vector_rank = [h.id for h in store.search(query_vector, 20)[0]]
-    assert fused[ids.index("d42")].score == pytest.approx(1 / (60 + vector_rank.index("d42") + 1))
-    where = {"source": {"$ne": f"doc{7 % 7}.txt"}}  # excludes d7 (and d42: 42 % 7 == 0)
-    filtered = store.hybrid_search(["zygomorphic orchid"], query_vector, k=5, where=where)[0]
-    assert "d7" not in {h.id for h in filtered} and "d8" in {h.id for h in filtered}
-    assert all(matches(h.metadata, where) for h in filtered)

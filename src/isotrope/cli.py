@@ -183,12 +183,15 @@ def search(
     k: Annotated[int, typer.Option("-k", help="number of hits")] = 10,
     where: Annotated[Optional[str], typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print hits as JSON")] = False,
+    mode: Annotated[str, typer.Option(help="dense (vectors), lexical (BM25) or hybrid (both fused)")] = "dense",
+    alpha: Annotated[Optional[float], typer.Option(help="--mode hybrid: weight of the dense scores, 0..1")] = None,
+    group_by: Annotated[Optional[str], typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
 ) -> None:
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
     with Collection.open(store) as collection:
-        _print_hits(collection.search(query, k=k, where=where), as_json)
+        _print_hits(collection.search(query, k=k, where=where, mode=mode, alpha=alpha, group_by=group_by), as_json)
 
 
 @app.command()
@@ -302,6 +305,10 @@ def evaluate(
     texts: Annotated[Optional[Path], typer.Option("--texts", help="isotropy: a text file")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
+    store_kind: Annotated[Optional[str], typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
+    alpha: Annotated[Optional[float], typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
+    fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
     from isotrope.evaluate.commands import evaluate as run_evaluation
@@ -315,8 +322,13 @@ def evaluate(
         task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
         limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
+        modes=_comma_list(mode), stores=_comma_list(store_kind), alpha=alpha, fusion=fusion,
     )
     typer.echo(write_json(result, json_out))
+
+
+def _comma_list(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
 @app.command()

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
+from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE
 from isotrope.stores.base import Hit, VectorStore
-from isotrope.stores.filters import parse_where
+from isotrope.stores.filters import check_fields, parse_where
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +117,31 @@ class Collection:
         queries: str | Sequence[str],
         k: int = 10,
         where: Mapping[str, Any] | str | None = None,
+        mode: str = "dense",
+        alpha: float | None = None,
+        group_by: str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
-        """Encode the query text(s) as queries and return the best ``k`` hits (a list per query for a list)."""
+        """The best ``k`` hits of the query text(s) (a list per query for a list).
+
+        ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
+        ``"hybrid"`` (both, fused by a convex combination of min-max-normalised scores with weight
+        ``alpha`` on the dense side; default :data:`isotrope.fusion.DEFAULT_ALPHA`).
+        ``where`` filters by metadata in every mode; a field no stored row has is an error.
+        ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
+        """
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
+        check_mode(mode)
+        if mode == "hybrid":
+            check_alpha(alpha)
+        elif alpha is not None:
+            raise ValueError(f"alpha weighs the two sides of hybrid search; mode {mode!r} takes none")
         if isinstance(where, str):
             where = parse_where(where)
-        vectors = self.encoder.encode(texts, kind="query")
-        hits = self.store.search(vectors, k, where=where)
+        if where:
+            check_fields(where, self.store.metadata_fields())
+        vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
+        hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha, group_by=group_by)
         return hits[0] if single else hits
 
     def info(self) -> dict[str, Any]:

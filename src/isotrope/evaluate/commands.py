@@ -46,9 +46,13 @@ def fit_report(encoder: Any, fitted_on: str) -> dict:
 
 def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,
                   transductive: bool = False, split: str | None = None,
-                  context_corpus: str | None = None, **_: Any) -> dict:
+                  context_corpus: str | None = None, modes: Sequence[str] = (), stores: Sequence[str] = (),
+                  alpha: float | None = None, fusion: str = "convex", **_: Any) -> dict:
     """nDCG@10, recall@100, MRR@10 (x100) by exact search on the qrels ``split`` (default test);
-    ``fit_corpus="corpus"`` fits on the BEIR corpus."""
+    ``fit_corpus="corpus"`` fits on the BEIR corpus.
+
+    With ``modes`` (dense, lexical, hybrid) the corpus is indexed into a temporary store of each
+    of ``stores`` (default faiss) and queried through it, as ``isotrope search`` does."""
     from isotrope.evaluate.data import load_beir
     from isotrope.evaluate.tasks import document_text, eval_retrieval
 
@@ -60,6 +64,14 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
     if transductive and corpus is None:
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
     encoder, fitted_on = evaluator.fit(recipe, corpus, context_corpus=context_corpus)
+    if modes:
+        from isotrope.evaluate.store_retrieval import eval_through_store
+
+        by_store = eval_through_store(encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes,
+                                      alphas=[alpha], fusions=[fusion])
+        return {"scores": by_store, **fit_report(encoder, fitted_on), "queries": len(dataset.queries),
+                "documents": len(dataset.corpus), "split": split or "test",
+                "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha}}
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
     return {"scores": scores, **fit_report(encoder, fitted_on),

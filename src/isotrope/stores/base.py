@@ -54,6 +54,11 @@ class VectorStore(Protocol):
     ``search(queries, k, where=None)``
         For each query row, the ``k`` closest hits, best first, restricted to rows
         whose metadata matches ``where`` (see :mod:`isotrope.stores.filters`).
+    ``lexical_search(texts, k, where=None)``
+        For each query text, the ``k`` best hits by BM25 over the stored texts analyzed by
+        :mod:`isotrope.lexical` (only hits sharing a term; scores higher is better).
+    ``metadata_fields()``
+        The metadata keys some stored row has (filters naming others are errors).
     ``get(ids)``
         A ``Hit`` (score ``nan``) or ``None`` for each id, in order.
     ``contains(ids)``
@@ -84,6 +89,12 @@ class VectorStore(Protocol):
     def delete(self, ids: Iterable[str]) -> None: ...
 
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+
+    def lexical_search(
+        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None
+    ) -> list[list[Hit]]: ...
+
+    def metadata_fields(self) -> set[str]: ...
 
     def get(self, ids: Sequence[str]) -> list[Hit | None]: ...
 

@@ -142,6 +142,27 @@ def compile_matcher(where: Where | None):
     return lambda metadata: _evaluate(node, metadata)
 
 
+def field_names(where: Where | None) -> set[str]:
+    """The metadata fields a filter names."""
+    if not where:
+        return set()
+
+    def walk(node: _Node) -> set[str]:
+        if isinstance(node, _Cond):
+            return {node.field}
+        return set().union(*(walk(child) for child in node.children))
+
+    return walk(_compile(where))
+
+
+def check_fields(where: Where | None, known: set[str] | frozenset[str]) -> None:
+    """Raise a one-line ``ValueError`` naming a filter field no stored row has, and the fields that exist."""
+    unknown = sorted(field_names(where) - set(known))
+    if unknown:
+        stored = ", ".join(sorted(known)) if known else "none (no row has metadata)"
+        raise ValueError(f"unknown filter field {unknown[0]!r}; the stored metadata fields are: {stored}")
+
+
 # --------------------------------------------------------------------------- SQLite
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import (
     Hit,
     StoreFormatError,
@@ -75,6 +76,7 @@ class MemoryStore(VectorStore):
         self._ids: list[str] = []
         self._texts: list[str | None] = []
         self._metadata: list[dict[str, Any]] = []
+        self._terms: list[list[str]] = []
         self._row: dict[str, int] = {}
         self._properties: dict[str, str] = {}
 
@@ -97,11 +99,13 @@ class MemoryStore(VectorStore):
                 self._vectors[row] = batch.vectors[j]
                 self._texts[row] = batch.texts[j]
                 self._metadata[row] = batch.metadata[j]
+                self._terms[row] = analyze(batch.texts[j])
         for j in new:
             self._row[batch.ids[j]] = len(self._ids)
             self._ids.append(batch.ids[j])
             self._texts.append(batch.texts[j])
             self._metadata.append(batch.metadata[j])
+            self._terms.append(analyze(batch.texts[j]))
         self._vectors = np.concatenate([self._vectors, batch.vectors[new]])
 
     def delete(self, ids: Iterable[str]) -> None:
@@ -114,6 +118,7 @@ class MemoryStore(VectorStore):
         self._ids = [self._ids[r] for r in keep]
         self._texts = [self._texts[r] for r in keep]
         self._metadata = [self._metadata[r] for r in keep]
+        self._terms = [self._terms[r] for r in keep]
         self._row = {i: r for r, i in enumerate(self._ids)}
 
     def _rows(self, where: Mapping[str, Any] | None) -> np.ndarray:
@@ -133,6 +138,27 @@ class MemoryStore(VectorStore):
             [self._hit(int(rows[c]), float(scores[qi, c])) for c in best[qi]]
             for qi in range(q.shape[0])
         ]
+
+    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+        """Exact BM25 (Lucene IDF, as LanceDB) of each query text over the rows matching ``where``.
+
+        Statistics (N, document frequencies, average length) are those of the whole store, as in
+        the engines' indexes; rows sharing no term with the query are not hits.
+        """
+        k = check_k(k)
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of query strings, not a single string")
+        allowed = set(self._rows(where).tolist())
+        out = []
+        for text in texts:
+            scores = bm25_scores(self._terms, query_terms(text))
+            rows = [r for r in np.flatnonzero(scores > 0) if r in allowed]
+            rows.sort(key=lambda r: (-scores[r], r))
+            out.append([self._hit(int(r), float(scores[r])) for r in rows[:k]])
+        return out
+
+    def metadata_fields(self) -> set[str]:
+        return {key for metadata in self._metadata for key in metadata}
 
     def _hit(self, row: int, score: float) -> Hit:
         return Hit(self._ids[row], score, self._texts[row], dict(self._metadata[row]))

@@ -1,0 +1,95 @@
+"""Hybrid retrieval on SciFact through the stores (issue 17): tune the fusion on TRAIN, report on TEST.
+
+``tune``: the SciFact *train* queries (the test split is never read), hybrid nDCG@10 through a
+FAISS store for each alpha of a grid and for reciprocal-rank fusion, per encoder; the default
+frozen in :mod:`isotrope.fusion` is the alpha with the best mean over the encoders.
+``test``: dense / lexical / hybrid nDCG@10 on the *test* queries in both stores with the frozen
+defaults, beside bm25s (English Snowball stemmer and stop words) as the peer baseline.
+
+    python -m benchmarks.hybrid tune --data-dir DATA [--cache-dir .cache/isotrope] [--out F.json]
+    python -m benchmarks.hybrid test --data-dir DATA [--cache-dir .cache/isotrope] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from isotrope.evaluate.data import BeirDataset, load_beir
+from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.metrics import ndcg_at_k
+from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store
+
+ENCODERS = {
+    "all-MiniLM-L6-v2": Recipe(model="all-MiniLM-L6-v2", shape="none"),
+    "static:all-MiniLM-L6-v2 whiten-partial": Recipe(model="static:all-MiniLM-L6-v2", shape="whiten-partial"),
+}
+ALPHAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def fitted(evaluator: Evaluator, recipe: Recipe, dataset: BeirDataset):
+    _, texts = beir_documents(dataset)
+    return evaluator.fit(recipe, texts)[0]
+
+
+def bm25s_baseline(dataset: BeirDataset) -> float:
+    """nDCG@10 of bm25s (Lucene BM25, k1 1.2, b 0.75) with PyStemmer's English stemmer and English stop words."""
+    import bm25s
+    import Stemmer
+
+    ids, texts = beir_documents(dataset)
+    stemmer = Stemmer.Stemmer("english")
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False), show_progress=False)
+    query_ids = list(dataset.queries)
+    tokens = bm25s.tokenize([dataset.queries[q] for q in query_ids], stopwords="en", stemmer=stemmer, show_progress=False)
+    docs, scores = retriever.retrieve(tokens, k=100, show_progress=False)
+    run = {q: {ids[d]: float(s) for d, s in zip(row_d, row_s)} for q, row_d, row_s in zip(query_ids, docs, scores)}
+    return round(100 * ndcg_at_k(run, dataset.qrels, 10), 2)
+
+
+def tune(dataset: BeirDataset, evaluator: Evaluator) -> dict:
+    out: dict = {"split": "train", "queries": len(dataset.queries), "encoders": {}}
+    for name, recipe in ENCODERS.items():
+        encoder = fitted(evaluator, recipe, dataset)
+        result = eval_through_store(encoder, dataset, ["faiss"], ["dense", "lexical", "hybrid"], ALPHAS, ("convex", "rrf"))
+        out["encoders"][name] = {label: s["ndcg@10"] for label, s in result["faiss"].items()}
+    mean = {a: sum(e[f"hybrid@{a}"] for e in out["encoders"].values()) / len(ENCODERS) for a in ALPHAS}
+    out["mean hybrid ndcg@10 by alpha"] = {str(a): round(v, 2) for a, v in mean.items()}
+    out["chosen alpha"] = max(ALPHAS, key=lambda a: mean[a])
+    return out
+
+
+def test(dataset: BeirDataset, evaluator: Evaluator) -> dict:
+    out: dict = {"split": "test", "queries": len(dataset.queries), "bm25s ndcg@10": bm25s_baseline(dataset)}
+    for name, recipe in ENCODERS.items():
+        encoder = fitted(evaluator, recipe, dataset)
+        tick = time.perf_counter()
+        result = eval_through_store(encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"],
+                                    fusions=("convex", "rrf"))
+        out[name] = {kind: {label: s["ndcg@10"] for label, s in modes.items()} for kind, modes in result.items()}
+        out[name]["seconds"] = round(time.perf_counter() - tick, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("tune", "test"))
+    parser.add_argument("--data-dir", type=Path, required=True, help="root holding retrieval/scifact")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/isotrope"))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    dataset = load_beir(args.data_dir / "retrieval" / "scifact", "train" if args.step == "tune" else "test")
+    evaluator = Evaluator(cache_dir=args.cache_dir)
+    result = (tune if args.step == "tune" else test)(dataset, evaluator)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The one text analyzer behind every store's lexical (BM25) index, and the BM25 reference.
+
+Both engines index the *output* of :func:`analyze` (space-joined terms) with a tokenizer
+that only splits on spaces, so SQLite FTS5 and LanceDB see the same terms for the same
+text and the same query:
+
+* Unicode NFKD, combining marks dropped (``café`` -> ``cafe``), lower case;
+* tokens are runs of letters and digits (as LanceDB's ``simple`` tokenizer); tokens longer
+  than 40 characters are dropped (LanceDB's default ``max_token_length``);
+* English stop words removed: the 33-word Lucene/tantivy list LanceDB's English index uses;
+* the Snowball English stemmer (PyStemmer; the stemmer of LanceDB's English index and bm25s).
+
+A query is analyzed the same way; its distinct terms are OR-ed. Nothing a user types is
+query syntax: quotes, ``-``, ``*``, ``AND``, ``NEAR`` are punctuation or words.
+
+The engines rank with BM25 (k1 = 1.2, b = 0.75) and differ only in the IDF: LanceDB uses
+Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``, FTS5 ``ln((N - n + 0.5) / (n + 0.5))``
+floored at 1e-6. :func:`bm25_scores` computes either, in float64, as the test reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+#: Lucene's (and tantivy's) default English stop words
+STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these "
+    "they this to was will with".split()
+)
+MAX_TOKEN_LENGTH = 40
+K1 = 1.2
+B = 0.75
+_TOKEN = re.compile(r"[^\W_]+")
+
+
+@functools.lru_cache(maxsize=1)
+def _stemmer():
+    try:
+        import Stemmer
+    except ImportError as error:  # pragma: no cover - a dependency of the package
+        raise ImportError("lexical search needs PyStemmer: pip install PyStemmer") from error
+    return Stemmer.Stemmer("english")
+
+
+def _fold(text: str) -> str:
+    if text.isascii():
+        return text.lower()
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).lower()
+
+
+def analyze(text: str | None) -> list[str]:
+    """The index terms of ``text``, in order (repeats kept)."""
+    if not text:
+        return []
+    words = [w for w in _TOKEN.findall(_fold(text)) if len(w) <= MAX_TOKEN_LENGTH and w not in STOP_WORDS]
+    return _stemmer().stemWords(words)
+
+
+def index_text(text: str | None) -> str:
+    """What the engines index: the analyzed terms joined by spaces."""
+    return " ".join(analyze(text))
+
+
+def query_terms(query: str) -> list[str]:
+    """The distinct terms of a query, in first-seen order (empty: nothing to match)."""
+    return list(dict.fromkeys(analyze(query)))
+
+
+def fts5_match(terms: Sequence[str]) -> str:
+    """An FTS5 MATCH expression OR-ing the terms, each a quoted string (never query syntax)."""
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str], idf: str = "lucene") -> np.ndarray:
+    """BM25 of each analyzed document for the distinct query ``terms`` (float64; 0 where none matches).
+
+    ``idf``: ``"lucene"`` (LanceDB, bm25s) or ``"fts5"`` (SQLite's ``bm25()``, floored at 1e-6).
+    Documents without terms count in neither N nor the average length (as in both engines).
+    """
+    if idf not in ("lucene", "fts5"):
+        raise ValueError(f"idf must be 'lucene' or 'fts5'; got {idf!r}")
+    scores = np.zeros(len(documents))
+    lengths = np.array([len(d) for d in documents], dtype=np.float64)
+    n_docs = int((lengths > 0).sum())
+    if n_docs == 0:
+        return scores
+    average = lengths.sum() / n_docs
+    counts = [Counter(d) for d in documents]
+    for term in dict.fromkeys(terms):
+        tf = np.array([c.get(term, 0) for c in counts], dtype=np.float64)
+        df = float((tf > 0).sum())
+        if df == 0:
+            continue
+        ratio = (n_docs - df + 0.5) / (df + 0.5)
+        weight = np.log1p(ratio) if idf == "lucene" else max(np.log(ratio), 1e-6)
+        scores += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * lengths / average))
+    return scores

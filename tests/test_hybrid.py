@@ -1,0 +1,402 @@
+"""Lexical and hybrid search in every store against exact references: BM25 recomputed in float64 from the
+analyzed texts (with each engine's IDF), fusion recomputed in NumPy; the FTS index kept exact under upsert,
+delete and reopen, built for stores written before it, and committed atomically with the rows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+
+import numpy as np
+import pytest
+from test_stores import make_data, run_child
+
+from isotrope.fusion import best_per_group, convex_fusion, reciprocal_rank_fusion, search_store
+from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
+from isotrope.stores.base import Hit
+from isotrope.stores.filters import check_fields, matches
+from isotrope.stores.memory import MemoryStore
+
+pytest.importorskip("faiss")
+pytest.importorskip("lancedb")
+from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
+from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
+
+DIM = 8
+K = 7
+WORDS = ("run runs running runner jumps jumping jumped quick fox foxes dog dogs lazy café cafe naïve river rivers "
+         "bank banks orchid zygomorphic the a and of to is not in protein proteins cell cells x42 3d").split()
+QUERIES = ["quick fox", "running dogs", "cafe naive", '"fox" AND -dog*', "protein NEAR(cell)", "the and of",
+           "zygomorphic orchid banks", "x42 3D", "RUNNERS jumped!", "", "fox OR", "^rivers: col:bank"]
+#: the IDF each engine uses (isotrope.lexical): LanceDB and the reference store Lucene's, FTS5 its own
+IDF = {"memory": "lucene", "faiss": "fts5", "lance": "lucene"}
+
+
+def make_texts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, len(WORDS) + 1)
+    order = rng.permutation(len(WORDS))
+    probabilities = weights[order] / weights.sum()
+    texts = []
+    for i in range(n):
+        words = rng.choice(WORDS, size=int(rng.integers(1, 15)), p=probabilities)
+        texts.append(" ".join(words) + (".", "!", " - yes", "")[i % 4])
+    texts[3] = None  # a row without text is never a lexical hit
+    return texts
+
+
+def make_metadata(i):
+    return {"source": f"doc{i % 5}.txt", "year": 2000 + i % 9}
+
+
+def open_store(kind, tmp_path):
+    if kind == "memory":
+        return MemoryStore(DIM, metric="cosine")
+    if kind == "faiss":
+        return FaissStore(tmp_path / "faiss", dim=DIM, metric="cosine")
+    return LanceDBStore(tmp_path / "lance", dim=DIM, metric="cosine")
+
+
+def reopen(kind, store, tmp_path):
+    if kind == "memory":
+        return store
+    store.close()
+    return FaissStore(tmp_path / "faiss") if kind == "faiss" else LanceDBStore(tmp_path / "lance")
+
+
+def assert_lexical_exact(kind, store, contents, where=None, queries=QUERIES):
+    """Each query's hits are the reference BM25 top k among matching rows: scores, ids (tie-aware), count."""
+    ids = list(contents)
+    documents = [analyze(contents[i][0]) for i in ids]
+    found = store.lexical_search(queries, K, where=where)
+    assert len(found) == len(queries)
+    for query, hits in zip(queries, found):
+        scores = bm25_scores(documents, query_terms(query), idf=IDF[kind])
+        allowed = [j for j, i in enumerate(ids) if scores[j] > 0 and matches(contents[i][1], where)]
+        expected = sorted((scores[j] for j in allowed), reverse=True)[:K]
+        assert len(hits) == len(expected), query
+        np.testing.assert_allclose([h.score for h in hits], expected, rtol=1e-5, atol=1e-9, err_msg=query)
+        by_id = dict(zip(ids, scores))
+        np.testing.assert_allclose([h.score for h in hits], [by_id[h.id] for h in hits], rtol=1e-5, atol=1e-9)
+        assert all(h.text == contents[h.id][0] and h.metadata == contents[h.id][1] for h in hits)
+
+
+def fill(store, n=120, seed=0):
+    texts = make_texts(n, seed)
+    ids = [f"d{i}" for i in range(n)]
+    metadata = [make_metadata(i) for i in range(n)]
+    store.add(ids, make_data("random", n, DIM, seed), texts, metadata)
+    store.commit()
+    return {i: (t, m) for i, t, m in zip(ids, texts, metadata)}
+
+
+# ----------------------------------------------------------------------------- the analyzer and fusion math
+
+
+def test_analyzer_stems_folds_and_drops_stop_words():
+    assert analyze("The Runners were RUNNING to the Café!") == ["runner", "were", "run", "cafe"]
+    assert analyze("naïve x42 snake_case " + "y" * 41) == ["naiv", "x42", "snake", "case"]
+    assert query_terms("fox foxes FOX the") == ["fox"]
+    assert fts5_match(['a"b', "c"]) == '"a""b" OR "c"'
+
+
+def test_bm25_reference_by_hand():
+    documents = [["a", "b"], ["a", "a", "c"], ["d"]]
+    average = 2.0
+    idf_a = np.log1p((3 - 2 + 0.5) / (2 + 0.5))
+    tf_norm = 2 * 2.2 / (2 + 1.2 * (0.25 + 0.75 * 3 / average))
+    assert bm25_scores(documents, ["a"])[1] == pytest.approx(idf_a * tf_norm)
+    assert bm25_scores(documents, ["a"], idf="fts5")[1] == pytest.approx(1e-6 * tf_norm)  # ln(1.5/2.5) < 0: floored
+    assert bm25_scores(documents, ["zzz"]).tolist() == [0, 0, 0]
+
+
+def hits_of(ids, scores):
+    return [Hit(i, float(s), None, {}) for i, s in zip(ids, scores)]
+
+
+def test_convex_fusion_matches_numpy():
+    rng = np.random.default_rng(0)
+    universe = [f"x{i}" for i in range(40)]
+    for alpha in (0.0, 0.3, 0.5, 1.0):
+        dense_ids = list(rng.choice(universe, 15, replace=False))
+        lexical_ids = list(rng.choice(universe, 12, replace=False))
+        dense, lexical = np.sort(rng.normal(size=15))[::-1], np.sort(rng.exponential(size=12))[::-1]
+        fused = convex_fusion(hits_of(dense_ids, dense), hits_of(lexical_ids, lexical), k=10, alpha=alpha)
+        union = list(dict.fromkeys(dense_ids + lexical_ids))
+        d = np.zeros(len(union))
+        t = np.zeros(len(union))
+        d[[union.index(i) for i in dense_ids]] = (dense - dense.min()) / (dense.max() - dense.min())
+        t[[union.index(i) for i in lexical_ids]] = (lexical - lexical.min()) / (lexical.max() - lexical.min())
+        reference = alpha * d + (1 - alpha) * t
+        order = np.argsort(-reference, kind="stable")[:10]
+        assert [h.id for h in fused] == [union[j] for j in order]
+        np.testing.assert_allclose([h.score for h in fused], reference[order])
+    single = convex_fusion(hits_of(["a"], [3.0]), [], k=5, alpha=0.5)  # one candidate: normalised to 1
+    assert [(h.id, h.score) for h in single] == [("a", 0.5)]
+
+
+def test_reciprocal_rank_fusion_formula():
+    fused = reciprocal_rank_fusion([hits_of("abc", [0, 0, 0]), hits_of("cd", [0, 0])], k=3, rrf_k=60)
+    expected = {"a": 1 / 61, "b": 1 / 62, "c": 1 / 63 + 1 / 61, "d": 1 / 62}
+    assert [h.id for h in fused] == ["c", "a", "b"]  # b and d tie: b came first
+    assert [h.score for h in fused] == pytest.approx([expected["c"], expected["a"], expected["b"]])
+
+
+def test_best_per_group_keeps_the_first_hit_of_each_value():
+    hits = [Hit(f"h{i}", 1.0 - i / 10, None, {"source": s}) for i, s in enumerate("aabcab")] + [Hit("x", 0, None, {})]
+    assert [h.id for h in best_per_group(hits, "source", 10)] == ["h0", "h2", "h3", "x"]
+    assert [h.id for h in best_per_group(hits, "source", 2)] == ["h0", "h2"]
+
+
+def test_unknown_filter_fields_are_named_with_the_known_ones():
+    check_fields({"source": "a", "$or": [{"year": 1}, {"source": "b"}]}, {"source", "year"})
+    with pytest.raises(ValueError, match=r"^unknown filter field 'yaer'; the stored metadata fields are: source, year$"):
+        check_fields({"$or": [{"yaer": 1}, {"source": "b"}]}, {"source", "year"})
+
+
+# ----------------------------------------------------------------------------- the store contract
+
+KINDS = ["memory", "faiss", "lance"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lexical_search_is_exact_bm25(kind, tmp_path):
+    store = open_store(kind, tmp_path)
+    contents = fill(store)
+    assert_lexical_exact(kind, store, contents)
+    assert_lexical_exact(kind, store, contents, where={"source": {"$in": ["doc1.txt", "doc3.txt"]}})
+    assert_lexical_exact(kind, store, contents, where={"year": {"$gte": 2005}, "source": {"$ne": "doc0.txt"}})
+    assert store.metadata_fields() == {"source", "year"}
+    with pytest.raises(TypeError, match="not a single string"):
+        store.lexical_search("quick fox", K)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_upsert_delete_and_reopen_keep_the_lexical_index_exact(kind, tmp_path):
+    store = open_store(kind, tmp_path)
+    contents = fill(store)
+    changed = make_texts(30, seed=5)
+    ids = [f"d{i}" for i in range(0, 60, 2)]  # upsert 30 stored rows with new texts
+    store.add(ids, make_data("random", 30, DIM, 5), changed, [{"source": "new.txt"}] * 30)
+    contents.update({i: (t, {"source": "new.txt"}) for i, t in zip(ids, changed)})
+    store.add(["n1", "n2"], make_data("random", 2, DIM, 6), ["zygomorphic orchid", "orchid rivers"])
+    contents.update({"n1": ("zygomorphic orchid", {}), "n2": ("orchid rivers", {})})
+    gone = [f"d{i}" for i in range(1, 40, 3)] + ["n2"]
+    store.delete(gone)
+    for i in gone:
+        del contents[i]
+    store.commit()
+    assert_lexical_exact(kind, store, contents)
+    store = reopen(kind, store, tmp_path)
+    assert_lexical_exact(kind, store, contents)
+    store.add(["n3"], make_data("random", 1, DIM, 7), ["orchid orchid banks"])  # appended after reopening
+    store.commit()
+    contents["n3"] = ("orchid orchid banks", {})
+    assert_lexical_exact(kind, store, contents)
+
+
+@pytest.mark.parametrize("kind", ["memory", "faiss", "lance"])
+def test_hybrid_search_fuses_the_stores_own_lists(kind, tmp_path):
+    store = open_store(kind, tmp_path)
+    contents = fill(store)
+    queries = ["quick fox", "proteins in cells", "the and"]
+    vectors = make_data("random", 3, DIM, 9)
+    where = {"year": {"$lt": 2006}}
+    for alpha in (None, 0.2, 1.0):
+        fused = search_store(store, queries, vectors, K, where=where, mode="hybrid", alpha=alpha)
+        dense = store.search(vectors, 100, where=where)
+        lexical = store.lexical_search(queries, 100, where=where)
+        for row, d, t in zip(fused, dense, lexical):
+            expected = convex_fusion(d, t, K, 0.5 if alpha is None else alpha)
+            assert [h.id for h in row] == [h.id for h in expected]
+            assert all(matches(contents[h.id][1], where) for h in row)
+    assert search_store(store, queries, vectors, K, mode="dense")[0] == store.search(vectors, K)[0]
+    with pytest.raises(ValueError, match="alpha must be a number in"):
+        search_store(store, queries, vectors, K, mode="hybrid", alpha=1.5)
+    with pytest.raises(ValueError, match="unknown search mode 'sparse'"):
+        search_store(store, queries, vectors, K, mode="sparse")
+
+
+def test_faiss_store_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
+    store = open_store("faiss", tmp_path)
+    contents = fill(store)
+    store.close()
+    with sqlite3.connect(tmp_path / "faiss" / "store.sqlite") as conn:
+        conn.execute("DROP TABLE items_fts")
+    store = FaissStore(tmp_path / "faiss")
+    assert not store.has_lexical_index
+    assert_lexical_exact("faiss", store, contents)
+    assert store.has_lexical_index and "no lexical index: building it from the 120 stored texts" in caplog.text
+    store.close()
+    assert FaissStore(tmp_path / "faiss").has_lexical_index  # committed
+
+
+def test_lance_table_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
+    store = open_store("lance", tmp_path)
+    contents = fill(store)
+    for index in store._table.list_indices():
+        store._table.drop_index(index.name)
+    store._table.drop_columns(["terms"])
+    store = LanceDBStore(tmp_path / "lance")
+    assert not store.has_lexical_index
+    assert_lexical_exact("lance", store, contents)
+    assert store.has_lexical_index and "has no lexical terms" in caplog.text
+
+
+FAISS_FTS_CHILD = """
+    import os, sys
+    import numpy as np
+    from isotrope.connectors.faiss_store import FaissStore
+    path, mode = sys.argv[1], sys.argv[2]
+    store = FaissStore(path, dim=4)
+    rng = np.random.default_rng(0)
+    store.add(["a", "b"], rng.standard_normal((2, 4)), ["quick fox", "lazy dog"])
+    store.commit()
+    store.add(["c"], rng.standard_normal((1, 4)), ["zygomorphic orchid"])
+    store.delete(["a"])
+    if mode == "before-commit":
+        os._exit(9)
+    os.replace = lambda *args, **kwargs: os._exit(9)  # die after the SQLite commit, before the index rename
+    store.commit()
+"""
+
+
+@pytest.mark.parametrize("mode", ["before-commit", "after-sqlite-commit"])
+def test_faiss_lexical_index_commits_with_the_rows(mode, tmp_path):
+    result = run_child(FAISS_FTS_CHILD, tmp_path / "store", mode)
+    assert result.returncode == 9, result.stderr
+    store = FaissStore(tmp_path / "store")
+    expected = {"a", "b"} if mode == "before-commit" else {"b", "c"}
+    assert set(store.ids()) == expected
+    conn = store._conn
+    assert conn.execute("SELECT COUNT(*) FROM items_fts").fetchone()[0] == len(expected)
+    assert {h.id for h in store.lexical_search(["quick fox lazy dog zygomorphic orchid"], 10)[0]} == expected
+
+
+def test_faiss_failed_add_rolls_back_the_lexical_rows(tmp_path, monkeypatch):
+    store = FaissStore(tmp_path / "store", dim=4)
+    store.add(["a"], np.ones((1, 4)), ["quick fox"])
+    store.commit()
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("simulated failure inside add")
+
+    monkeypatch.setattr(FaissStore, "_needs_training", property(fail), raising=False)
+    with pytest.raises(RuntimeError, match="simulated"):
+        store.add(["b"], np.ones((1, 4)), ["lazy fox"])
+    monkeypatch.undo()
+    store.commit()
+    assert store.ids() == ["a"]
+    assert store._conn.execute("SELECT COUNT(*) FROM items_fts").fetchone()[0] == 1
+    assert [h.id for h in store.lexical_search(["fox"], 5)[0]] == ["a"]
+
+
+# ----------------------------------------------------------------------------- collection, CLI, LlamaIndex, eval
+
+
+@pytest.fixture
+def collection_uri(tmp_path, tiny_bert_path):
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.search import Collection
+
+    encoder = ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu")
+    texts = [t or "empty" for t in make_texts(60, seed=2)]
+    encoder.fit(texts)
+    uri = f"faiss:{tmp_path / 'coll'}"
+    with Collection.create(uri, encoder) as collection:
+        vectors = encoder.encode(texts)
+        collection.store.add([f"c{i}" for i in range(60)], vectors, texts, [{"source": f"s{i % 6}"} for i in range(60)])
+        collection.store.commit()
+    return uri
+
+
+def test_collection_modes_group_by_and_unknown_fields(collection_uri):
+    from isotrope.search import Collection
+
+    with Collection.open(collection_uri) as collection:
+        lexical = collection.search("quick foxes", k=5, mode="lexical")
+        assert lexical == collection.store.lexical_search(["quick foxes"], 5)[0]
+        hybrid = collection.search(["quick foxes"], k=5, mode="hybrid", alpha=0.3, where="source != 's1'")[0]
+        assert hybrid and all(h.metadata["source"] != "s1" for h in hybrid)
+        for mode in ("dense", "lexical", "hybrid"):
+            grouped = collection.search("quick foxes running", k=4, mode=mode, group_by="source")
+            ungrouped = collection.search("quick foxes running", k=60, mode=mode)
+            assert [h.id for h in grouped] == [h.id for h in best_per_group(ungrouped, "source", 4)]
+            assert len({h.metadata["source"] for h in grouped}) == len(grouped) == 4
+            with pytest.raises(ValueError, match="unknown filter field 'sorce'; the stored metadata fields are: source"):
+                collection.search("fox", mode=mode, where={"sorce": {"$ne": "x"}})
+        with pytest.raises(ValueError, match="mode 'dense' takes none"):
+            collection.search("fox", alpha=0.5)
+
+
+def test_cli_search_modes(collection_uri, monkeypatch, capsys):
+    from test_search import run_cli
+
+    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, 'quick "fox" AND -dog*', "--mode", "lexical",
+                             "--json", "-k", 3)
+    assert code == 0, err
+    assert len(json.loads(out)) == 3
+    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "quick fox", "--mode", "hybrid",
+                             "--alpha", 0.7, "--group-by", "source", "--json")
+    assert code == 0, err
+    sources = [hit["metadata"]["source"] for hit in json.loads(out)]
+    assert len(sources) == len(set(sources)) == 6
+    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "fox", "--mode", "lexical",
+                             "--where", "lang = 'en'")
+    assert code == 1 and err.splitlines() == [
+        "error: unknown filter field 'lang'; the stored metadata fields are: source"]
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.schema import MetadataMode, TextNode
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
+    from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
+    from isotrope.encoder import ShapedEncoder
+
+    texts = [t or "empty" for t in make_texts(40, seed=4)]
+    encoder = ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu").fit(texts)
+    embedding = IsotropeEmbedding.from_encoder(encoder, tmp_path / "encoder")
+    store = IsotropeVectorStore(f"{kind}:{tmp_path / 'store'}", embed_model=embedding)
+    nodes = [TextNode(text=text, metadata={"source": f"s{i % 4}"}) for i, text in enumerate(texts)]
+    embedded = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
+    for node, vector in zip(nodes, embedding.get_text_embedding_batch(embedded)):
+        node.embedding = vector
+    store.add(nodes)
+    collection = store.collection
+    text = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4, mode=VectorStoreQueryMode.TEXT_SEARCH))
+    assert text.ids == [h.id for h in collection.search("quick fox", k=4, mode="lexical")]
+    hybrid = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4, mode=VectorStoreQueryMode.HYBRID,
+                                          alpha=0.25))
+    assert hybrid.ids == [h.id for h in collection.search("quick fox", k=4, mode="hybrid", alpha=0.25)]
+    dense = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4))
+    assert dense.ids == [h.id for h in collection.search("quick fox", k=4)]
+    with pytest.raises(ValueError, match="needs query_str"):
+        store.query(VectorStoreQuery(query_embedding=[0.0] * collection.store.dim, mode=VectorStoreQueryMode.HYBRID))
+    with pytest.raises(ValueError, match="supports the query modes"):
+        store.query(VectorStoreQuery(query_str="a", mode=VectorStoreQueryMode.MMR))
+
+
+def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
+    from isotrope.evaluate.commands import evaluate
+    from isotrope.evaluate.harness import Evaluator, Recipe
+
+    documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
+    queries = ["cats sitting", "running dog", "houses", "zzz unknown"]
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n"
+                                               for i, text in enumerate(documents)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
+                                                for i, text in enumerate(queries)))
+    (beir / "qrels" / "test.tsv").write_text("".join(f"q{i}\td{i}\t1\n" for i in range(4)))
+    result = evaluate("retrieval", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
+                      fit_corpus="corpus", modes=["dense", "lexical", "hybrid"], stores=["faiss", "lancedb"])
+    for kind in ("faiss", "lancedb"):
+        # q0..q2 find their document by a shared stem, first; q3 shares no term: reciprocal rank 0
+        assert result["scores"][kind]["lexical"]["mrr@10"] == 75.0
+        assert set(result["scores"][kind]) == {"dense", "lexical", "hybrid"}
+    assert result["scores"]["faiss"]["dense"] == result["scores"]["lancedb"]["dense"]
