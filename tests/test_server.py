@@ -74,7 +74,7 @@ def test_healthz_and_info(client, collection):
     assert info["chunks"] == len(collection.store) == 60
     assert info["fingerprint"] == collection.encoder.fingerprint
     assert info["store"] == f"lancedb:{collection.path}"
-    assert "dense" in info["server"]["modes"]
+    assert info["server"]["modes"] == ["dense", "lexical", "hybrid"]
 
 
 def test_search_returns_the_collections_hits_with_the_cli_json_fields(client, collection, store_uri, capsys, monkeypatch):
@@ -163,13 +163,26 @@ def test_bad_filter_is_400_with_a_message(client, where):
     assert response.json()["detail"] and "Traceback" not in response.text
 
 
-def test_modes_this_collection_does_not_offer_are_400(client, collection):
-    offered = client.get("/info").json()["server"]["modes"]
-    if offered != ["dense"]:
-        pytest.skip("this Collection.search offers lexical and hybrid modes")
-    for body in ({"mode": "hybrid"}, {"mode": "lexical"}, {"group_by": "source"}, {"alpha": 0.5}):
-        response = client.post("/search", json={"query": QUERY, **body})
-        assert response.status_code == 400 and next(iter(body)) in response.json()["detail"]
+@pytest.mark.parametrize("mode", ["lexical", "hybrid"])
+def test_lexical_and_hybrid_modes_return_the_collections_hits(client, collection, mode):
+    extra = {"alpha": 0.3} if mode == "hybrid" else {}
+    body = client.post("/search", json={"query": QUERY, "k": 6, "mode": mode, **extra}).json()
+    expected = collection.search(QUERY, k=6, mode=mode, **extra)
+    assert_same_hits(body["hits"], [{"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"),
+                                     "metadata": h.metadata} for h in expected])
+    assert client.post("/search", json={"query": QUERY, "mode": "dense", "alpha": 0.3}).status_code == 400
+
+
+def test_group_by_keeps_one_hit_per_source(client):
+    hits = client.post("/search", json={"query": QUERY, "k": 3, "group_by": "source"}).json()["hits"]
+    assert sorted(hit["source"] for hit in hits) == sorted(SOURCES)
+    best = client.post("/search", json={"query": QUERY, "k": 1}).json()["hits"][0]
+    assert hits[0]["id"] == best["id"]
+
+
+def test_unknown_where_field_is_400_naming_it(client):
+    response = client.post("/search", json={"query": QUERY, "where": "colour = 'red'"})
+    assert response.status_code == 400 and "colour" in response.json()["detail"]
 
 
 def test_internal_errors_are_500_without_a_traceback(collection, monkeypatch):
@@ -207,7 +220,8 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
     get_command(app).main(["serve", store_uri, "--port", "9"], standalone_mode=False)
-    assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info"}
+    assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
+                        "threads": 1}
 
 
 # ----------------------------------------------------------------------------- page and docs

@@ -213,6 +213,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True,
                                                    help="require 'Authorization: Bearer KEY' on the API routes")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
+    threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
@@ -220,7 +221,7 @@ def serve(
     except ImportError as error:
         raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
     typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
-    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level)
+    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads)
 
 
 @app.command()

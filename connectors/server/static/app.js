@@ -62,7 +62,7 @@ async function search() {
   const where = $("where").value.trim();
   if (where) body.where = where;
   const groupBy = $("group_by").value.trim();
-  if (!$("group-label").hidden && groupBy) body.group_by = groupBy;
+  if (groupBy) body.group_by = groupBy;
   const started = performance.now();
   try {
     const result = await api("/search", body);
@@ -85,7 +85,6 @@ async function loadInfo() {
       + info.shape + " · " + fingerprint;
     const modes = (info.server && info.server.modes) || ["dense"];
     $("mode").replaceChildren(...modes.map((m) => new Option(m, m)));
-    $("group-label").hidden = !(info.server && info.server.group_by);
   } catch (error) {
     $("info").textContent = "store info unavailable: " + error.message;
   }
