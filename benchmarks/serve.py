@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=50, help="queries sent first, not measured")
+    parser.add_argument("--single", type=int, default=200, help="queries then sent from one client")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     args = parser.parse_args()
 
@@ -157,7 +158,7 @@ def main() -> None:
         startup = time.perf_counter() - tick
         load(url, queries[:args.warmup], args.clients, args.k)
         result = load(url, queries[args.warmup:args.warmup + args.queries], args.clients, args.k)
-        single = load(url, queries[args.warmup:args.warmup + 200], 1, args.k)
+        single = load(url, queries[args.warmup:args.warmup + args.single], 1, args.k)
     finally:
         server.terminate()
         try:
