@@ -26,12 +26,18 @@ function escapeHtml(text) {
   return text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
+// words too common to be worth marking
+const STOPWORDS = new Set(("a an and are as at be by did do does for from had has have how i in is it its of on or "
+  + "that the this to was were what when where which who why will with").split(" "));
+
 function highlight(text, query) {
   const terms = [...new Set(query.toLowerCase().match(/[\p{L}\p{N}]{2,}/gu) || [])]
+    .filter((t) => !STOPWORDS.has(t))
     .sort((a, b) => b.length - a.length).map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
   const safe = escapeHtml(text);
   if (!terms.length) return safe;
-  return safe.replace(new RegExp("(" + terms.join("|") + ")", "giu"), "<mark>$1</mark>");
+  const whole = new RegExp("(?<![\\p{L}\\p{N}])(" + terms.join("|") + ")(?![\\p{L}\\p{N}])", "giu");
+  return safe.replace(whole, "<mark>$1</mark>");
 }
 
 function showError(message) {
