@@ -272,6 +272,12 @@ def test_report_compares_raw_and_shaped_vectors(collection):
     assert not re.search(r"(src|href)=\"(https?:)?//", page)
 
 
+def test_report_cuts_long_values(collection, monkeypatch):
+    monkeypatch.setitem(collection.encoder.metadata, "fit", {"fitted_on": "x" * 10_000, "n_texts": 200})
+    page = render_html(build_report(collection, sample=20))
+    assert "x" * 300 + "… (10,000 characters)" in page and "x" * 301 not in page
+
+
 def test_report_shows_auto_shape_candidates(collection, monkeypatch):
     auto = {"chosen": {"shape": "center"}, "rule": "simplest close to best", "pseudo_queries": 42, "held_aside_texts": 99,
             "candidates": [{"shape": "none", "mrr@10": 30.5, "standard_errors_below_best": 2.1},

@@ -192,12 +192,15 @@ def _table(header: list[str], rows: list[list[Any]], highlight: int | None = Non
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+MAX_CELL = 300
+
+
 def _cell(value: Any) -> str:
+    """A table cell's text; long values are cut (a fit sample passed as a list is recorded by its repr)."""
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return "" if value is None else str(value)
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else "" if value is None else str(value)
+    return text if len(text) <= MAX_CELL else f"{text[:MAX_CELL]}… ({len(text):,} characters)"
 
 
 def _auto_shape_section(auto: dict[str, Any] | None) -> str:
