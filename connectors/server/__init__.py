@@ -3,8 +3,9 @@
 The store and its encoder are opened once, before the server starts, in one worker thread
 that then runs every search, one at a time (a FAISS store's SQLite connection lives in the
 thread that opened it, a tokenizer is not shared safely between threads, and the work is
-CPU-bound anyway); the event loop only parses, validates and answers. Bad input is a 4xx answer with a one-line ``detail``; any other
-failure is a 500 whose body names the error type, never a traceback (that goes to the log).
+CPU-bound anyway); the event loop only parses, validates and answers. Bad input is a 4xx answer
+with a one-line ``detail``; any other failure is a 500 whose body names the error type, never a
+traceback (that goes to the log).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "ISOTROPE_API_KEY"
 MODES = ("dense", "lexical", "hybrid")
 MAX_BATCH = 256
 STATIC_DIR = files("isotrope.connectors.server") / "static"
@@ -137,7 +137,7 @@ class Searcher:
     def __init__(self, collection: Collection, worker: ThreadPoolExecutor) -> None:
         self.collection = collection
         self.worker = worker
-        self._report: dict[int, str] = {}
+        self._report: tuple[int, str] | None = None  # (sample size, page) of the last report
 
     async def _run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(self.worker.submit(function, *args, **kwargs))
@@ -174,12 +174,12 @@ class Searcher:
     def _render_report(self, sample: int) -> str:
         from isotrope.report import build_report, render_html
 
-        if sample not in self._report:  # only the worker thread reads and writes this cache
-            self._report[sample] = render_html(build_report(self.collection, sample=sample))
-        return self._report[sample]
+        if self._report is None or self._report[0] != sample:  # only the worker thread touches this
+            self._report = (sample, render_html(build_report(self.collection, sample=sample)))
+        return self._report[1]
 
     async def report(self, sample: int) -> str:
-        """The shaping report page, computed on the first request for each sample size."""
+        """The shaping report page; the last one is kept (the store does not change while served)."""
         try:
             return await self._run(self._render_report, sample)
         except ValueError as error:
