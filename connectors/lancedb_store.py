@@ -613,6 +613,12 @@ class LanceDBStore(VectorStore):
         """The stored vectors of ``ids``; KeyError names an unknown id."""
         return self._column_vectors(ids, "vector", self.dim)
 
+    def raw_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored raw (pre-shaping) vectors of ``ids``; ValueError without the column or for a null row."""
+        if self.raw_dim is None:
+            raise ValueError(f"table {self.table_name!r} has no raw_vector column")
+        return self._column_vectors(ids, "raw_vector", self.raw_dim)
+
     def _column_vectors(self, ids: Sequence[str], column: str, dim: int) -> np.ndarray:
         wanted = as_ids(ids)
         found: dict[str, np.ndarray] = {}

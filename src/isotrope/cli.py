@@ -286,6 +286,45 @@ def optimize(store: Store) -> None:
 
 
 @app.command()
+def serve(
+    store: Store,
+    host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the server to the network")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True,
+                                                   help="require 'Authorization: Bearer KEY' on the API routes")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
+    threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
+) -> None:
+    """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
+    try:
+        from isotrope.connectors.server import serve as run_server
+    except ImportError as error:
+        raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
+    typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
+    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads)
+
+
+@app.command()
+def report(
+    store: Store,
+    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write")] = Path("report.html"),
+    sample: Annotated[int, typer.Option(help="stored vectors sampled for the statistics")] = 2000,
+) -> None:
+    """Write the shaping report of a store: spectra and cosines before/after shaping, isotropy, fit, auto-shape."""
+    from isotrope.report import build_report, render_html
+    from isotrope.search import Collection
+
+    if sample < 10:
+        raise typer.BadParameter(f"needs at least 10; got {sample}", param_hint="--sample")
+    with Collection.open(store) as collection:
+        page = render_html(build_report(collection, sample=sample))
+    staging = out.with_name(f".{out.name}.tmp")
+    staging.write_text(page, encoding="utf-8")
+    staging.replace(out)
+    typer.echo(f"wrote the shaping report of {store} to {out}")
+
+
+@app.command()
 def reshape(
     store: Store,
     shape: Shape = "none",
@@ -313,6 +352,8 @@ def demo(
     for question, hits in answers:
         typer.echo(f"\nQ: {question}")
         _print_hits(hits, as_json=False)
+    typer.echo(f"\nserve it (search page, JSON API, shaping report): isotrope serve {store}\n"
+               "then open http://127.0.0.1:8000/ or: curl -X POST localhost:8000/search -d '{\"query\": \"read a gzip file\"}'")
 
 
 @app.command("eval")

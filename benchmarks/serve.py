@@ -1,0 +1,177 @@
+"""Load benchmark of ``isotrope serve``: N queries from C concurrent clients over loopback HTTP.
+
+    python -m benchmarks.serve --data-dir ../shared/data --store lancedb:/tmp/serve-static \
+        --model static:all-MiniLM-L6-v2 --shape whiten-partial
+
+builds the store once (the first ``--chunks`` sentences of the general-English corpus, one
+chunk each; reused when it exists), starts ``isotrope serve`` on a free 127.0.0.1 port,
+sends ``--queries`` searches (held-out corpus sentences, k=10) from ``--clients`` threads,
+each with its own keep-alive connection, and prints p50/p99 latency, queries per second and
+the error count as JSON. The server process is stopped at the end whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO_ROOT, cpu_model, git_commit
+
+CORPUS = "corpus/general_english_sentences.txt.gz"
+
+
+def read_sentences(data_dir: Path, count: int) -> list[str]:
+    """The first ``count`` non-empty sentences of the general-English corpus."""
+    sentences: list[str] = []
+    with gzip.open(data_dir / CORPUS, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                sentences.append(line.strip())
+                if len(sentences) == count:
+                    break
+    return sentences
+
+
+def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000) -> None:
+    """Index one chunk per sentence (skipped when the store exists)."""
+    from isotrope.ingest.loaders import Document
+    from isotrope.ingest.pipeline import index_documents
+    from isotrope.search import Collection
+
+    if Collection.exists(store):
+        return
+    documents = [Document(source=CORPUS, text=text, metadata={"line": i + 1}, position=i) for i, text in enumerate(sentences)]
+    report = index_documents(documents, store, encoder_options={"model": model, "shape": shape}, chunk_tokens=0,
+                             fit_samples=fit_samples)
+    print(f"built {store}: {report.summary()}", file=sys.stderr)
+    with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index
+        if hasattr(collection.store, "optimize"):
+            collection.store.optimize()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode} before answering")
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no answer from {url}/healthz within {timeout:.0f}s")
+
+
+def load(url: str, queries: list[str], clients: int, k: int) -> dict[str, Any]:
+    """Send every query once, spread over ``clients`` threads; latencies in milliseconds."""
+    import httpx
+
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    next_query = iter(range(len(queries)))
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=60.0) as http:
+            while True:
+                with lock:
+                    index = next(next_query, None)
+                if index is None:
+                    return
+                tick = time.perf_counter()
+                try:
+                    response = http.post("/search", json={"query": queries[index], "k": k})
+                    ok = response.status_code == 200 and len(response.json()["hits"]) == k
+                    problem = None if ok else f"HTTP {response.status_code}: {response.text[:200]}"
+                except httpx.HTTPError as error:
+                    problem = f"{type(error).__name__}: {error}"
+                elapsed = (time.perf_counter() - tick) * 1000
+                with lock:
+                    latencies.append(elapsed)
+                    if problem:
+                        errors.append(problem)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    ordered = sorted(latencies)
+    return {
+        "queries": len(latencies), "clients": clients, "errors": len(errors), "first_errors": errors[:3],
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+        "qps": round(len(latencies) / wall, 1), "seconds": round(wall, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, required=True, help="shared data root (holds corpus/)")
+    parser.add_argument("--store", required=True, help="lancedb:DIR or faiss:DIR; built when missing")
+    parser.add_argument("--model", default="static:all-MiniLM-L6-v2")
+    parser.add_argument("--shape", default="whiten-partial")
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--fit-samples", type=int, default=20_000, help="chunks the shaping is fitted on")
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=50, help="queries sent first, not measured")
+    parser.add_argument("--single", type=int, default=200, help="queries then sent from one client")
+    parser.add_argument("--startup-timeout", type=float, default=300.0)
+    args = parser.parse_args()
+
+    sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
+    if len(sentences) < args.chunks + args.queries + args.warmup:
+        raise SystemExit(f"{args.data_dir / CORPUS} has only {len(sentences)} sentences")
+    build_store(args.store, sentences[:args.chunks], args.model, args.shape, args.fit_samples)
+    queries = sentences[args.chunks:]  # held out: never indexed
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [str(Path(sys.executable).parent / "isotrope"), "serve", args.store, "--host", "127.0.0.1",
+               "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        tick = time.perf_counter()
+        wait_healthy(url, server, args.startup_timeout)
+        startup = time.perf_counter() - tick
+        load(url, queries[:args.warmup], args.clients, args.k)
+        result = load(url, queries[args.warmup:args.warmup + args.queries], args.clients, args.k)
+        single = load(url, queries[args.warmup:args.warmup + args.single], 1, args.k)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    print(json.dumps({
+        "store": args.store, "model": args.model, "shape": args.shape, "chunks": args.chunks,
+        "startup_seconds": round(startup, 1), "concurrent": result,
+        "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()}, "commit": git_commit(),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
