@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def _store_class(kind: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(f"the {kind} store needs its extra: pip install 'isotrope[{kind}]' ({error})") from None
+        raise ImportError(f"the {kind} store needs its extra: pip install '.[{kind}]' in the isotrope source ({error})") from None
     return getattr(module, class_name)
 
 
@@ -77,13 +78,23 @@ class Collection:
         if cls.exists(uri):
             raise FileExistsError(f"{path} already holds an isotrope store; open it instead")
         encoder.check_is_fitted()
+        store_class = _store_class(kind)
+        new_folder = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
         if kind == "lancedb":  # keep the pre-transform vectors so the shaping can be refitted (reshape)
             store_options.setdefault("raw_dim", encoder.backbone.dim)
-        store = _store_class(kind)(path, dim=encoder.dim, **store_options)
-        store.set_properties(**describe_encoder(encoder))
-        store.commit()
-        encoder.save(path / ENCODER_DIR)
+        store = None
+        try:
+            store = store_class(path, dim=encoder.dim, **store_options)
+            store.set_properties(**describe_encoder(encoder))
+            store.commit()
+            encoder.save(path / ENCODER_DIR)
+        except BaseException:  # no half-made store (vectors' table without its encoder) is left behind
+            if store is not None:
+                store.close()
+            if new_folder:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
         return cls(store, encoder, path, kind)
 
     @classmethod
@@ -120,6 +131,9 @@ class Collection:
         """Encode the query text(s) as queries and return the best ``k`` hits (a list per query for a list)."""
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
+        for index, text in enumerate(texts):
+            if isinstance(text, str) and not text.strip():
+                raise ValueError("the query is empty" if single else f"queries[{index}] is empty")
         if isinstance(where, str):
             where = parse_where(where)
         vectors = self.encoder.encode(texts, kind="query")

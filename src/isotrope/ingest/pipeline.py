@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, reservoir_sample
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
-from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
+from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
 from isotrope.search import Collection
 from isotrope.shapes import format_shape, parse_shape
 
@@ -37,6 +37,8 @@ class IngestReport:
     added: int = 0
     unchanged: int = 0
     deleted: int = 0
+    #: documents with no text but whitespace (not indexed)
+    empty: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -44,7 +46,8 @@ class IngestReport:
         timing = ", ".join(f"{step} {value:.1f}s" for step, value in self.seconds.items())
         return (
             f"{self.documents} documents, {self.chunks} chunks: {self.added} added, {self.unchanged} unchanged, "
-            f"{self.deleted} deleted, {len(self.skipped)} files skipped ({timing})"
+            f"{self.deleted} deleted, {len(self.skipped)} files skipped"
+            + (f", {self.empty} empty documents skipped" if self.empty else "") + f" ({timing})"
         )
 
 
@@ -54,12 +57,13 @@ def _document_stream(source: DocumentSource, report: IngestReport, loader_option
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"source not found: {path}")
-        load_report = LoadReport()
+        def skipped(entry: SkippedFile) -> None:  # every pass reads the files again: report each once
+            if entry not in report.skipped:
+                logger.info("skipped %s", entry)
+                report.skipped.append(entry)
 
         def from_files() -> Iterator[Document]:
-            load_report.skipped.clear()
-            yield from iter_documents(path, on_error=load_report.add, **loader_options)
-            report.skipped = list(load_report.skipped)
+            yield from iter_documents(path, on_error=skipped, **loader_options)
 
         return from_files
     documents = list(source)
@@ -75,10 +79,15 @@ def chunk_document(document: Document, chunker: TokenChunker | None) -> list[Chu
     return chunker.chunk(document) if chunker else make_chunks(document, [(0, len(document.text))])
 
 
-def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker | None) -> Iterator[tuple[Document, list[Chunk]]]:
+def _chunk_stream(
+    documents: Iterable[Document], chunker: TokenChunker | None, report: IngestReport | None = None
+) -> Iterator[tuple[Document, list[Chunk]]]:
+    """Each document with its chunks; empty (whitespace-only) documents are left out and counted in ``report``."""
     for document in documents:
         if document.text.strip():
             yield document, chunk_document(document, chunker)
+        elif report is not None:
+            report.empty += 1
 
 
 def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, Any]) -> None:
@@ -141,8 +150,8 @@ def index_documents(
         encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
         if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
             chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
-            chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
-            sample = reservoir_sample(chunks, fit_samples)
+            chunks = ((document.source, chunk) for document, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
+            sample = fair_sample(chunks, fit_samples)  # per file: one huge file does not crowd out the rest
             if not sample:
                 raise ValueError(f"{source}: no text to index")
             texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
@@ -213,7 +222,7 @@ def _write(
         pending.clear()
 
     with tqdm(desc="indexing", unit="chunk", disable=not show_progress) as progress:
-        for document, chunks in _chunk_stream(documents(), chunker):
+        for document, chunks in _chunk_stream(documents(), chunker, report):
             report.documents += 1
             seen_documents.add(document.key)
             for chunk in chunks:
