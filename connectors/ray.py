@@ -66,8 +66,9 @@ from isotrope.ingest.pipeline import (
     make_chunker,
     warn_if_encoder_differs,
 )
-from isotrope.search import Collection
+from isotrope.search import Collection, parse_store_uri
 from isotrope.stores.base import check_metadata, dumps_metadata
+from isotrope.stores.lock import writer_lock
 from isotrope.transforms import Moments, MomentsTransform, Transform
 from isotrope.weighting import TokenCounts
 
@@ -548,7 +549,8 @@ def index_with_ray(
         raise ValueError(f"reservoir_size must be >= 1; got {reservoir_size}")
     report = RayIngestReport()
     actors = _Actors(num_actors, gpus_per_actor, batch_size)
-    with _ray_runtime(address, show_progress):
+    # one writer per store, refused before Ray starts or anything is fitted
+    with writer_lock(parse_store_uri(store)[1], "indexed"), _ray_runtime(address, show_progress):
         started = time.perf_counter()
         collection = Collection.open(store, encoder) if Collection.exists(store) else None
         try:

@@ -86,27 +86,33 @@ def fair_sample(items: Iterable[tuple[Hashable, T]], size: int, seed: int = 0) -
     rng = random.Random(seed)
     counts: dict[Hashable, int] = {}
     reservoirs: dict[Hashable, list[T]] = {}
+    caps: dict[Hashable, int] = {}  # a group's capacity; new groups get ``level``
     level, held, slack = size, 0, max(size // 10, 1)
 
     def shrink() -> None:
         nonlocal level, held
         level = fair_level(list(counts.values()), size)
+        spare = size - sum(min(count, level) for count in counts.values())
         for group, reservoir in reservoirs.items():
-            if len(reservoir) > level:
-                reservoirs[group] = rng.sample(reservoir, level)
+            # the integer remainder goes one each to the first groups that hold more than the level
+            caps[group] = level + 1 if spare > 0 and len(reservoir) > level else level
+            spare -= caps[group] > level
+            if len(reservoir) > caps[group]:
+                reservoirs[group] = rng.sample(reservoir, caps[group])
         held = sum(map(len, reservoirs.values()))
 
     for group, item in items:
         seen = counts[group] = counts.get(group, 0) + 1
         reservoir = reservoirs.setdefault(group, [])
-        if len(reservoir) < level:
+        cap = caps.setdefault(group, level)
+        if len(reservoir) < cap:
             reservoir.append(item)
             held += 1
             if held > size + slack:
                 shrink()
         else:
             slot = rng.randrange(seen)
-            if slot < level:
+            if slot < cap:
                 reservoir[slot] = item
     if held > size:
         shrink()

@@ -28,6 +28,21 @@ class EncoderMismatchError(ValueError):
     """A store opened with an encoder other than the one that wrote it."""
 
 
+class EncoderMissingError(FileNotFoundError):
+    """A store folder holds vectors but not the encoder that shaped them."""
+
+
+def holds_vectors(path: Path) -> bool:
+    """Whether ``path`` holds a FAISS or LanceDB store's data (with or without its encoder)."""
+    return path.is_dir() and ((path / "index.faiss").exists() or any(path.glob("*.sqlite")) or any(path.glob("*.lance")))
+
+
+def _missing_encoder_message(path: Path) -> str:
+    return (f"{path} holds vectors but no {ENCODER_DIR}/ folder: the encoder that shaped them is lost, and vectors "
+            f"of another shaping must not be mixed in. Restore {path / ENCODER_DIR} from a backup, or re-index the "
+            f"documents into a new store (or delete {path} first)")
+
+
 def parse_store_uri(uri: str | Path) -> tuple[str, Path]:
     """``faiss:DIR`` / ``lancedb:DIR`` -> (kind, path); a bare existing folder is recognised by its files."""
     text = str(uri)
@@ -77,6 +92,8 @@ class Collection:
         kind, path = parse_store_uri(uri)
         if cls.exists(uri):
             raise FileExistsError(f"{path} already holds an isotrope store; open it instead")
+        if holds_vectors(path):
+            raise EncoderMissingError(_missing_encoder_message(path))
         encoder.check_is_fitted()
         store_class = _store_class(kind)
         new_folder = not path.exists()
@@ -102,6 +119,8 @@ class Collection:
         """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints."""
         kind, path = parse_store_uri(uri)
         if not cls.exists(uri):
+            if holds_vectors(path):
+                raise EncoderMissingError(_missing_encoder_message(path))
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
         store = _store_class(kind)(path)
         from isotrope.reshape import recover_interrupted_reshape

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ from tqdm.auto import tqdm
 from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
-from isotrope.search import Collection
+from isotrope.search import Collection, parse_store_uri
 from isotrope.shapes import format_shape, parse_shape
+from isotrope.stores.lock import writer_lock
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,20 @@ def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, A
                        "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
 
 
+def drop_duplicates(store: Any, path: Path) -> set[str]:
+    """The stored ids; rows sharing an id (left by writers that ran at once, before the writer lock)
+    are deleted, so this run writes each of them again once."""
+    ids = store.ids()
+    existing = set(ids)
+    if len(ids) != len(existing):
+        duplicated = sorted(chunk_id for chunk_id, count in Counter(ids).items() if count > 1)
+        logger.warning("%s: %d chunk ids were stored more than once; rewriting them once", path, len(duplicated))
+        store.delete(duplicated)
+        store.commit()
+        existing.difference_update(duplicated)
+    return existing
+
+
 def delete_stale(store: Any, existing: set[str], produced: set[str], documents: set[str], sync: bool) -> int:
     """Delete stored chunks no longer produced: all of them with ``sync``, else those of re-read documents."""
     stale = existing - produced
@@ -134,42 +150,43 @@ def index_documents(
     ``fit_samples`` chunks of the corpus); an existing store keeps the encoder that wrote it.
     ``sync`` also deletes chunks of documents that are no longer in ``source``.
     """
-    report = IngestReport()
-    raw_cache: dict[str, np.ndarray] = {}
-    documents = _document_stream(source, report, loader_options or {})
-    started = time.perf_counter()
-    if Collection.exists(store):
-        collection = Collection.open(store, encoder)
-        warn_if_encoder_differs(collection, encoder_options or {})
-        logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
-    else:
-        options = dict(encoder_options or {})
-        options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
-        auto = options["shape"] == "auto"
-        built = encoder is None
-        encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
-        if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
-            chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
-            chunks = ((document.source, chunk) for document, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
-            sample = fair_sample(chunks, fit_samples)  # per file: one huge file does not crowd out the rest
-            if not sample:
-                raise ValueError(f"{source}: no text to index")
-            texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
-            if auto:
-                from isotrope.autoshape import choose_shape
+    with writer_lock(parse_store_uri(store)[1], "indexed"):  # refused here, before any fitting
+        report = IngestReport()
+        raw_cache: dict[str, np.ndarray] = {}
+        documents = _document_stream(source, report, loader_options or {})
+        started = time.perf_counter()
+        if Collection.exists(store):
+            collection = Collection.open(store, encoder)
+            warn_if_encoder_differs(collection, encoder_options or {})
+            logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
+        else:
+            options = dict(encoder_options or {})
+            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
+            auto = options["shape"] == "auto"
+            built = encoder is None
+            encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
+            if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
+                chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+                chunks = ((document.source, chunk) for document, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
+                sample = fair_sample(chunks, fit_samples)  # per file: one huge file does not crowd out the rest
+                if not sample:
+                    raise ValueError(f"{source}: no text to index")
+                texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
+                if auto:
+                    from isotrope.autoshape import choose_shape
 
-                encoder = choose_shape(texts, options, fitted_on=fitted_on)
-            else:
-                raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
-                if raw is not None:  # reused when writing: the sample is not embedded twice
-                    raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
-        collection = Collection.create(store, encoder, **(store_options or {}))
-    report.seconds["fit"] = time.perf_counter() - started
-    try:
-        _write(collection, documents, raw_cache, report, chunk_tokens, overlap_tokens, batch_size, commit_every, sync, show_progress)
-    finally:
-        collection.close()
-    return report
+                    encoder = choose_shape(texts, options, fitted_on=fitted_on)
+                else:
+                    raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
+                    if raw is not None:  # reused when writing: the sample is not embedded twice
+                        raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
+            collection = Collection.create(store, encoder, **(store_options or {}))
+        report.seconds["fit"] = time.perf_counter() - started
+        try:
+            _write(collection, documents, raw_cache, report, chunk_tokens, overlap_tokens, batch_size, commit_every, sync, show_progress)
+        finally:
+            collection.close()
+        return report
 
 
 def _write(
@@ -186,7 +203,7 @@ def _write(
 ) -> None:
     store, encoder = collection.store, collection.encoder
     chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
-    existing = set(store.ids())
+    existing = drop_duplicates(store, collection.path)
     produced: set[str] = set()
     seen_documents: set[str] = set()
     pending: list[Chunk] = []
