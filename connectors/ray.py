@@ -553,6 +553,8 @@ def index_with_ray(
     with writer_lock(parse_store_uri(store)[1], "indexed"), _ray_runtime(address, show_progress):
         started = time.perf_counter()
         collection = Collection.open(store, encoder) if Collection.exists(store) else None
+        if collection is None:
+            Collection.check_creatable(store)
         try:
             options = dict(encoder_options or {})
             options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))

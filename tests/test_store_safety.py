@@ -114,7 +114,7 @@ def test_a_store_without_its_encoder_is_refused_with_how_to_recover(kind, docs, 
     index(docs, store, tiny_glove_path)
     shutil.rmtree(tmp_path / "store" / "encoder")
     for action in (lambda: index(docs, store, tiny_glove_path), lambda: Collection.open(store)):
-        with pytest.raises(EncoderMissingError, match="holds vectors but no encoder/ folder.*re-index the documents into a new store"):
+        with pytest.raises(EncoderMissingError, match="holds vectors but no encoder/ folder .*re-index the documents into a new store"):
             action()
 
 

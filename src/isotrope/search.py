@@ -38,7 +38,8 @@ def holds_vectors(path: Path) -> bool:
 
 
 def _missing_encoder_message(path: Path) -> str:
-    return (f"{path} holds vectors but no {ENCODER_DIR}/ folder: the encoder that shaped them is lost, and vectors "
+    return (f"{path} holds vectors but no {ENCODER_DIR}/ folder (no {ENCODER_DIR}/{SPEC_FILE}): the encoder that "
+            f"shaped them is lost, and vectors "
             f"of another shaping must not be mixed in. Restore {path / ENCODER_DIR} from a backup, or re-index the "
             f"documents into a new store (or delete {path} first)")
 
@@ -87,13 +88,19 @@ class Collection:
         return (path / ENCODER_DIR / SPEC_FILE).is_file() or (path / MARKER).is_file()
 
     @classmethod
-    def create(cls, uri: str | Path, encoder: ShapedEncoder, **store_options: Any) -> Collection:
-        """A new, empty store at ``uri`` with ``encoder`` (fitted) saved beside it."""
+    def check_creatable(cls, uri: str | Path) -> tuple[str, Path]:
+        """``(kind, path)`` of a store that can be created at ``uri`` (checked before any fitting)."""
         kind, path = parse_store_uri(uri)
         if cls.exists(uri):
             raise FileExistsError(f"{path} already holds an isotrope store; open it instead")
         if holds_vectors(path):
             raise EncoderMissingError(_missing_encoder_message(path))
+        return kind, path
+
+    @classmethod
+    def create(cls, uri: str | Path, encoder: ShapedEncoder, **store_options: Any) -> Collection:
+        """A new, empty store at ``uri`` with ``encoder`` (fitted) saved beside it."""
+        kind, path = cls.check_creatable(uri)
         encoder.check_is_fitted()
         store_class = _store_class(kind)
         new_folder = not path.exists()

@@ -160,6 +160,7 @@ def index_documents(
             warn_if_encoder_differs(collection, encoder_options or {})
             logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
         else:
+            Collection.check_creatable(store)
             options = dict(encoder_options or {})
             options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
             auto = options["shape"] == "auto"
