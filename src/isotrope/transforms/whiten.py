@@ -43,10 +43,10 @@ def oas_shrinkage(covariance: np.ndarray, count: int) -> float:
 class Whiten(MomentsTransform):
     """Rotate centred vectors onto the covariance eigenvectors and rescale axis i by ``(s_i + eps)^power``.
 
-    A singular covariance (fitted on no more samples than dimensions, or on data in a subspace)
-    is shrunk toward a multiple of the identity with the OAS coefficient, with a warning, so no
-    vector loses the directions the sample did not span. Eigenvalues still at numerical zero
-    get scale 0 for negative powers, as in a pseudo-inverse, instead of exploding.
+    Fitted on no more samples than dimensions, the covariance is shrunk toward a multiple of the
+    identity with the OAS coefficient, with a warning, so no vector loses the directions the
+    sample did not span. Otherwise eigenvalues at numerical zero (data in a hyperplane, as after
+    a final LayerNorm) get scale 0 for negative powers, as in a pseudo-inverse, instead of exploding.
     """
 
     kind = "whiten"
@@ -68,9 +68,9 @@ class Whiten(MomentsTransform):
         covariance = moments.covariance()
         values, components = top_eigenpairs(covariance, k)
         values = np.clip(values, 0.0, None)
-        if moments.count <= d or _null_directions(values).any():
-            # a singular covariance would send vectors off the sample's span to zero: shrink it toward
-            # a multiple of the identity (Oracle Approximating Shrinkage) so every direction keeps a scale
+        if moments.count <= d:
+            # fewer samples than dimensions: the covariance would send vectors off the sample's span to
+            # zero; shrink it toward a multiple of the identity (Oracle Approximating Shrinkage)
             shrinkage = oas_shrinkage(covariance, moments.count)
             logger.warning(
                 "whiten fitted on %d samples in %d dimensions: the covariance is singular; "
