@@ -63,6 +63,8 @@ _READ_BLOCK = 1 << 22
 #: SQLite reads the database through a memory map up to this size: looking up the rows of the
 #: hits then costs no read() system call per page
 _MMAP_BYTES = 256 * 1024 * 1024
+#: how long a connection waits for a lock another process holds on the database
+_BUSY_SECONDS = 60.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS properties (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -234,10 +236,18 @@ class FaissStore(VectorStore):
             self.path.mkdir(parents=True, exist_ok=True)
             _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric})
         try:
-            conn = sqlite3.connect(db_path, isolation_level=None)
+            # WAL: readers see the last commit while a writer writes; the busy timeout waits out
+            # the short moments (checkpoints, switching the mode) when SQLite must lock the file
+            conn = sqlite3.connect(db_path, isolation_level=None, timeout=_BUSY_SECONDS)
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.OperationalError as error:
+            if "locked" in str(error) or "busy" in str(error):
+                raise RuntimeError(f"{db_path} stayed locked for {_BUSY_SECONDS} s by another process: {error}") from error
+            raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
         except sqlite3.DatabaseError as error:
             raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
         if meta.get("format") != "isotrope.faiss" or meta.get("format_version") != str(FORMAT_VERSION):
@@ -257,7 +267,8 @@ class FaissStore(VectorStore):
         """The committed index (memory-mapped where its type allows) and whether it is mapped; rebuilt if stale."""
         index_path = self.path / INDEX_NAME
         for stale in self.path.glob(INDEX_NAME + ".*.tmp"):
-            stale.unlink()
+            if not _process_alive(stale.name[len(INDEX_NAME) + 1 : -len(".tmp")]):  # not a live writer's
+                stale.unlink(missing_ok=True)
         if digest is not None and index_path.is_file():
             if _file_sha256(index_path) == digest:
                 index, mapped = _read_index(index_path, self.mmap_index)
@@ -778,6 +789,17 @@ class FaissStore(VectorStore):
             for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
                 found.update(zip(kk.tolist(), vv))
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
+
+
+def _process_alive(pid: str) -> bool:
+    """Whether ``pid`` (as written in a temporary file's name) is a running process."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
 
 
 def _create_db(db_path: Path, settings: dict[str, str]) -> None:

@@ -59,6 +59,14 @@ from isotrope.stores.filters import check_fields
 
 logger = logging.getLogger(__name__)
 
+
+
+def _pointer_path(persist_path: str) -> str:
+    """``.../<namespace>__vector_store.json`` -> ``.../<namespace>__isotrope_store.json``: not a name LlamaIndex
+    loads as a SimpleVectorStore (which would silently hold no vectors)."""
+    folder, name = os.path.split(persist_path)
+    return os.path.join(folder, name.removesuffix("vector_store.json") + "isotrope_store.json")
+
 #: one lock for lazy encoder loads (a lock is not picklable, so it is not an attribute)
 _LOAD_LOCK = threading.Lock()
 
@@ -456,8 +464,48 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             self._collection.store.commit()
 
     def persist(self, persist_path: str | None = None, fs: Any = None) -> None:
-        """Commit pending writes (the data lives at ``uri``, not at LlamaIndex's ``persist_path``)."""
+        """Commit pending writes; with a ``persist_path`` (``StorageContext.persist``), also record beside it
+        where the vectors are (``<namespace>__isotrope_store.json``), for :meth:`from_persist_dir`.
+
+        The data lives at ``uri``, not at ``persist_path``: no ``SimpleVectorStore`` file is written, so
+        the plain ``StorageContext.from_defaults(persist_dir=...)`` (without ``vector_store``) cannot
+        rebuild this index; LlamaIndex then raises ``KeyError: 'default'``.
+        """
         self._collection.store.commit()
+        if persist_path is None:
+            return
+        import json
+
+        import fsspec
+
+        fs = fs or fsspec.filesystem("file")
+        pointer = _pointer_path(persist_path)
+        parent = os.path.dirname(pointer)
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        with fs.open(pointer, "w") as handle:
+            json.dump({"uri": self.uri, "fingerprint": self.fingerprint}, handle)
+
+    @classmethod
+    def from_persist_dir(cls, persist_dir: str | os.PathLike[str], namespace: str = "default", **kwargs: Any) -> IsotropeVectorStore:
+        """Reopen the store that ``StorageContext.persist(persist_dir)`` recorded, checking its fingerprint.
+
+        LlamaIndex's convention for stores that keep their own data (as ``FaissVectorStore``)::
+
+            store = IsotropeVectorStore.from_persist_dir(DIR)
+            context = StorageContext.from_defaults(vector_store=store, persist_dir=DIR)
+            index = load_index_from_storage(context, embed_model=store.embed_model)
+        """
+        import json
+
+        path = _pointer_path(os.path.join(os.fspath(persist_dir), f"{namespace}__vector_store.json"))
+        try:
+            with open(path) as handle:
+                pointer = json.load(handle)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} not found: {persist_dir} holds no persisted IsotropeVectorStore "
+                                    f"(persist a StorageContext that has one)") from None
+        return cls(pointer["uri"], fingerprint=pointer["fingerprint"], **kwargs)
 
     def close(self) -> None:
         """Commit and release the store."""

@@ -6,7 +6,7 @@ Ray cluster (or a local Ray runtime), and writes the same store:
 1. **read**: one Ray task per group of files (or of documents) loads and chunks them; the
    chunk tables become a Ray Dataset in corpus order, and the driver gets back only the
    chunk ids, the document keys and the skipped files.
-2. **sample**: the driver reservoir-samples the chunk ids with the single-process function
+2. **sample**: the driver samples the chunk ids fairly per file with the single-process function
    and seed, over the same id stream, so both paths fit on the same chunks.
 3. **token counts** (idf, SIF, uSIF, drop_top): a :class:`~isotrope.weighting.TokenCounts`
    per block, summed on the driver.
@@ -56,7 +56,7 @@ import ray
 import ray.data
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, reservoir_sample
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
 from isotrope.ingest.pipeline import (
@@ -66,8 +66,9 @@ from isotrope.ingest.pipeline import (
     make_chunker,
     warn_if_encoder_differs,
 )
-from isotrope.search import Collection
+from isotrope.search import Collection, parse_store_uri
 from isotrope.stores.base import check_metadata, dumps_metadata
+from isotrope.stores.lock import writer_lock
 from isotrope.transforms import Moments, MomentsTransform, Transform
 from isotrope.weighting import TokenCounts
 
@@ -123,6 +124,8 @@ class _UnitSummary:
     """What a read task reports to the driver (the chunk rows stay in the object store)."""
 
     ids: list[str]
+    #: the file (document source) of each id, for the per-file fair fit sample
+    sources: list[str]
     documents: list[str]
     skipped: list[SkippedFile]
     chunks: int
@@ -134,6 +137,7 @@ class _Chunks:
 
     dataset: ray.data.Dataset | None
     ids: list[str]
+    sources: list[str]
     documents: set[str]
     skipped: list[SkippedFile]
     #: documents and chunks read, counted as the single-process report counts them
@@ -187,6 +191,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[s
     skipped: list[SkippedFile] = []
     documents: list[str] = []
     columns: dict[str, list[str]] = {"id": [], "text": [], "metadata": []}
+    sources: list[str] = []
     seen: set[str] = set()
     produced = 0
     for document in _unit_documents(unit, loader_options, skipped.append):
@@ -199,6 +204,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[s
                 continue
             seen.add(chunk.id)
             columns["id"].append(chunk.id)
+            sources.append(document.source)
             columns["text"].append(chunk.text)
             columns["metadata"].append(dumps_metadata(check_metadata(chunk.metadata, chunk.id)))
     table = pa.table(
@@ -209,7 +215,7 @@ def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[s
             "unit": pa.array([unit.index] * len(columns["id"]), pa.int32()),
         }
     )
-    return table, _UnitSummary(columns["id"], documents, skipped, produced)
+    return table, _UnitSummary(columns["id"], sources, documents, skipped, produced)
 
 
 def _read_chunks(
@@ -225,21 +231,23 @@ def _read_chunks(
     refs = [read.remote(unit, chunker_ref, loader_options or {}) for unit in units]
     summaries: list[_UnitSummary] = ray.get([summary for _, summary in refs])
     ids: list[str] = []
+    sources: list[str] = []
     produced: set[str] = set()
     repeated: set[tuple[int, str]] = set()
     documents: set[str] = set()
     for unit, summary in zip(units, summaries):
         skipped.extend(summary.skipped)
         documents.update(summary.documents)
-        for chunk_id in summary.ids:
+        for chunk_id, chunk_source in zip(summary.ids, summary.sources):
             if chunk_id in produced:
                 repeated.add((unit.index, chunk_id))
             else:
                 produced.add(chunk_id)
                 ids.append(chunk_id)
+                sources.append(chunk_source)
     dataset = ray.data.from_arrow_refs([table for table, _ in refs]) if refs else None
     n_documents, n_chunks = sum(len(s.documents) for s in summaries), sum(s.chunks for s in summaries)
-    return _Chunks(dataset, ids, documents, skipped, n_documents, n_chunks, repeated)
+    return _Chunks(dataset, ids, sources, documents, skipped, n_documents, n_chunks, repeated)
 
 
 # -- per-block functions (run in Ray workers) ----------------------------------------
@@ -541,9 +549,12 @@ def index_with_ray(
         raise ValueError(f"reservoir_size must be >= 1; got {reservoir_size}")
     report = RayIngestReport()
     actors = _Actors(num_actors, gpus_per_actor, batch_size)
-    with _ray_runtime(address, show_progress):
+    # one writer per store, refused before Ray starts or anything is fitted
+    with writer_lock(parse_store_uri(store)[1], "indexed"), _ray_runtime(address, show_progress):
         started = time.perf_counter()
         collection = Collection.open(store, encoder) if Collection.exists(store) else None
+        if collection is None:
+            Collection.check_creatable(store)
         try:
             options = dict(encoder_options or {})
             options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
@@ -564,7 +575,8 @@ def index_with_ray(
             report.seconds["read"] = time.perf_counter() - started
 
             started = time.perf_counter()
-            sample_ids = reservoir_sample(pending, fit_samples) if fit_needed else []
+            pending_sources = (source for source, chunk_id in zip(chunks.sources, chunks.ids) if chunk_id not in existing)
+            sample_ids = fair_sample(zip(pending_sources, pending), fit_samples) if fit_needed else []
             if fit_needed and not sample_ids:
                 raise ValueError(f"{source}: no text to index")
             dataset = _rows_to_index(chunks, existing, sample_ids, len(pending), num_actors) if pending else None

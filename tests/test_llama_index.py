@@ -430,3 +430,31 @@ def test_store_refuses_another_encoder(embedding: IsotropeEmbedding, other_embed
     assert len(unchecked.client) == len(nodes)
     with pytest.raises(ValueError, match="mmr"):
         unchecked.query(VectorStoreQuery(query_str="a cat", mode=VectorStoreQueryMode.MMR))
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_standard_reload_from_a_persist_dir(kind: str, embedding: IsotropeEmbedding, tmp_path: Path) -> None:
+    from llama_index.core import load_index_from_storage
+
+    persist_dir = str(tmp_path / "storage")
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    context = StorageContext.from_defaults(vector_store=store)
+    index = VectorStoreIndex(chunk_nodes(), storage_context=context, embed_model=embedding)
+    before = [r.node.node_id for r in index.as_retriever(similarity_top_k=3).retrieve("a dog eats food")]
+    context.persist(persist_dir=persist_dir)
+    store.close()
+
+    # the supported reload, as for LlamaIndex's own FaissVectorStore: the store from the persist dir
+    reopened = IsotropeVectorStore.from_persist_dir(persist_dir)
+    context = StorageContext.from_defaults(vector_store=reopened, persist_dir=persist_dir)
+    again = load_index_from_storage(context, embed_model=reopened.embed_model)
+    assert [r.node.node_id for r in again.as_retriever(similarity_top_k=3).retrieve("a dog eats food")] == before
+    reopened.close()
+
+    # the plain reload finds no SimpleVectorStore file (none that would silently hold nothing): LlamaIndex's error
+    assert sorted(p.name for p in (tmp_path / "storage").glob("*store*.json")) == [
+        "default__isotrope_store.json", "docstore.json", "graph_store.json", "image__vector_store.json", "index_store.json"]
+    with pytest.raises(KeyError, match="default"):
+        load_index_from_storage(StorageContext.from_defaults(persist_dir=persist_dir), embed_model=embedding)
+    with pytest.raises(FileNotFoundError, match="holds no persisted IsotropeVectorStore"):
+        IsotropeVectorStore.from_persist_dir(tmp_path)

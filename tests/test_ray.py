@@ -23,7 +23,7 @@ pytest.importorskip("faiss")
 from conftest import make_sentences  # noqa: E402
 
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
-from isotrope.encoder import reservoir_sample  # noqa: E402
+from isotrope.encoder import fair_sample  # noqa: E402
 from isotrope.ingest.chunking import TokenChunker  # noqa: E402
 from isotrope.ingest.loaders import iter_documents  # noqa: E402
 from isotrope.ingest.pipeline import index_documents  # noqa: E402
@@ -83,6 +83,11 @@ def chunks(corpus, tiny_bert_path):
     return [chunk for document in iter_documents(corpus) for chunk in chunker.chunk(document)]
 
 
+def single_process_sample(chunks: list) -> list:
+    """The fit sample of the single-process path: fair per file."""
+    return fair_sample(((chunk.metadata["source"], chunk) for chunk in chunks), FIT_SAMPLES)
+
+
 @pytest.fixture(scope="module")
 def indexed(ray_runtime, corpus, options, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray-stores")
@@ -108,12 +113,12 @@ def test_reports_agree(indexed, chunks):
 
 def test_fit_sample_is_the_single_process_sample(indexed, chunks):
     statistics = indexed[1].statistics
-    assert statistics.sample_ids == [chunk.id for chunk in reservoir_sample(chunks, FIT_SAMPLES)]
+    assert statistics.sample_ids == [chunk.id for chunk in single_process_sample(chunks)]
 
 
 def test_token_counts_equal_single_process_counts(indexed, chunks):
     _, distributed, reference, store = indexed
-    sample = reservoir_sample(chunks, FIT_SAMPLES)
+    sample = single_process_sample(chunks)
     expected = reference.encoder.count_tokens([chunk.text for chunk in sample])
     counts = distributed.statistics.token_counts
     assert counts.n_texts == expected.n_texts == FIT_SAMPLES
@@ -144,7 +149,7 @@ def test_reduced_moments_equal_moments_of_the_concatenated_vectors(indexed, chun
         assert np.abs(moments[index].mean - mean).max() < 1e-6
         assert np.abs(moments[index].scatter - scatter).max() < 1e-6
     # and agree with the single-process raw vectors of the same sample (covariance: scatter / count)
-    single_raw = reference.encoder.embed_raw([chunk.text for chunk in reservoir_sample(chunks, FIT_SAMPLES)])
+    single_raw = reference.encoder.embed_raw([chunk.text for chunk in single_process_sample(chunks)])
     inputs = [single_raw, reference.encoder.transforms[0].transform(single_raw)]
     for index, full in ((0, False), (1, True)):
         mean, scatter = _float64_moments(inputs[index], full)

@@ -477,17 +477,16 @@ def test_whiten_on_singular_covariance_is_finite(caplog):
     few = anisotropic(5, d=20, seed=9)  # 5 samples in 20 dimensions: rank 4 after centring
     with caplog.at_level(logging.WARNING, logger="isotrope.transforms.whiten"):
         transform = make_transform("whiten").fit(few)
-    assert "singular" in caplog.text
+    assert "singular" in caplog.text and "shrunk" in caplog.text
     Y = transform.transform(few).astype(np.float64)
     other = transform.transform(anisotropic(10, d=20, seed=10))
     assert np.isfinite(Y).all() and np.isfinite(other).all()
-    # the 4 directions with variance are whitened; the 16 null ones are dropped, not blown up
-    np.testing.assert_allclose(np.cov(Y.T, bias=True), np.diag([1.0] * 4 + [0.0] * 16), atol=1e-4)
-    # like a pseudo-inverse: a vector off the fitted span maps to its in-span part only
+    # the covariance is shrunk (tests/test_small_samples.py checks it against scikit-learn's OAS), so a
+    # vector off the fitted span keeps that direction instead of mapping to zero, and nothing blows up
     centred = few - few.mean(axis=0)
     null_space = np.linalg.svd(centred)[2][4:]
     off_span = few.mean(axis=0) + 3.0 * null_space[0]
-    np.testing.assert_allclose(transform.transform(off_span[None]), 0.0, atol=1e-5)
+    assert np.linalg.norm(transform.transform(off_span[None])) > 0.1
     assert np.abs(other).max() < 1e3
 
 

@@ -327,7 +327,7 @@ def report(
 @app.command()
 def reshape(
     store: Store,
-    shape: Shape = "none",
+    shape: Annotated[str, typer.Option("--shape", "-s", help="the new shaping (required): preset or chain, e.g. whiten or 'center,abtt(3),l2'")],
     fit_samples: Annotated[int, typer.Option(help="stored vectors sampled to fit the shaping")] = 100_000,
 ) -> None:
     """Refit a LanceDB store's shaping from its stored raw vectors (no backbone pass) and rewrite its vectors."""

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SPEC_FILE = "isotrope.json"
+#: keys of isotrope.json that are not part of the spec the fingerprint covers
+_NOT_FINGERPRINTED = ("format_version", "isotrope_version", "fingerprint", "metadata")
 STATE_FILE = "state.safetensors"
 
 
@@ -107,6 +109,7 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
     """Rebuild a fitted encoder; its recomputed fingerprint must equal the saved one."""
     from isotrope.backbones import make_backbone
     from isotrope.encoder import ShapedEncoder
+    from isotrope.pooling import POOLING_MODES
     from isotrope.transforms import TRANSFORMS
     from isotrope.weighting import TokenWeighting
 
@@ -119,11 +122,7 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
         state = load_file(state_file)
     except Exception as error:  # safetensors raises its own error types
         raise EncoderFormatError(f"{state_file} is corrupt: {error}") from None
-    try:
-        backbone_config = dict(document["backbone"])
-        if backbone_config.get("type") == "hf":
-            backbone_config["device"] = device
-        backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
+    try:  # the parts made of arrays and closed tables first: they say precisely what is wrong
         weighting = TokenWeighting.from_state(document["weighting"], _substate(state, "weighting."))
         transforms = []
         for index, step in enumerate(document["transforms"]):
@@ -131,10 +130,27 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
             if kind not in TRANSFORMS:
                 raise EncoderFormatError(f"{path / SPEC_FILE}: transforms[{index}] has unknown kind {kind!r}")
             transforms.append(TRANSFORMS[kind].from_state(step.get("config", {}), _substate(state, f"transforms.{index}.")))
-        encoder = ShapedEncoder(backbone, document["pooling"]["mode"], weighting, transforms, metadata=document.get("metadata"))
+        pooling = document["pooling"]["mode"]
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
     except (TypeError, KeyError, ValueError) as error:
         if isinstance(error, EncoderFormatError):
             raise
+        raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
+    # checked before the backbone is built: a tampered backbone config (its source) is never loaded
+    saved_spec = {key: value for key, value in document.items() if key not in _NOT_FINGERPRINTED}
+    if fingerprint(saved_spec, state) != document["fingerprint"]:
+        raise EncoderFormatError(
+            f"{path}: {SPEC_FILE} and {STATE_FILE} do not match the saved fingerprint "
+            f"{document['fingerprint'][:12]}; the folder was modified or is corrupt: nothing was loaded"
+        )
+    try:
+        backbone_config = dict(document["backbone"])
+        if backbone_config.get("type") == "hf":
+            backbone_config["device"] = device
+        backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
+        encoder = ShapedEncoder(backbone, pooling, weighting, transforms, metadata=document.get("metadata"))
+    except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
     actual = encoder.fingerprint
     if actual != document["fingerprint"]:

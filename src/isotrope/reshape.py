@@ -24,6 +24,7 @@ import numpy as np
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.search import ENCODER_DIR, Collection, describe_encoder, parse_store_uri
 from isotrope.shapes import parse_shape
+from isotrope.stores.lock import writer_lock
 from isotrope.transforms import TRANSFORMS
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
     """Fit ``shape`` on (a sample of) the stored raw vectors and rewrite every shaped vector."""
     kind, path = parse_store_uri(uri)
-    with Collection.open(uri) as collection, _reshape_lock(path):
+    with writer_lock(path, "reshaped"), Collection.open(uri) as collection, _reshape_lock(path):
         store = collection.store
         if not getattr(store, "stores_raw_vectors", False):
             raise ValueError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,22 @@ class EncoderMismatchError(ValueError):
     """A store opened with an encoder other than the one that wrote it."""
 
 
+class EncoderMissingError(FileNotFoundError):
+    """A store folder holds vectors but not the encoder that shaped them."""
+
+
+def holds_vectors(path: Path) -> bool:
+    """Whether ``path`` holds a FAISS or LanceDB store's data (with or without its encoder)."""
+    return path.is_dir() and ((path / "index.faiss").exists() or any(path.glob("*.sqlite")) or any(path.glob("*.lance")))
+
+
+def _missing_encoder_message(path: Path) -> str:
+    return (f"{path} holds vectors but no {ENCODER_DIR}/ folder (no {ENCODER_DIR}/{SPEC_FILE}): the encoder that "
+            f"shaped them is lost, and vectors "
+            f"of another shaping must not be mixed in. Restore {path / ENCODER_DIR} from a backup, or re-index the "
+            f"documents into a new store (or delete {path} first)")
+
+
 def parse_store_uri(uri: str | Path) -> tuple[str, Path]:
     """``faiss:DIR`` / ``lancedb:DIR`` -> (kind, path); a bare existing folder is recognised by its files."""
     text = str(uri)
@@ -49,7 +66,7 @@ def _store_class(kind: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(f"the {kind} store needs its extra: pip install 'isotrope[{kind}]' ({error})") from None
+        raise ImportError(f"the {kind} store needs its extra: pip install '.[{kind}]' in the isotrope source ({error})") from None
     return getattr(module, class_name)
 
 
@@ -74,20 +91,38 @@ class Collection:
         return (path / ENCODER_DIR / SPEC_FILE).is_file() or (path / MARKER).is_file()
 
     @classmethod
-    def create(cls, uri: str | Path, encoder: ShapedEncoder, **store_options: Any) -> Collection:
-        """A new, empty store at ``uri`` with ``encoder`` (fitted) saved beside it."""
+    def check_creatable(cls, uri: str | Path) -> tuple[str, Path]:
+        """``(kind, path)`` of a store that can be created at ``uri`` (checked before any fitting)."""
         kind, path = parse_store_uri(uri)
         if cls.exists(uri):
             raise FileExistsError(f"{path} already holds an isotrope store; open it instead")
+        if holds_vectors(path):
+            raise EncoderMissingError(_missing_encoder_message(path))
+        return kind, path
+
+    @classmethod
+    def create(cls, uri: str | Path, encoder: ShapedEncoder, **store_options: Any) -> Collection:
+        """A new, empty store at ``uri`` with ``encoder`` (fitted) saved beside it."""
+        kind, path = cls.check_creatable(uri)
         encoder.check_is_fitted()
+        store_class = _store_class(kind)
+        new_folder = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
         if kind == "lancedb":  # keep the pre-transform vectors so the shaping can be refitted (reshape)
             store_options.setdefault("raw_dim", encoder.backbone.dim)
         store_options.setdefault(INDEX_OPTION[kind], "auto")  # the index follows the size (stores.index_plan)
-        store = _store_class(kind)(path, dim=encoder.dim, **store_options)
-        store.set_properties(**describe_encoder(encoder))
-        store.commit()
-        encoder.save(path / ENCODER_DIR)
+        store = None
+        try:
+            store = store_class(path, dim=encoder.dim, **store_options)
+            store.set_properties(**describe_encoder(encoder))
+            store.commit()
+            encoder.save(path / ENCODER_DIR)
+        except BaseException:  # no half-made store (vectors' table without its encoder) is left behind
+            if store is not None:
+                store.close()
+            if new_folder:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
         return cls(store, encoder, path, kind)
 
     @classmethod
@@ -97,6 +132,8 @@ class Collection:
         ``store_options`` go to the store (e.g. ``nprobe``/``ef_search`` for FAISS, ``nprobes``/``ef`` for LanceDB)."""
         kind, path = parse_store_uri(uri)
         if not cls.exists(uri):
+            if holds_vectors(path):
+                raise EncoderMissingError(_missing_encoder_message(path))
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
         store = _store_class(kind)(path, **store_options)
         from isotrope.reshape import recover_interrupted_reshape
@@ -144,6 +181,9 @@ class Collection:
             check_alpha(alpha)
         elif alpha is not None:
             raise ValueError(f"alpha weighs the two sides of hybrid search; mode {mode!r} takes none")
+        for index, text in enumerate(texts):
+            if isinstance(text, str) and not text.strip():
+                raise ValueError("the query is empty" if single else f"queries[{index}] is empty")
         if isinstance(where, str):
             where = parse_where(where)
         if where:

@@ -60,7 +60,7 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
     if beir is None:
         raise ValueError("retrieval needs --beir DIR (corpus.jsonl, queries.jsonl, qrels/test.tsv)")
     dataset = load_beir(beir, split or "test")
-    documents = [document_text(doc) for doc in dataset.corpus.values()]
+    documents = [text for text in map(document_text, dataset.corpus.values()) if text]
     corpus = documents if fit_corpus == "corpus" else fit_corpus
     if transductive and corpus is None:
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
@@ -76,7 +76,8 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
     return {"scores": scores, **fit_report(encoder, fitted_on),
-            "queries": len(dataset.queries), "documents": len(dataset.corpus)}
+            "queries": len(dataset.queries), "documents": len(dataset.corpus),
+            "empty_queries": result["empty_queries"], "empty_documents": result["empty_documents"]}
 
 
 def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None = None, split: str | None = None,

@@ -119,17 +119,25 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
     if not dataset.queries or not dataset.corpus:
         raise ValueError("retrieval needs at least one query and one document")
     depth = max(k_values)
-    doc_ids = sorted(dataset.corpus, reverse=True)
-    query_ids = list(dataset.queries)
+    # empty documents (published collections have them) cannot be retrieved, empty queries retrieve
+    # nothing: both are left out of the encoding and counted; an empty query scores 0
+    doc_ids = [d for d in sorted(dataset.corpus, reverse=True) if document_text(dataset.corpus[d])]
+    query_ids = [q for q in dataset.queries if dataset.queries[q].strip()]
+    empty = {"empty_documents": len(dataset.corpus) - len(doc_ids), "empty_queries": len(dataset.queries) - len(query_ids)}
+    if any(empty.values()):
+        logger.warning("retrieval: %d empty documents and %d empty queries are not encoded", *empty.values())
+    if not query_ids or not doc_ids:
+        raise ValueError("retrieval needs at least one non-empty query and one non-empty document")
     logger.info("encoding %d documents and %d queries", len(doc_ids), len(query_ids))
     documents = _unit_rows(_encode(encode, [document_text(dataset.corpus[d]) for d in doc_ids], "document"))
     queries = _unit_rows(_encode(encode, [dataset.queries[q] for q in query_ids], "query"))
     if queries.shape[1] != documents.shape[1]:
         raise ValueError(f"query dim {queries.shape[1]} differs from document dim {documents.shape[1]}")
     indices, scores = top_k(queries, documents, depth, query_block, document_block)
-    run = {qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
-           for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())}
-    result: dict = {}
+    run = {qid: {} for qid in dataset.queries}
+    run.update({qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
+                for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())})
+    result: dict = dict(empty)
     for k in sorted(set(k_values)):
         result[f"ndcg@{k}"] = 100.0 * ndcg_at_k(run, dataset.qrels, k)
         result[f"recall@{k}"] = 100.0 * recall_at_k(run, dataset.qrels, k)

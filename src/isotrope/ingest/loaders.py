@@ -2,10 +2,11 @@
 
 :func:`iter_documents` walks a directory (recursively, in sorted order, skipping hidden
 files and folders) or reads one file, and yields :class:`Document` objects one at a time,
-so a corpus is never held in memory. Input that cannot be loaded — a binary or empty
+so a corpus is never held in memory. Text is UTF-8, or UTF-16 when the file starts with
+a UTF-16 byte-order mark. Input that cannot be loaded — a binary or empty
 file, text that is not UTF-8, a file over ``max_file_bytes``, an unsupported extension,
 a malformed JSON line, a row without text — is reported as a :class:`SkippedFile`
-(logged at WARNING and passed to ``on_error``) and the other files still load.
+(passed to ``on_error``, or logged at WARNING without one) and the other files still load.
 
 Formats and what one :class:`Document` is:
 
@@ -219,8 +220,11 @@ def load_file(
 
 
 def _report(entry: SkippedFile, on_error: OnError | None) -> None:
-    logger.warning("skipped %s", entry)
-    if on_error is not None:
+    """Pass ``entry`` to ``on_error``, which then reports it; without one, log it as a warning."""
+    if on_error is None:
+        logger.warning("skipped %s", entry)
+    else:
+        logger.debug("skipped %s", entry)
         on_error(entry)
 
 
@@ -252,10 +256,22 @@ def _decode(data: bytes, line: int | None = None) -> str:
         raise _Skip(f"not valid UTF-8 (0x{data[offset]:02x} at {where}); convert it to UTF-8") from None
 
 
-def _read_text(path: Path) -> str:
-    data = path.read_bytes()
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def _decode_file(data: bytes) -> str:
+    """A whole file's text: UTF-16 when it starts with a UTF-16 byte-order mark, else UTF-8 (not binary)."""
+    if data.startswith(_UTF16_BOMS):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise _Skip(f"not valid UTF-16 (byte {exc.start}); convert it to UTF-8") from None
     _check_not_binary(data)
     return _decode(data)
+
+
+def _read_text(path: Path) -> str:
+    return _decode_file(path.read_bytes())
 
 
 def _text_documents(path: Path, name: str, fields: _Fields, report: Callable[..., None]) -> Iterator[Document]:
@@ -311,7 +327,12 @@ def _pdf_documents(path: Path, name: str, fields: _Fields, report: Callable[...,
 
 def _jsonl_documents(path: Path, name: str, fields: _Fields, report: Callable[..., None]) -> Iterator[Document]:
     with open(path, "rb") as handle:
-        _check_not_binary(handle.read(_SNIFF_BYTES))
+        head = handle.read(_SNIFF_BYTES)
+        if head.startswith(_UTF16_BOMS):  # decoded whole, then read as UTF-8 lines
+            lines = (line.encode("utf-8") for line in _read_text(path).split("\n"))
+            yield from _records_to_documents(_json_lines(lines, report), name, fields, report)
+            return
+        _check_not_binary(head)
         handle.seek(0)
         yield from _records_to_documents(_json_lines(handle, report), name, fields, report)
 
@@ -352,8 +373,11 @@ def _json_lines(lines: Iterable[bytes], report: Callable[..., None]) -> Iterator
 
 def _csv_documents(path: Path, name: str, fields: _Fields, report: Callable[..., None]) -> Iterator[Document]:
     with open(path, "rb") as handle:
-        _check_not_binary(handle.read(_SNIFF_BYTES))
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+        head = handle.read(_SNIFF_BYTES)
+    utf16 = head.startswith(_UTF16_BOMS)
+    if not utf16:
+        _check_not_binary(head)
+    with open(path, encoding="utf-16" if utf16 else "utf-8-sig", newline="") as handle:
         reader = csv.DictReader(handle)
         try:
             header = reader.fieldnames
@@ -363,7 +387,7 @@ def _csv_documents(path: Path, name: str, fields: _Fields, report: Callable[...,
                 raise _Skip(f"no column {fields.text!r} (columns: {', '.join(header)})")
             yield from _records_to_documents(_csv_rows(reader, len(header), report), name, fields, report)
         except UnicodeDecodeError as exc:
-            raise _Skip(f"not valid UTF-8 after line {reader.line_num} ({exc.reason})") from None
+            raise _Skip(f"not valid {'UTF-16' if utf16 else 'UTF-8'} after line {reader.line_num} ({exc.reason})") from None
         except csv.Error as exc:
             raise _Skip(f"malformed CSV at line {reader.line_num}: {exc}") from None
 

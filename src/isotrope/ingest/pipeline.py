@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,12 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, reservoir_sample
+from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
-from isotrope.ingest.loaders import Document, LoadReport, SkippedFile, iter_documents
-from isotrope.search import Collection
+from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
+from isotrope.search import Collection, parse_store_uri
 from isotrope.shapes import format_shape, parse_shape
+from isotrope.stores.lock import writer_lock
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class IngestReport:
     added: int = 0
     unchanged: int = 0
     deleted: int = 0
+    #: documents with no text but whitespace (not indexed)
+    empty: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -45,7 +49,8 @@ class IngestReport:
         timing = ", ".join(f"{step} {value:.1f}s" for step, value in self.seconds.items())
         return (
             f"{self.documents} documents, {self.chunks} chunks: {self.added} added, {self.unchanged} unchanged, "
-            f"{self.deleted} deleted, {len(self.skipped)} files skipped ({timing})"
+            f"{self.deleted} deleted, {len(self.skipped)} files skipped"
+            + (f", {self.empty} empty documents skipped" if self.empty else "") + f" ({timing})"
         )
 
 
@@ -55,12 +60,13 @@ def _document_stream(source: DocumentSource, report: IngestReport, loader_option
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"source not found: {path}")
-        load_report = LoadReport()
+        def skipped(entry: SkippedFile) -> None:  # every pass reads the files again: report each once
+            if entry not in report.skipped:
+                logger.info("skipped %s", entry)
+                report.skipped.append(entry)
 
         def from_files() -> Iterator[Document]:
-            load_report.skipped.clear()
-            yield from iter_documents(path, on_error=load_report.add, **loader_options)
-            report.skipped = list(load_report.skipped)
+            yield from iter_documents(path, on_error=skipped, **loader_options)
 
         return from_files
     if callable(source):
@@ -78,10 +84,15 @@ def chunk_document(document: Document, chunker: TokenChunker | None) -> list[Chu
     return chunker.chunk(document) if chunker else make_chunks(document, [(0, len(document.text))])
 
 
-def _chunk_stream(documents: Iterable[Document], chunker: TokenChunker | None) -> Iterator[tuple[Document, list[Chunk]]]:
+def _chunk_stream(
+    documents: Iterable[Document], chunker: TokenChunker | None, report: IngestReport | None = None
+) -> Iterator[tuple[Document, list[Chunk]]]:
+    """Each document with its chunks; empty (whitespace-only) documents are left out and counted in ``report``."""
     for document in documents:
         if document.text.strip():
             yield document, chunk_document(document, chunker)
+        elif report is not None:
+            report.empty += 1
 
 
 def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, Any]) -> None:
@@ -93,6 +104,20 @@ def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, A
     ):
         logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
                        "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
+
+
+def drop_duplicates(store: Any, path: Path) -> set[str]:
+    """The stored ids; rows sharing an id (left by writers that ran at once, before the writer lock)
+    are deleted, so this run writes each of them again once."""
+    ids = store.ids()
+    existing = set(ids)
+    if len(ids) != len(existing):
+        duplicated = sorted(chunk_id for chunk_id, count in Counter(ids).items() if count > 1)
+        logger.warning("%s: %d chunk ids were stored more than once; rewriting them once", path, len(duplicated))
+        store.delete(duplicated)
+        store.commit()
+        existing.difference_update(duplicated)
+    return existing
 
 
 def delete_stale(store: Any, existing: set[str], produced: set[str], documents: set[str], sync: bool) -> int:
@@ -128,42 +153,44 @@ def index_documents(
     ``fit_samples`` chunks of the corpus); an existing store keeps the encoder that wrote it.
     ``sync`` also deletes chunks of documents that are no longer in ``source``.
     """
-    report = IngestReport()
-    raw_cache: dict[str, np.ndarray] = {}
-    documents = _document_stream(source, report, loader_options or {})
-    started = time.perf_counter()
-    if Collection.exists(store):
-        collection = Collection.open(store, encoder)
-        warn_if_encoder_differs(collection, encoder_options or {})
-        logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
-    else:
-        options = dict(encoder_options or {})
-        options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
-        auto = options["shape"] == "auto"
-        built = encoder is None
-        encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
-        if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
-            chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
-            chunks = (chunk for _, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
-            sample = reservoir_sample(chunks, fit_samples)
-            if not sample:
-                raise ValueError(f"{source}: no text to index")
-            texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
-            if auto:
-                from isotrope.autoshape import choose_shape
+    with writer_lock(parse_store_uri(store)[1], "indexed"):  # refused here, before any fitting
+        report = IngestReport()
+        raw_cache: dict[str, np.ndarray] = {}
+        documents = _document_stream(source, report, loader_options or {})
+        started = time.perf_counter()
+        if Collection.exists(store):
+            collection = Collection.open(store, encoder)
+            warn_if_encoder_differs(collection, encoder_options or {})
+            logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
+        else:
+            Collection.check_creatable(store)
+            options = dict(encoder_options or {})
+            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
+            auto = options["shape"] == "auto"
+            built = encoder is None
+            encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
+            if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
+                chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
+                chunks = ((document.source, chunk) for document, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
+                sample = fair_sample(chunks, fit_samples)  # per file: one huge file does not crowd out the rest
+                if not sample:
+                    raise ValueError(f"{source}: no text to index")
+                texts, fitted_on = [chunk.text for chunk in sample], f"{len(sample)} sampled chunks of {source}"
+                if auto:
+                    from isotrope.autoshape import choose_shape
 
-                encoder = choose_shape(texts, options, fitted_on=fitted_on)
-            else:
-                raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
-                if raw is not None:  # reused when writing: the sample is not embedded twice
-                    raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
-        collection = Collection.create(store, encoder, **(store_options or {}))
-    report.seconds["fit"] = time.perf_counter() - started
-    try:
-        _write(collection, documents, raw_cache, report, chunk_tokens, overlap_tokens, batch_size, commit_every, sync, show_progress)
-    finally:
-        collection.close()
-    return report
+                    encoder = choose_shape(texts, options, fitted_on=fitted_on)
+                else:
+                    raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
+                    if raw is not None:  # reused when writing: the sample is not embedded twice
+                        raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
+            collection = Collection.create(store, encoder, **(store_options or {}))
+        report.seconds["fit"] = time.perf_counter() - started
+        try:
+            _write(collection, documents, raw_cache, report, chunk_tokens, overlap_tokens, batch_size, commit_every, sync, show_progress)
+        finally:
+            collection.close()
+        return report
 
 
 def _write(
@@ -180,7 +207,7 @@ def _write(
 ) -> None:
     store, encoder = collection.store, collection.encoder
     chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
-    existing = set(store.ids())
+    existing = drop_duplicates(store, collection.path)
     produced: set[str] = set()
     seen_documents: set[str] = set()
     pending: list[Chunk] = []
@@ -219,7 +246,7 @@ def _write(
         pending.clear()
 
     with tqdm(desc="indexing", unit="chunk", disable=not show_progress) as progress:
-        for document, chunks in _chunk_stream(documents(), chunker):
+        for document, chunks in _chunk_stream(documents(), chunker, report):
             report.documents += 1
             seen_documents.add(document.key)
             for chunk in chunks:

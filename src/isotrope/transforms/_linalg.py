@@ -3,6 +3,7 @@ decompositions on one BLAS thread, where a thread pool costs more than it gains.
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 from threadpoolctl import ThreadpoolController
+
+logger = logging.getLogger(__name__)
 
 #: products with fewer multiply-adds run on one BLAS thread: waking the BLAS pool costs more than it
 #: saves there (on a busy machine, 16 ms instead of 0.3 ms for 8 x 384 @ 384 x 384)
@@ -36,6 +39,24 @@ def top_eigenpairs(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     with _one_blas_thread() if d <= SMALL_EIGH else nullcontext():
         values, vectors = scipy.linalg.eigh(matrix, subset_by_index=[d - k, d - 1])
     return values[::-1].copy(), flip_signs(np.ascontiguousarray(vectors[:, ::-1].T))
+
+
+def removable_directions(kind: str, matrix: np.ndarray, k: int, count: int) -> np.ndarray:
+    """The top ``k`` eigenvectors of ``matrix`` to remove from vectors, leaving one direction with variance.
+
+    Removing every direction a small sample spans would turn its vectors to zero: only the
+    top ``spanned - 1`` are kept, the other rows are zero, with a warning.
+    """
+    d = matrix.shape[0]
+    values, components = top_eigenpairs(matrix, min(k + 1, d))
+    spanned = int(np.sum(values > values[0] * np.finfo(np.float32).eps)) if values[0] > 0 else 0
+    components = components[:k].copy()
+    keep = min(k, max(spanned - 1, 0))
+    if keep < k:
+        logger.warning("%s fitted on %d sample(s): removing %d of %d directions (the sample spans %s)",
+                       kind, count, keep, k, spanned if spanned <= k else f"more than {k}")
+        components[keep:] = 0.0
+    return components
 
 
 @cache

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.transforms._linalg import top_eigenpairs
+from isotrope.transforms._linalg import removable_directions
 from isotrope.transforms._validation import (
     as_output,
     check_positive_int,
@@ -19,7 +19,9 @@ from isotrope.transforms.moments import Moments, MomentsTransform
 class ABTT(MomentsTransform):
     """``x~ = x - mean``; ``x~ - sum_i (u_i . x~) u_i`` over the top principal directions ``u_i``.
 
-    ``n_components=None`` removes ``max(1, round(d / 100))`` directions.
+    ``n_components=None`` removes ``max(1, round(d / 100))`` directions. A sample too small to
+    span them (every direction with variance removed would leave the fitted vectors at zero)
+    removes fewer, with a warning; the unused rows of ``components_`` are zero.
     """
 
     kind = "abtt"
@@ -31,9 +33,8 @@ class ABTT(MomentsTransform):
 
     def _fit_from_moments(self, moments: Moments) -> None:
         k = resolve_n_components(self.kind, self._n_components_for(moments.n_features), moments.n_features)
-        _, components = top_eigenpairs(moments.covariance(), k)
         self.mean_ = moments.mean.copy()
-        self.components_ = components
+        self.components_ = removable_directions(self.kind, moments.covariance(), k, moments.count)
 
     def transform(self, X: Any) -> np.ndarray:
         centred = self._check_input(X) - self.mean_

@@ -127,9 +127,14 @@ class FlowTransform(Transform):
         standardized = ((data - mean) / scale).astype(np.float32)
 
         order = np.random.default_rng(self.seed).permutation(n)
+        if n < 2:
+            raise ValueError(f"flow transform: needs at least 2 samples to fit; got {n} (fit a moments shaping such as "
+                             "center or whiten on so small a corpus)")
         n_val = math.ceil(self.validation_fraction * n)
-        if n - n_val < 1:
-            raise ValueError(f"flow transform: needs at least 2 rows with validation_fraction > 0; got {n}")
+        if n - n_val < 2:  # actnorm is initialised from the training rows' spread: one row would map to zero
+            if n_val:
+                logger.warning("flow fitted on %d samples: no vectors held aside for early stopping", n)
+            n_val = 0
         device = self._torch_device()
         train = torch.from_numpy(standardized[order[n_val:]]).to(device)
         val = torch.from_numpy(standardized[order[:n_val]]).to(device) if n_val else None

@@ -8,12 +8,15 @@ the statistics of the concatenated data.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from isotrope.transforms.base import Self, Transform, as_matrix
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,17 @@ class Moments:
             mean=self.mean + delta * (other.count / count),
             scatter=self.scatter + other.scatter + correction * weight,
         )
+
+    @property
+    def has_variance(self) -> bool:
+        """Whether the samples differ at all (float32 rounding aside); false for one sample or copies of one."""
+        total = float(np.sum(self.variance()))
+        return total > float(np.sum(self.mean**2)) * np.finfo(np.float32).eps
+
+    def uncentred(self) -> Moments:
+        """The moments about zero: mean 0 and the second-moment scatter ``sum x x^T``."""
+        correction = np.outer(self.mean, self.mean) if self.full else self.mean * self.mean
+        return Moments(count=self.count, mean=np.zeros_like(self.mean), scatter=self.scatter + correction * self.count)
 
     def covariance(self) -> np.ndarray:
         """Population covariance (ddof=0); needs full moments."""
@@ -128,7 +142,7 @@ class MomentsTransform(Transform):
         pending: Moments | None = self.__dict__.get("_pending")
         if pending is None or name not in self.state_names:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        self._fit_from_moments(pending)
+        self._fit_guarded(pending)
         del self._pending
         return self.__dict__[name]
 
@@ -137,9 +151,16 @@ class MomentsTransform(Transform):
         if self.full_moments and not moments.full:
             raise ValueError(f"{self.kind} transform needs full moments (the scatter matrix); got per-dimension ones")
         self.__dict__.pop("_pending", None)
-        self._fit_from_moments(moments)
         self._moments = moments
+        self._fit_guarded(moments)
         return self
+
+    def _fit_guarded(self, moments: Moments) -> None:
+        if not moments.has_variance:
+            # removing the mean would turn every fitted vector to zero: keep them about the origin instead
+            logger.warning("%s fitted on %d sample(s) without variance: the mean is not removed", self.kind, moments.count)
+            moments = moments.uncentred()
+        self._fit_from_moments(moments)
 
     def _fit_from_moments(self, moments: Moments) -> None:
         raise NotImplementedError

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.transforms._linalg import top_eigenpairs
+from isotrope.transforms._linalg import removable_directions
 from isotrope.transforms._validation import (
     as_output,
     check_positive_int,
@@ -40,7 +40,7 @@ class SIFRemoval(Transform):
                 k,
             )
         # right singular vectors of X = eigenvectors of the (uncentred) Gram matrix X^T X
-        _, self.components_ = top_eigenpairs(array.T @ array, k)
+        self.components_ = removable_directions(self.kind, array.T @ array, k, n_samples)
         return self
 
     def transform(self, X: Any) -> np.ndarray:

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import numpy as np
+from sklearn.covariance import shrunk_covariance
 
 from isotrope.transforms._linalg import matmul, top_eigenpairs
 from isotrope.transforms._validation import (
@@ -24,12 +25,28 @@ from isotrope.transforms.moments import Moments, MomentsTransform
 logger = logging.getLogger(__name__)
 
 
+def _null_directions(values: np.ndarray) -> np.ndarray:
+    """Eigenvalues at float32 rounding level of the largest: noise, not a direction to amplify."""
+    return values <= values[0] * np.finfo(np.float32).eps
+
+
+def oas_shrinkage(covariance: np.ndarray, count: int) -> float:
+    """The Oracle Approximating Shrinkage coefficient (Chen et al. 2010) from a population covariance,
+    as :func:`sklearn.covariance.oas` computes it from the samples (which a moments fit no longer has)."""
+    d = covariance.shape[0]
+    mu = np.trace(covariance) / d
+    alpha = np.mean(covariance**2)
+    denominator = (count + 1) * (alpha - mu**2 / d)
+    return 1.0 if denominator == 0 else float(min((alpha + mu**2) / denominator, 1.0))
+
+
 class Whiten(MomentsTransform):
     """Rotate centred vectors onto the covariance eigenvectors and rescale axis i by ``(s_i + eps)^power``.
 
-    Eigenvalues at numerical zero (below ``s_max`` times float32 epsilon: the covariance is
-    singular, e.g. when fitted on fewer samples than dimensions) get scale 0 for negative
-    powers, as in a pseudo-inverse, instead of exploding.
+    Fitted on no more samples than dimensions, the covariance is shrunk toward a multiple of the
+    identity with the OAS coefficient, with a warning, so no vector loses the directions the
+    sample did not span. Otherwise eigenvalues at numerical zero (data in a hyperplane, as after
+    a final LayerNorm) get scale 0 for negative powers, as in a pseudo-inverse, instead of exploding.
     """
 
     kind = "whiten"
@@ -48,14 +65,20 @@ class Whiten(MomentsTransform):
     def _fit_from_moments(self, moments: Moments) -> None:
         d = moments.n_features
         k = d if self.n_components is None else resolve_n_components(self.kind, self.n_components, d)
-        values, components = top_eigenpairs(moments.covariance(), k)
+        covariance = moments.covariance()
+        values, components = top_eigenpairs(covariance, k)
         values = np.clip(values, 0.0, None)
-        # inputs are float32: variance below its rounding level is noise, not a direction to amplify
-        null = values <= values[0] * np.finfo(np.float32).eps
         if moments.count <= d:
+            # fewer samples than dimensions: the covariance would send vectors off the sample's span to
+            # zero; shrink it toward a multiple of the identity (Oracle Approximating Shrinkage)
+            shrinkage = oas_shrinkage(covariance, moments.count)
             logger.warning(
-                "whiten fitted on %d samples in %d dimensions: the covariance is singular", moments.count, d
+                "whiten fitted on %d samples in %d dimensions: the covariance is singular; "
+                "shrunk toward the identity (OAS shrinkage %.2f)", moments.count, d, shrinkage,
             )
+            values, components = top_eigenpairs(shrunk_covariance(covariance, shrinkage), k)
+            values = np.clip(values, 0.0, None)
+        null = _null_directions(values)
         if null.any() and self.power < 0:
             logger.warning(
                 "whiten: %d of %d kept directions have ~zero variance; their scale is set to 0", int(null.sum()), k
