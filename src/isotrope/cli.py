@@ -28,6 +28,8 @@ Prompt = Annotated[Optional[str], typer.Option(help="template with {text}; its [
 Weights = Annotated[str, typer.Option(help="uniform, idf, sif, usif")]
 Frequencies = Annotated[str, typer.Option(help="corpus, wordfreq or a 'word count' file")]
 TextField = Annotated[str, typer.Option(help="field holding the text in .jsonl files")]
+Backend = Annotated[str, typer.Option(help="torch, onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]')")]
+SavedBackend = Annotated[Optional[str], typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
 
 
 @app.callback()
@@ -78,6 +80,7 @@ def fit(
     max_length: Annotated[Optional[int], typer.Option(help="max tokens per text")] = None,
     max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
     text_field: TextField = "text",
+    backend: Backend = "torch",
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
@@ -85,6 +88,7 @@ def fit(
 
     options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
                               exclude_special, exclude_punctuation, max_length)
+    options["backend"] = backend
     if shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
@@ -105,6 +109,7 @@ def encode(
     kind: Annotated[str, typer.Option(help="document or query")] = "document",
     batch_size: Annotated[int, typer.Option()] = 32,
     text_field: TextField = "text",
+    backend: SavedBackend = None,
 ) -> None:
     """Encode texts with a saved encoder into a float32 .npy matrix."""
     import numpy as np
@@ -112,7 +117,7 @@ def encode(
     from isotrope.corpus import iter_texts
     from isotrope.encoder import ShapedEncoder
 
-    encoder = ShapedEncoder.load(encoder_dir)
+    encoder = ShapedEncoder.load(encoder_dir, backend=backend)
     vectors = encoder.encode(list(iter_texts(input, text_field)), kind=kind, batch_size=batch_size, show_progress=True)
     np.save(out, vectors)
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
@@ -153,6 +158,7 @@ def index(
     address: Annotated[Optional[str], typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
     num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
+    backend: SavedBackend = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.ingest.pipeline import index_documents
@@ -161,7 +167,10 @@ def index(
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
-    options = dict(encoder_options={"model": model, "shape": shape, "pooling": pooling, "weights": weights},
+    encoder_options = {"model": model, "shape": shape, "pooling": pooling, "weights": weights}
+    if backend is not None:  # a new store's encoder runs on it; an existing store's is reopened with it
+        encoder_options["backend"] = backend
+    options = dict(encoder_options=encoder_options,
                    store_options={"factory": factory} if factory else None, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
@@ -183,11 +192,12 @@ def search(
     k: Annotated[int, typer.Option("-k", help="number of hits")] = 10,
     where: Annotated[Optional[str], typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print hits as JSON")] = False,
+    backend: SavedBackend = None,
 ) -> None:
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
-    with Collection.open(store) as collection:
+    with Collection.open(store, backend=backend) as collection:
         _print_hits(collection.search(query, k=k, where=where), as_json)
 
 
@@ -262,6 +272,7 @@ def evaluate(
     texts: Annotated[Optional[Path], typer.Option("--texts", help="isotropy: a text file")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
+    backend: Backend = "torch",
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
     from isotrope.evaluate.commands import evaluate as run_evaluation
@@ -270,7 +281,7 @@ def evaluate(
 
     recipe = Recipe(model=model, shape=shape, pooling=pooling, layers=layers, prompt=prompt, weights=weights,
                     frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
-                    exclude_punctuation=exclude_punctuation)
+                    exclude_punctuation=exclude_punctuation, backend=backend)
     result = run_evaluation(
         task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,

@@ -110,14 +110,18 @@ class ShapedEncoder:
         device: str = "auto",
         batch_size: int = 64,
         backbone: Backbone | None = None,
+        backend: str = "torch",
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
         ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
         ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
         static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
+        ``backend``: ``torch``, ``onnx``, ``onnx-int8`` or ``onnx-int8-per-channel`` (transformers only).
         """
         static = is_static_source(model)
+        if static and backend != "torch":
+            raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use --backend torch)")
         if static:
             backbone_config: dict[str, Any] = {"type": "static", "source": model}
             if max_length:
@@ -128,6 +132,8 @@ class ShapedEncoder:
                 raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
             backbone_config = {"type": "hf", "model": name, "layers": layers, "prompt": prompt,
                                "max_length": max_length, "device": device, "context": bool(extra)}
+            if backend != "torch":
+                backbone_config["backend"] = backend
         if prompt is not None and static:
             raise ValueError("prompt templates need a transformer backbone, not a static table")
         weighting = TokenWeighting(
@@ -298,10 +304,18 @@ class ShapedEncoder:
         return save_encoder(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> ShapedEncoder:
+    def load(cls, path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
+        """A saved encoder; ``backend`` runs it on another runtime than the one it was saved with."""
         from isotrope.persist import load_encoder
 
-        return load_encoder(path, device=device)
+        return load_encoder(path, device=device, backend=backend)
+
+    def fingerprint_as(self, backend: str) -> str:
+        """The fingerprint this encoder would have with ``backend`` (same everything else)."""
+        from isotrope.backbones.backends import with_backend
+        from isotrope.persist import fingerprint
+
+        return fingerprint(with_backend(self.spec, backend), self.get_state())
 
     def __repr__(self) -> str:
         backbone = self.backbone.get_config()

@@ -87,8 +87,16 @@ class Collection:
         return cls(store, encoder, path, kind)
 
     @classmethod
-    def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto") -> Collection:
-        """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints."""
+    def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto",
+             backend: str | None = None) -> Collection:
+        """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints.
+
+        ``backend`` runs the store's encoder on another runtime; a different runtime (for the
+        store's encoder or a given one) follows :func:`~isotrope.backbones.backends.check_backend_switch`.
+        """
+        from isotrope.backbones.backends import check_backend_switch, recorded_backend
+        from isotrope.persist import read_spec
+
         kind, path = parse_store_uri(uri)
         if not cls.exists(uri):
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
@@ -101,8 +109,17 @@ class Collection:
             store.close()
             raise
         recorded = store.properties.get("fingerprint")
-        if encoder is None:
-            encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)
+        try:
+            if encoder is None:
+                encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device, backend=backend)
+            written = recorded_backend(read_spec(path / ENCODER_DIR)["backbone"])
+            used = recorded_backend(encoder.spec["backbone"])
+            if used != written and encoder.fingerprint_as(written) == recorded:
+                check_backend_switch(written, used, f"store {path}")
+                return cls(store, encoder, path, kind)
+        except BaseException:
+            store.close()
+            raise
         if encoder.fingerprint != recorded:
             store.close()
             raise EncoderMismatchError(

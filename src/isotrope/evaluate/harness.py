@@ -43,6 +43,7 @@ class Recipe:
     exclude_special: bool | None = None
     exclude_punctuation: bool = False
     max_length: int | None = None
+    backend: str = "torch"
 
     def label(self) -> str:
         parts = [self.model, f"pool={self.pooling}"]
@@ -59,6 +60,8 @@ class Recipe:
         if self.exclude_punctuation:
             parts.append("no-punct")
         parts.append(f"shape={self.shape}")
+        if self.backend != "torch":
+            parts.append(f"backend={self.backend}")
         return " ".join(parts)
 
 
@@ -139,12 +142,12 @@ class Evaluator:
         return self._samples[key]
 
     def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
-        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length))
+        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length, recipe.backend))
         if "context:" in recipe.model:  # the table is computed from the fit texts: one backbone per sample
             key += hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
         if key not in self._backbones:
             backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
-                                            max_length=recipe.max_length).backbone
+                                            max_length=recipe.max_length, backend=recipe.backend).backbone
             if self.cache_dir and not is_static_source(recipe.model):
                 backbone = CachedBackbone(backbone, self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
