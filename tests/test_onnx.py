@@ -194,3 +194,32 @@ def test_minilm_fp32_and_int8(texts):
         assert cosines(torch_vectors, onnx_vectors).min() >= FP32_COSINE
     int8 = ShapedEncoder.create("all-MiniLM-L6-v2", backend="onnx-int8").encode(sentences)
     assert cosines(ShapedEncoder.create("all-MiniLM-L6-v2").encode(sentences), int8).mean() >= INT8_MINILM_MEAN_COSINE
+
+
+def test_cli_fit_encode_and_index_with_a_backend(tiny_bert_path, texts, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("lancedb")
+    from test_cli import run_cli
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "enc", "--model", tiny_bert_path,
+                             "--shape", "center", "--backend", "onnx-int8")
+    assert code == 0, err
+    saved = ShapedEncoder.load(tmp_path / "enc")
+    assert saved.backbone.backend == "onnx-int8" and f"fingerprint {saved.fingerprint}" in out
+    code, _, err = run_cli(monkeypatch, capsys, "encode", tmp_path / "enc", corpus, "--out", tmp_path / "v.npy",
+                           "--backend", "onnx")
+    assert code == 0, err
+    reference = ShapedEncoder.load(tmp_path / "enc", backend="onnx").encode(texts)
+    np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), reference)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("\n\n".join(texts[:20]) + "\n")
+    store = f"lancedb:{tmp_path / 'store'}"
+    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", store, "--model", tiny_bert_path,
+                             "--chunk-tokens", "32", "--overlap-tokens", "8", "--backend", "onnx-int8")
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "search", store, texts[3], "-k", "1", "--backend", "torch")
+    assert code == 1 and err.count("\n") == 1 and "holds int8 vectors" in err
+    code, out, err = run_cli(monkeypatch, capsys, "search", store, texts[3], "-k", "1")
+    assert code == 0 and "1. " in out, err

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 EXPORT_VERSION = 1
 MODEL_FILE = "model.onnx"
 QUANTISED_FILES = {"onnx-int8": "model.int8.onnx", "onnx-int8-per-channel": "model.int8-per-channel.onnx"}
+#: only the matrix products are quantised: int8 embedding tables (Gather) cost quality and little time
+QUANTISED_OPS = ["MatMul"]
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
@@ -129,10 +131,15 @@ def quantise(source: Path, target: Path, per_channel: bool) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     staging = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger
     try:
-        quantize_dynamic(source, staging, weight_type=QuantType.QInt8, per_channel=per_channel)
+        quantize_dynamic(source, staging, weight_type=QuantType.QInt8, per_channel=per_channel,
+                         op_types_to_quantize=QUANTISED_OPS)
         staging.replace(target)
     finally:
+        root.setLevel(level)
         staging.unlink(missing_ok=True)
 
 
