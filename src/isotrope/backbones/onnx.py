@@ -161,28 +161,18 @@ def exported_model(model_path: str, backend: str, cache_dir: str | Path | None =
 
 
 def physical_cores() -> int:
-    """Physical cores this process may use (logical CPUs halved by SMT siblings, from /proc/cpuinfo)."""
+    """Physical cores this process may use: its CPUs, less SMT siblings (from /proc/cpuinfo where present)."""
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        cores, siblings = set(), 0
-        physical = core = None
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                physical = value.strip()
-            elif key == "core id":
-                core = value.strip()
-            elif key == "processor":
-                siblings += 1
-            if physical is not None and core is not None:
-                cores.add((physical, core))
-                physical = core = None
-        if cores and siblings:
-            return max(1, min(available, round(available * len(cores) / siblings)))
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return max(1, available)
+        return max(1, available)
+    processors = [{key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
+                  for block in text.strip().split("\n\n")]
+    if not processors or any("core id" not in fields for fields in processors):
+        return max(1, available)
+    cores = {(fields.get("physical id"), fields["core id"]) for fields in processors}
+    return max(1, available * len(cores) // len(processors))
 
 
 def session_threads() -> int:
