@@ -19,8 +19,9 @@ ort = pytest.importorskip("onnxruntime")
 FP32_COSINE = 0.9999
 #: dynamic int8 vs torch fp32 on the tiny random BERT: every text's cosine at least this (observed >= 0.99998)
 INT8_COSINE = 0.999
-#: and on all-MiniLM-L6-v2 (observed mean 0.99, see docs/BENCHMARKS.md)
-INT8_MINILM_MEAN_COSINE = 0.98
+#: and on all-MiniLM-L6-v2, mean cosine to torch fp32 (observed on 300 STS-B sentences: 0.970 per tensor,
+#: 0.994 per channel; STS-B Spearman within 0.3 % of fp32, see docs/BENCHMARKS.md)
+INT8_MINILM_MEAN_COSINE = {"onnx-int8": 0.95, "onnx-int8-per-channel": 0.985}
 PROMPT = 'this sentence : "{text}" means [MASK] .'
 MODES = [  # (pooling, layers, prompt): every pooling and every kind of layer choice
     ("mean", "last", None), ("cls", "last", None), ("max", "last", None), ("mean_sqrt_len", "last", None),
@@ -192,8 +193,10 @@ def test_minilm_fp32_and_int8(texts):
         torch_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers).encode(sentences)
         onnx_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers, backend="onnx").encode(sentences)
         assert cosines(torch_vectors, onnx_vectors).min() >= FP32_COSINE
-    int8 = ShapedEncoder.create("all-MiniLM-L6-v2", backend="onnx-int8").encode(sentences)
-    assert cosines(ShapedEncoder.create("all-MiniLM-L6-v2").encode(sentences), int8).mean() >= INT8_MINILM_MEAN_COSINE
+    reference = ShapedEncoder.create("all-MiniLM-L6-v2").encode(sentences)
+    for backend, bound in INT8_MINILM_MEAN_COSINE.items():
+        int8 = ShapedEncoder.create("all-MiniLM-L6-v2", backend=backend).encode(sentences)
+        assert bound <= cosines(reference, int8).mean() < 0.99999
 
 
 def test_cli_fit_encode_and_index_with_a_backend(tiny_bert_path, texts, tmp_path, monkeypatch, capsys):
