@@ -105,8 +105,13 @@ def _substate(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray
     return {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
 
 
-def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
-    """Rebuild a fitted encoder; its recomputed fingerprint must equal the saved one."""
+def load_encoder(path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
+    """Rebuild a fitted encoder; its recomputed fingerprint must equal the saved one.
+
+    ``backend`` runs a transformer backbone on another runtime than the saved one (the saved
+    fingerprint is checked as saved; the loaded encoder's fingerprint names the new backend).
+    """
+    from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
     from isotrope.backbones import make_backbone
     from isotrope.encoder import ShapedEncoder
     from isotrope.pooling import POOLING_MODES
@@ -146,13 +151,19 @@ def load_encoder(path: str | Path, device: str = "auto") -> ShapedEncoder:
         )
     try:
         backbone_config = dict(document["backbone"])
+        saved_backend = recorded_backend(backbone_config)
         if backbone_config.get("type") == "hf":
             backbone_config["device"] = device
+            if backend is not None:
+                backbone_config = {key: value for key, value in backbone_config.items() if key not in ("backend", "numeric")}
+                backbone_config.update(backend_fields(backend))
+        elif backend not in (None, "torch"):
+            raise ValueError(f"backend {check_backend(backend)!r} runs transformers; {path} uses a static table")
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
         encoder = ShapedEncoder(backbone, pooling, weighting, transforms, metadata=document.get("metadata"))
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    actual = encoder.fingerprint
+    actual = encoder.fingerprint_as(saved_backend)
     if actual != document["fingerprint"]:
         raise EncoderFormatError(
             f"{path}: arrays do not match the saved fingerprint (saved {document['fingerprint'][:12]}, "
