@@ -114,15 +114,21 @@ def export_hidden_states(model_path: str, folder: Path) -> None:
     batch = torch.export.Dim("batch")
     sequence = torch.export.Dim("sequence", max=getattr(model.config, "max_position_embeddings", None) or 4096)
     axes = {0: batch, 1: sequence}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            AllHiddenStates(), (input_ids, attention_mask), input_names=["input_ids", "attention_mask"],
-            output_names=[f"hidden_{index}" for index in range(count)],
-            dynamic_shapes={"input_ids": axes, "attention_mask": axes}, dynamo=True, verbose=False,
-        )
-        program.optimize()
-        program.save(str(folder / MODEL_FILE))
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # it lists the optional operator libraries it skips (torchvision)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                AllHiddenStates(), (input_ids, attention_mask), input_names=["input_ids", "attention_mask"],
+                output_names=[f"hidden_{index}" for index in range(count)],
+                dynamic_shapes={"input_ids": axes, "attention_mask": axes}, dynamo=True, verbose=False,
+            )
+            program.optimize()
+            program.save(str(folder / MODEL_FILE))
+    finally:
+        exporter_log.setLevel(level)
 
 
 def quantise(source: Path, target: Path, per_channel: bool) -> None:
