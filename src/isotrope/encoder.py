@@ -13,6 +13,9 @@ import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
 from isotrope.distill import fast_source
+from isotrope.fingerprint import fingerprint
+from isotrope.fold import FoldError, fold_encoder
+from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform
@@ -276,8 +279,6 @@ class ShapedEncoder:
 
     @property
     def fingerprint(self) -> str:
-        from isotrope.persist import fingerprint
-
         return fingerprint(self.spec, self.get_state())
 
     @property
@@ -352,8 +353,6 @@ class ShapedEncoder:
     def _fold_in_place(self) -> bool:
         """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
         chain folds; returns whether it did."""
-        from isotrope.fold import FoldError, fold_encoder
-
         try:
             folded = fold_encoder(self)
         except FoldError as error:
@@ -428,15 +427,17 @@ class ShapedEncoder:
 
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        from isotrope.persist import save_encoder
-
-        return save_encoder(self, path)
+        """Write the encoder folder (``isotrope.json`` + ``state.safetensors``) atomically."""
+        return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None))
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto") -> ShapedEncoder:
-        from isotrope.persist import load_encoder
-
-        return load_encoder(path, device=device)
+        """Rebuild a saved encoder; its recomputed fingerprint must equal the saved one."""
+        parts = read_encoder(path, device=device)
+        encoder = cls(parts.backbone, parts.pooling, parts.weighting, parts.transforms,
+                      metadata=parts.document.get("metadata"))
+        check_fingerprint(path, parts.document, encoder.fingerprint)
+        return encoder
 
     def __repr__(self) -> str:
         backbone = self.backbone.get_config()
