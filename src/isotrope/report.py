@@ -75,7 +75,7 @@ def sample_vectors(collection: Collection, size: int, seed: int = 0) -> tuple[np
     shaped = np.asarray(store.vectors(chosen), dtype=np.float32)
     notes: list[str] = []
     raw = None
-    if getattr(store, "stores_raw_vectors", False):
+    if store.stores_raw_vectors:
         try:
             raw = np.asarray(store.raw_vectors(chosen), dtype=np.float32)
         except ValueError as error:  # rows written without their raw vector

@@ -34,7 +34,7 @@ def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 
     kind, path = parse_store_uri(uri)
     with writer_lock(path, "reshaped"), Collection.open(uri) as collection, reshape_lock(path):
         store = collection.store
-        if not getattr(store, "stores_raw_vectors", False):
+        if not store.stores_raw_vectors:
             raise ValueError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")
         rows = (vector for _, vectors in store.iter_raw(batch_size) for vector in vectors)
         sample = np.stack(reservoir_sample(rows, fit_samples, seed))

@@ -190,7 +190,7 @@ class Collection:
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
-        index = self.store.index_info() if hasattr(self.store, "index_info") else {}
+        index = self.store.index_info()
         return {"store": f"{self.kind}:{self.path}", "chunks": len(self.store), **self.store.properties,
                 **self.encoder.metadata, **index}
 
