@@ -52,4 +52,9 @@ done
 "$bin/isotrope" index docs --store "lancedb:$work/lance-ray" --model "$model" --engine ray --num-actors 1
 "$bin/isotrope" search "lancedb:$work/lance-ray" "baking in an oven" -k 1 | grep -q "bread.rst" \
     || { echo "install check: the Ray-built store did not find bread.rst"; exit 1; }
+# the ONNX Runtime backend from the [all] install: export, int8 quantisation, and a store of int8 vectors
+export ISOTROPE_CACHE_DIR=$work/cache
+"$bin/isotrope" index docs --store "lancedb:$work/lance-int8" --model all-MiniLM-L6-v2 --backend onnx-int8
+"$bin/isotrope" search "lancedb:$work/lance-int8" "space launch into orbit" -k 1 --mode hybrid | grep -q "rockets.md" \
+    || { echo "install check: the onnx-int8 store did not find rockets.md"; exit 1; }
 echo "install check: passed in $((SECONDS - started)) s"

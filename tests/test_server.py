@@ -329,9 +329,13 @@ def test_report_route_and_command(client, store_uri, tmp_path, monkeypatch, caps
 
 
 @pytest.mark.slow
-def test_isotrope_serve_process_answers_http(store_uri):
+@pytest.mark.parametrize("kind", ["lancedb", "faiss"])
+def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder):
     import httpx
 
+    if kind == "faiss":  # SQLite objects belong to the thread that opened the store: startup must use it too
+        store_uri = f"faiss:{tmp_path / 'f'}"
+        build_store(store_uri, encoder)
     port = free_port()
     command = [str(Path(sys.executable).parent / "isotrope"), "serve", store_uri, "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, env={**os.environ, "ISOTROPE_API_KEY": "k1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

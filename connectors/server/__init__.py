@@ -280,7 +280,7 @@ def serve(store: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     collection = worker.submit(Collection.open, store).result()
     limit_threads(threads)
     try:
-        if len(collection.store):
+        if worker.submit(len, collection.store).result():
             worker.submit(collection.search, "warm up", k=1).result()
         app = create_app(collection, api_key, worker)
         logger.info("serving %s on http://%s:%d", store, host, port)

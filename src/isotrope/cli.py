@@ -35,6 +35,8 @@ TokenPrepending = Annotated[bool, typer.Option(
     "--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers")]
 TPLayers = Annotated[Optional[str], typer.Option(
     "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)")]
+Backend = Annotated[str, typer.Option(help="torch, onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]')")]
+SavedBackend = Annotated[Optional[str], typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
 
 
 @app.callback()
@@ -104,6 +106,7 @@ def fit(
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
     distill_samples: DistillSamples = None,
+    backend: Backend = "torch",
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
@@ -113,6 +116,7 @@ def fit(
     options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
                               exclude_special, exclude_punctuation, max_length,
                               token_prepending, tp_layers, distill_samples)
+    options["backend"] = backend
     if shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
@@ -133,6 +137,7 @@ def encode(
     kind: Annotated[str, typer.Option(help="document or query")] = "document",
     batch_size: Annotated[int, typer.Option()] = 32,
     text_field: TextField = "text",
+    backend: SavedBackend = None,
 ) -> None:
     """Encode texts with a saved encoder into a float32 .npy matrix."""
     import numpy as np
@@ -140,7 +145,7 @@ def encode(
     from isotrope.corpus import iter_texts
     from isotrope.encoder import ShapedEncoder
 
-    encoder = ShapedEncoder.load(encoder_dir)
+    encoder = ShapedEncoder.load(encoder_dir, backend=backend)
     vectors = encoder.encode(list(iter_texts(input, text_field)), kind=kind, batch_size=batch_size, show_progress=True)
     np.save(out, vectors)
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
@@ -186,6 +191,7 @@ def index(
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
+    backend: SavedBackend = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.encoder import DEFAULT_MODEL
@@ -202,6 +208,8 @@ def index(
         wanted["distill_samples"] = distill_samples
     if token_prepending or tp_layers:
         wanted.update(token_prepending=token_prepending, tp_layers=tp_layers)
+    if backend is not None:  # a new store's encoder runs on it; an existing store's is reopened with it
+        wanted["backend"] = backend
     options = dict(encoder=saved, encoder_options={} if saved else wanted,
                    store_options=store_options, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
@@ -255,11 +263,12 @@ def search(
     group_by: Annotated[Optional[str], typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
     nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: calibrated for recall@10 >= 0.95)")] = None,
     ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: calibrated or 128)")] = None,
+    backend: SavedBackend = None,
 ) -> None:
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
-    with Collection.open(store, **_search_options(store, nprobe, ef)) as collection:
+    with Collection.open(store, backend=backend, **_search_options(store, nprobe, ef)) as collection:
         _print_hits(collection.search(query, k=k, where=where, mode=mode, alpha=alpha, group_by=group_by), as_json)
 
 
@@ -394,6 +403,7 @@ def evaluate(
     store_kind: Annotated[Optional[str], typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
     alpha: Annotated[Optional[float], typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
     fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",
+    backend: Backend = "torch",
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
     from isotrope.encoder import DEFAULT_MODEL, resolve_shape
@@ -408,7 +418,7 @@ def evaluate(
     recipe = Recipe(model=model, shape=resolve_shape(model, shape), pooling=pooling, layers=layers, prompt=prompt,
                     weights=weights, frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
                     exclude_punctuation=exclude_punctuation, distill_samples=distill_samples,
-                    token_prepending=token_prepending, tp_layers=tp_layers)
+                    token_prepending=token_prepending, tp_layers=tp_layers, backend=backend)
     result = run_evaluation(
         task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,

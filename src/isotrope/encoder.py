@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.backbones.backends import with_backend
 from isotrope.distill import fast_source
 from isotrope.fingerprint import fingerprint
 from isotrope.fold import FoldError, fold_encoder
@@ -203,6 +204,7 @@ class ShapedEncoder:
         token_prepending: bool = False,
         tp_layers: Any = None,
         distill_samples: int | None = None,
+        backend: str = "torch",
     ) -> ShapedEncoder:
         """An unfitted encoder from readable options.
 
@@ -214,12 +216,15 @@ class ShapedEncoder:
         ``fast`` / ``fast:<teacher>``: a static table distilled from the transformer (default
         all-MiniLM-L6-v2) on a sample of at most ``distill_samples`` fit texts; its shaping
         defaults to ``whiten-partial``, every other model's to ``none``.
+        ``backend``: ``torch``, ``onnx``, ``onnx-int8`` or ``onnx-int8-per-channel`` (transformers only).
         """
         shape = resolve_shape(model, shape)
         model = fast_source(model) or model
         static = is_static_source(model)
         if distill_samples is not None and not model.startswith("fast:"):
             raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
+        if static and backend != "torch":
+            raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use --backend torch)")
         if static:
             backbone_config: dict[str, Any] = {"type": "static", "source": model}
             if max_length:
@@ -236,6 +241,8 @@ class ShapedEncoder:
                                "max_length": max_length, "device": device, "context": bool(extra)}
             if token_prepending:
                 backbone_config.update(token_prepending=True, tp_layers=tp_layers)
+            if backend != "torch":
+                backbone_config["backend"] = backend
         if prompt is not None and static:
             raise ValueError("prompt templates need a transformer backbone, not a static table")
         if tp_layers is not None and not token_prepending:
@@ -431,13 +438,20 @@ class ShapedEncoder:
         return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None))
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> ShapedEncoder:
-        """Rebuild a saved encoder; its recomputed fingerprint must equal the saved one."""
-        parts = read_encoder(path, device=device)
+    def load(cls, path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
+        """A saved encoder; ``backend`` runs it on another runtime than the one it was saved with.
+
+        Its recomputed fingerprint (with the saved backend) must equal the saved one.
+        """
+        parts = read_encoder(path, device=device, backend=backend)
         encoder = cls(parts.backbone, parts.pooling, parts.weighting, parts.transforms,
                       metadata=parts.document.get("metadata"))
-        check_fingerprint(path, parts.document, encoder.fingerprint)
+        check_fingerprint(path, parts.document, encoder.fingerprint_as(parts.saved_backend))
         return encoder
+
+    def fingerprint_as(self, backend: str) -> str:
+        """The fingerprint this encoder would have with ``backend`` (same everything else)."""
+        return fingerprint(with_backend(self.spec, backend), self.get_state())
 
     def __repr__(self) -> str:
         backbone = self.backbone.get_config()

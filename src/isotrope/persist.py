@@ -6,8 +6,8 @@ import json
 import logging
 import shutil
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from isotrope import __version__
 from isotrope.backbones import make_backbone
+from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
 from isotrope.fingerprint import fingerprint
 from isotrope.pooling import POOLING_MODES
 from isotrope.transforms import TRANSFORMS
@@ -41,6 +42,8 @@ class EncoderParts(NamedTuple):
     pooling: str
     weighting: TokenWeighting
     transforms: list[Any]
+    #: the runtime the encoder was saved with (its fingerprint names it)
+    saved_backend: str
 
 
 def write_encoder(
@@ -109,8 +112,12 @@ def _substate(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray
     return {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
 
 
-def read_encoder(path: str | Path, device: str = "auto") -> EncoderParts:
-    """Rebuild a saved encoder's parts; spec and arrays must match the saved fingerprint."""
+def read_encoder(path: str | Path, device: str = "auto", backend: str | None = None) -> EncoderParts:
+    """Rebuild a saved encoder's parts; spec and arrays must match the saved fingerprint.
+
+    ``backend`` runs a transformer backbone on another runtime than the saved one (the saved
+    fingerprint is checked as saved; the loaded encoder's fingerprint names the new backend).
+    """
     path = Path(path)
     document = read_spec(path)
     state_file = path / STATE_FILE
@@ -144,12 +151,18 @@ def read_encoder(path: str | Path, device: str = "auto") -> EncoderParts:
         )
     try:
         backbone_config = dict(document["backbone"])
+        saved_backend = recorded_backend(backbone_config)
         if backbone_config.get("type") == "hf":
             backbone_config["device"] = device
+            if backend is not None:
+                backbone_config = {key: value for key, value in backbone_config.items() if key not in ("backend", "numeric")}
+                backbone_config.update(backend_fields(backend))
+        elif backend not in (None, "torch"):
+            raise ValueError(f"backend {check_backend(backend)!r} runs transformers; {path} uses a static table")
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    return EncoderParts(document, backbone, pooling, weighting, transforms)
+    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend)
 
 
 def check_fingerprint(path: str | Path, document: dict[str, Any], actual: str) -> None:

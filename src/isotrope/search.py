@@ -125,9 +125,15 @@ class Collection:
 
     @classmethod
     def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto",
-             **store_options: Any) -> Collection:
+             backend: str | None = None, **store_options: Any) -> Collection:
         """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints.
-        ``store_options`` go to the store (e.g. ``nprobe``/``ef_search`` for FAISS, ``nprobes``/``ef`` for LanceDB)."""
+
+        ``backend`` runs the store's encoder on another runtime; a different runtime (for the
+        store's encoder or a given one) follows :func:`~isotrope.backbones.backends.check_backend_switch`.
+        ``store_options`` go to the store (e.g. ``nprobe``/``ef_search`` for FAISS, ``nprobes``/``ef`` for LanceDB).
+        """
+        from isotrope.backbones.backends import check_backend_switch, recorded_backend
+
         kind, path = parse_store_uri(uri)
         if not cls.exists(uri):
             if holds_vectors(path):
@@ -140,11 +146,21 @@ class Collection:
             store.close()
             raise
         recorded = store.properties.get("fingerprint")
-        if encoder is None:
-            encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device)
-            fingerprint = read_spec(path / ENCODER_DIR)["fingerprint"]  # load checked the arrays against it
-        else:
-            fingerprint = encoder.fingerprint
+        try:
+            loaded = encoder is None
+            if encoder is None:
+                encoder = ShapedEncoder.load(path / ENCODER_DIR, device=device, backend=backend)
+            written_spec = read_spec(path / ENCODER_DIR)
+            written = recorded_backend(written_spec["backbone"])
+            used = recorded_backend(encoder.spec["backbone"])
+            if used != written and encoder.fingerprint_as(written) == recorded:
+                check_backend_switch(written, used, f"store {path}")
+                return cls(store, encoder, path, kind)
+            # a loaded encoder was checked against its saved fingerprint: not computed twice
+            fingerprint = written_spec["fingerprint"] if loaded and used == written else encoder.fingerprint
+        except BaseException:
+            store.close()
+            raise
         if fingerprint != recorded:
             store.close()
             raise EncoderMismatchError(

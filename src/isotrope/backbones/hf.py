@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from isotrope.backbones.backends import DEFAULT_BACKEND, NUMERIC_CLASS, backend_fields, check_backend
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.prepending import TokenPrepending, TPLayers, slot_template
@@ -84,6 +85,8 @@ class HFBackbone(TokenizedBackbone):
     ``query_prefix`` / ``document_prefix`` are prepended before templating.
     ``token_prepending`` (causal LMs only) inserts a slot before the text whose state is
     replaced by the last token's in decoder layers ``tp_layers`` (see ``prepending``).
+    ``backend`` (``torch``, ``onnx``, ``onnx-int8``, ...: see :mod:`isotrope.backbones.backends`)
+    picks the runtime; ``numeric`` is the class a saved config recorded, checked against it.
     """
 
     def __init__(
@@ -100,9 +103,15 @@ class HFBackbone(TokenizedBackbone):
         token_prepending: bool = False,
         tp_layers: TPLayers = None,
         state: dict[str, np.ndarray] | None = None,
+        backend: str = DEFAULT_BACKEND,
+        numeric: str | None = None,
     ) -> None:
         if prompt is not None and "{text}" not in prompt:
             raise ValueError(f"prompt template must contain '{{text}}': {prompt!r}")
+        self.backend = check_backend(backend)
+        if numeric is not None and numeric != NUMERIC_CLASS[backend]:
+            raise ValueError(f"backbone config records numeric class {numeric!r} but backend {backend!r} computes "
+                             f"{NUMERIC_CLASS[backend]!r}")
         self.model_name = model
         self.prompt = prompt
         self.query_prefix = query_prefix
@@ -111,8 +120,17 @@ class HFBackbone(TokenizedBackbone):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
-        self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
-        config = self.model.config
+        if token_prepending and self.backend != DEFAULT_BACKEND:
+            raise ValueError("token prepending hooks the torch model; use --backend torch")
+        if self.backend == DEFAULT_BACKEND:
+            self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            config = self.model.config
+        else:  # ONNX Runtime on a cached export; the torch model is loaded only to export it once
+            from isotrope.backbones.onnx import OnnxHiddenStates
+
+            self.model = None
+            self.onnx = OnnxHiddenStates(path, self.backend, use_cuda=self.device.type == "cuda")
+            config = self.onnx.config
         self.layers = parse_layers(layers, config.num_hidden_layers)
         self._drop_unused_layers(config.num_hidden_layers)
         self.max_length = int(max_length) if max_length else _default_max_length(path, self.tokenizer)
@@ -155,6 +173,7 @@ class HFBackbone(TokenizedBackbone):
             "query_prefix": self.query_prefix,
             "document_prefix": self.document_prefix,
             "context": self.context,
+            **backend_fields(self.backend),
         }
         if self.prepending:  # only when on: configs (and fingerprints) without it are unchanged
             config.update(token_prepending=True, tp_layers=self.prepending.layers)
@@ -198,17 +217,8 @@ class HFBackbone(TokenizedBackbone):
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         """Run the model on one padded batch; states are the mean of the chosen layers, float32."""
-        inputs = {
-            "input_ids": torch.from_numpy(input_ids).to(self.device),
-            "attention_mask": torch.from_numpy(attention_mask.astype(np.int64)).to(self.device),
-        }
-        with self.prepending.applied(inputs) if self.prepending else nullcontext():
-            if self._last_only:
-                states = self.model(**inputs).last_hidden_state.float()
-            else:
-                hidden = self.model(**inputs, output_hidden_states=True).hidden_states
-                states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
-        states = states.cpu().numpy()
+        states = self._torch_states(input_ids, attention_mask) if self.model is not None else \
+            self.onnx.states(input_ids, attention_mask, self.layers)
         if self.context and not getattr(self, "_fitting", False):
             if self.context_table_ is None:
                 raise NotFittedError(f"{self.model_name}+context: the context table is computed by fit(texts) first")
@@ -220,6 +230,19 @@ class HFBackbone(TokenizedBackbone):
             special_mask=special_mask,
             target_index=self._target_index(input_ids, attention_mask) if self.prompt is not None else None,
         )
+
+    def _torch_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        inputs = {
+            "input_ids": torch.from_numpy(input_ids).to(self.device),
+            "attention_mask": torch.from_numpy(attention_mask.astype(np.int64)).to(self.device),
+        }
+        with self.prepending.applied(inputs) if self.prepending else nullcontext():
+            if self._last_only:
+                states = self.model(**inputs).last_hidden_state.float()
+            else:
+                hidden = self.model(**inputs, output_hidden_states=True).hidden_states
+                states = torch.stack([hidden[index].float() for index in self.layers]).mean(dim=0)
+        return states.cpu().numpy()
 
     def _drop_unused_layers(self, num_hidden_layers: int) -> None:
         """Encoders whose deepest used layer is below the top skip computing the layers above it.

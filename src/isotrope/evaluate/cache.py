@@ -1,7 +1,7 @@
 """A disk cache of token states, so a sweep never runs the backbone twice on the same text.
 
 Entries are keyed by sha256 over the backbone's config (model, layers, prompt, token prepending,
-max length) and fitted arrays (a context table, if any), the text kind and the text. One SQLite file holds, per text, its
+max length, backend and numeric class when not torch) and fitted arrays (a context table, if any), the text kind and the text. One SQLite file holds, per text, its
 token ids, special-token mask, token states (float32) and the prompt target
 position; batches are rebuilt from it by length, as the backbone would.
 """

@@ -46,6 +46,7 @@ class Recipe:
     token_prepending: bool = False
     tp_layers: Any = None
     distill_samples: int | None = None
+    backend: str = "torch"
 
     def label(self) -> str:
         parts = [self.model, f"pool={self.pooling}"]
@@ -66,6 +67,8 @@ class Recipe:
         if self.exclude_punctuation:
             parts.append("no-punct")
         parts.append(f"shape={self.shape}")
+        if self.backend != "torch":
+            parts.append(f"backend={self.backend}")
         return " ".join(parts)
 
 
@@ -150,13 +153,15 @@ class Evaluator:
         return self._samples[key]
 
     def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
-        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length, recipe.token_prepending, recipe.tp_layers))
+        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length, recipe.token_prepending, recipe.tp_layers,
+                    recipe.backend))
         if "context:" in recipe.model or fast_source(recipe.model):  # tables from the fit texts: one per sample
             key += repr(recipe.distill_samples) + hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
         if key not in self._backbones:
             backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
                                             max_length=recipe.max_length, distill_samples=recipe.distill_samples,
-                                            token_prepending=recipe.token_prepending, tp_layers=recipe.tp_layers).backbone
+                                            token_prepending=recipe.token_prepending, tp_layers=recipe.tp_layers,
+                                            backend=recipe.backend).backbone
             if self.cache_dir and not is_static_source(recipe.model):
                 backbone = CachedBackbone(backbone, self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:

@@ -159,7 +159,7 @@ def index_documents(
         documents = _document_stream(source, report, loader_options or {})
         started = time.perf_counter()
         if Collection.exists(store):
-            collection = Collection.open(store, encoder)
+            collection = Collection.open(store, encoder, backend=(encoder_options or {}).get("backend"))
             warn_if_encoder_differs(collection, encoder_options or {})
             logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
         else:

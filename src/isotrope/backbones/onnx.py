@@ -1,0 +1,215 @@
+"""ONNX Runtime execution of a Hugging Face backbone: export once, cache, quantise, run.
+
+The export (``torch.onnx`` with the dynamo exporter; no optimum) has two inputs, ``input_ids`` and
+``attention_mask`` (int64, dynamic batch and sequence axes), and one output per hidden state,
+``hidden_0`` (embeddings) .. ``hidden_L``, so every layer choice (``last``, ``first_last``, an
+index) and prompt pooling read the same states as the torch backbone. Exports live in the cache
+folder (``$ISOTROPE_CACHE_DIR`` or ``~/.cache/isotrope``) under ``onnx/<content hash of the model
+files>/``: ``model.onnx`` (float32), ``model.int8.onnx`` and ``model.int8-per-channel.onnx``
+(``onnxruntime.quantization.quantize_dynamic``), each written once and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: bump when the export's inputs/outputs change: old cache entries are then ignored
+EXPORT_VERSION = 1
+MODEL_FILE = "model.onnx"
+QUANTISED_FILES = {"onnx-int8": "model.int8.onnx", "onnx-int8-per-channel": "model.int8-per-channel.onnx"}
+#: only the matrix products are quantised: int8 embedding tables (Gather) cost quality and little time
+QUANTISED_OPS = ["MatMul"]
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def require_onnxruntime() -> Any:
+    """The ``onnxruntime`` module, or a one-line ImportError saying what to install."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ImportError("the onnx backends need ONNX Runtime: pip install 'isotrope[onnx]' "
+                          "(onnxruntime, onnx, onnxscript), or use --backend torch") from None
+    return onnxruntime
+
+
+def cache_root() -> Path:
+    """``$ISOTROPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/isotrope``, else ``~/.cache/isotrope``."""
+    if os.environ.get("ISOTROPE_CACHE_DIR"):
+        return Path(os.environ["ISOTROPE_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "isotrope"
+
+
+def model_folder(model_path: str) -> Path:
+    """The local folder holding a model's files (a hub name is looked up in the local hub cache)."""
+    if Path(model_path).is_dir():
+        return Path(model_path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model_path, local_files_only=True))
+    except Exception as error:  # the hub raises several error types for a missing snapshot
+        raise FileNotFoundError(f"{model_path}: no local copy of the model to export to ONNX ({error})") from None
+
+
+def model_hash(folder: Path) -> str:
+    """sha256 over the names and bytes of the model's config and weight files (top level of the folder)."""
+    digest = hashlib.sha256(f"isotrope-onnx-export-{EXPORT_VERSION}".encode())
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES))
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
+        raise FileNotFoundError(f"{folder}: no weight files (.safetensors/.bin) to export to ONNX")
+    for path in files:
+        digest.update(f"\0{path.name}\0".encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_folder(target: Path, build: Any) -> None:
+    """Run ``build(staging_folder)`` and move the result to ``target`` (another process may win the race)."""
+    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        build(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / MODEL_FILE).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def export_hidden_states(model_path: str, folder: Path) -> None:
+    """Export the model with every hidden state as an output to ``folder/model.onnx``."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_path, dtype=torch.float32).eval()
+    count = model.config.num_hidden_layers + 1
+
+    class AllHiddenStates(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states)
+
+    input_ids = torch.ones((2, 8), dtype=torch.long)
+    attention_mask = torch.ones((2, 8), dtype=torch.long)
+    attention_mask[1, 5:] = 0  # a padded row, so the mask is not specialised away
+    batch = torch.export.Dim("batch")
+    sequence = torch.export.Dim("sequence", max=getattr(model.config, "max_position_embeddings", None) or 4096)
+    axes = {0: batch, 1: sequence}
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # it lists the optional operator libraries it skips (torchvision)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                AllHiddenStates(), (input_ids, attention_mask), input_names=["input_ids", "attention_mask"],
+                output_names=[f"hidden_{index}" for index in range(count)],
+                dynamic_shapes={"input_ids": axes, "attention_mask": axes}, dynamo=True, verbose=False,
+            )
+            program.optimize()
+            program.save(str(folder / MODEL_FILE))
+    finally:
+        exporter_log.setLevel(level)
+
+
+def quantise(source: Path, target: Path, per_channel: bool) -> None:
+    """Dynamic int8 quantisation of the weights (activations quantised on the fly), written atomically."""
+    require_onnxruntime()
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    staging = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger
+    try:
+        quantize_dynamic(source, staging, weight_type=QuantType.QInt8, per_channel=per_channel,
+                         op_types_to_quantize=QUANTISED_OPS)
+        staging.replace(target)
+    finally:
+        root.setLevel(level)
+        staging.unlink(missing_ok=True)
+
+
+def exported_model(model_path: str, backend: str, cache_dir: str | Path | None = None) -> Path:
+    """The cached ``.onnx`` file of ``model_path`` for ``backend``, exporting/quantising it on first use."""
+    folder = model_folder(model_path)
+    entry = Path(cache_dir or cache_root() / "onnx") / model_hash(folder)[:32]
+    if not (entry / MODEL_FILE).is_file():
+        logger.info("exporting %s to ONNX (once; cached in %s)", model_path, entry)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_folder(entry, lambda staging: export_hidden_states(str(folder), staging))
+    if backend not in QUANTISED_FILES:
+        return entry / MODEL_FILE
+    target = entry / QUANTISED_FILES[backend]
+    if not target.is_file():
+        logger.info("quantising %s to int8 (%s)", model_path, target.name)
+        quantise(entry / MODEL_FILE, target, per_channel=backend.endswith("per-channel"))
+    return target
+
+
+def physical_cores() -> int:
+    """Physical cores this process may use: its CPUs, less SMT siblings (from /proc/cpuinfo where present)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return max(1, available)
+    processors = [{key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
+                  for block in text.strip().split("\n\n")]
+    if not processors or any("core id" not in fields for fields in processors):
+        return max(1, available)
+    cores = {(fields.get("physical id"), fields["core id"]) for fields in processors}
+    return max(1, available * len(cores) // len(processors))
+
+
+def session_threads() -> int:
+    """``OMP_NUM_THREADS`` when set (as torch reads it), else the physical cores."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else physical_cores()
+
+
+class OnnxHiddenStates:
+    """An ONNX Runtime session over a cached export: hidden states of padded id batches."""
+
+    def __init__(self, model_path: str, backend: str, use_cuda: bool = False, cache_dir: str | Path | None = None) -> None:
+        ort = require_onnxruntime()
+        from transformers import AutoConfig
+
+        self.config = AutoConfig.from_pretrained(model_path)
+        self.path = exported_model(model_path, backend, cache_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = session_threads()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = ["CPUExecutionProvider"]
+        if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        elif use_cuda:
+            logger.warning("onnxruntime has no CUDA provider here (install onnxruntime-gpu): running on the CPU")
+        self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+
+    def states(self, input_ids: np.ndarray, attention_mask: np.ndarray, layers: list[int]) -> np.ndarray:
+        """Mean of the chosen hidden states (HF indexing), float32 (B, T, d)."""
+        feed = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
+        outputs = self.session.run([f"hidden_{index}" for index in layers], feed)
+        if len(outputs) == 1:
+            return outputs[0]
+        return np.stack(outputs).mean(axis=0, dtype=np.float32)
