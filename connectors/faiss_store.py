@@ -168,6 +168,11 @@ class FaissStore(VectorStore):
         it is for indexes larger than the RAM to spare.
     """
 
+    #: only the shaped vectors are kept (reshape needs a LanceDB store)
+    stores_raw_vectors = False
+    #: one SQLite connection: queries run one at a time
+    concurrent_queries = False
+
     def __init__(
         self,
         path: str | os.PathLike[str],

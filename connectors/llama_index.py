@@ -53,7 +53,8 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
 from isotrope.fusion import search_store
 from isotrope.persist import read_spec
-from isotrope.search import ENCODER_DIR, Collection, EncoderMismatchError, parse_store_uri
+from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
+from isotrope.stores.layout import ENCODER_DIR
 from isotrope.shapes import format_shape
 from isotrope.stores.filters import check_fields
 

@@ -633,7 +633,7 @@ def _rows_to_index(chunks: _Chunks, existing: set[str], sample_ids: list[str], r
 def _write(collection: Collection, shaped: ray.data.Dataset, commit_every: int, show_progress: bool) -> int:
     """Add the shaped rows through the store on the driver, in corpus order; returns the rows added."""
     store = collection.store
-    accepts_raw = getattr(store, "stores_raw_vectors", False)
+    accepts_raw = store.stores_raw_vectors
     added = since_commit = 0
     with tqdm(desc="indexing", unit="chunk", disable=not show_progress) as progress:
         for batch in shaped.iter_batches(batch_size=_WRITE_ROWS, batch_format="numpy"):

@@ -291,7 +291,7 @@ def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, 
 
 
 def test_isotropy_leaves_out_texts_without_a_known_token(tiny_glove_path, tmp_path):
-    from isotrope.evaluate.isotropy import isotropy_report
+    from isotrope.isotropy import isotropy_report
 
     texts = ["the cat sat on the mat", "zzqx qqzx", "the dog runs fast", "a house on the river"]
     path = tmp_path / "texts.txt"

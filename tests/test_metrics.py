@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import ndcg_score
 
 from isotrope.evaluate.data import BeirDataset, STSPairs
-from isotrope.evaluate.isotropy import effective_rank, isotropy_report, mean_cosine, partition_ratio
+from isotrope.isotropy import effective_rank, isotropy_report, mean_cosine, partition_ratio
 from isotrope.evaluate.metrics import mrr_at_k, ndcg_at_k, rank_documents, recall_at_k, spearman, v_measure
 from isotrope.evaluate.tasks import (
     document_text,

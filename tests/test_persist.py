@@ -12,7 +12,8 @@ from conftest import make_sentences
 from safetensors.numpy import load_file, save_file
 
 from isotrope.encoder import ShapedEncoder
-from isotrope.persist import FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, fingerprint, read_spec
+from isotrope.fingerprint import fingerprint
+from isotrope.persist import FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, read_spec
 from isotrope.transforms import NotFittedError
 
 TEXTS = ["the cat sees a small bird.", "dogs run", "she loves the music of the river and the rain in the city!"]

@@ -17,8 +17,9 @@ from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.pipeline import index_documents
 import isotrope.reshape
 from isotrope.stores.lock import StoreLockedError
-from isotrope.reshape import MARKER, RETIRED, STAGED, ReshapeInProgressError, reshape_store
-from isotrope.search import ENCODER_DIR, Collection
+from isotrope.reshape import reshape_store
+from isotrope.search import Collection
+from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, ReshapeInProgressError
 
 pytest.importorskip("lancedb")
 

@@ -35,7 +35,7 @@ from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
 from isotrope.encoder import ShapedEncoder
-from isotrope.ingest.chunking import split_sentences
+from isotrope.sentences import split_sentences
 
 logger = logging.getLogger(__name__)
 

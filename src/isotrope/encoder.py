@@ -12,7 +12,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
+from isotrope.backbones.backends import with_backend
 from isotrope.distill import fast_source
+from isotrope.fingerprint import fingerprint
+from isotrope.fold import FoldError, fold_encoder
+from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform
@@ -282,8 +286,6 @@ class ShapedEncoder:
 
     @property
     def fingerprint(self) -> str:
-        from isotrope.persist import fingerprint
-
         return fingerprint(self.spec, self.get_state())
 
     @property
@@ -358,8 +360,6 @@ class ShapedEncoder:
     def _fold_in_place(self) -> bool:
         """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
         chain folds; returns whether it did."""
-        from isotrope.fold import FoldError, fold_encoder
-
         try:
             folded = fold_encoder(self)
         except FoldError as error:
@@ -434,22 +434,23 @@ class ShapedEncoder:
 
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        from isotrope.persist import save_encoder
-
-        return save_encoder(self, path)
+        """Write the encoder folder (``isotrope.json`` + ``state.safetensors``) atomically."""
+        return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None))
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
-        """A saved encoder; ``backend`` runs it on another runtime than the one it was saved with."""
-        from isotrope.persist import load_encoder
+        """A saved encoder; ``backend`` runs it on another runtime than the one it was saved with.
 
-        return load_encoder(path, device=device, backend=backend)
+        Its recomputed fingerprint (with the saved backend) must equal the saved one.
+        """
+        parts = read_encoder(path, device=device, backend=backend)
+        encoder = cls(parts.backbone, parts.pooling, parts.weighting, parts.transforms,
+                      metadata=parts.document.get("metadata"))
+        check_fingerprint(path, parts.document, encoder.fingerprint_as(parts.saved_backend))
+        return encoder
 
     def fingerprint_as(self, backend: str) -> str:
         """The fingerprint this encoder would have with ``backend`` (same everything else)."""
-        from isotrope.backbones.backends import with_backend
-        from isotrope.persist import fingerprint
-
         return fingerprint(with_backend(self.spec, backend), self.get_state())
 
     def __repr__(self) -> str:

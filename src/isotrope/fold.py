@@ -24,16 +24,41 @@ states depend on context), pooling other than mean, a non-linear step (quantile,
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from isotrope.backbones.folded import DTYPES, FoldedBackbone, quantize
-from isotrope.encoder import ShapedEncoder
 from isotrope.transforms.l2 import L2
 from isotrope.weighting import TokenWeighting
 
 logger = logging.getLogger(__name__)
+
+
+class Foldable(Protocol):
+    """What folding reads of an encoder (a :class:`isotrope.encoder.ShapedEncoder`); folding sits below
+    the encoder, which folds itself when fitted with ``--model fast``."""
+
+    backbone: Any
+    pooling: str
+    weighting: TokenWeighting
+    transforms: list[Any]
+    batch_size: int
+    metadata: dict[str, Any]
+
+    def __init__(self, backbone: Any, pooling: str, weighting: TokenWeighting, transforms: list[Any], *,
+                 batch_size: int, metadata: dict[str, Any]) -> None: ...
+
+    @property
+    def shape(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def check_is_fitted(self) -> None: ...
+
+
+EncoderT = TypeVar("EncoderT", bound=Foldable)
 
 #: transforms that are affine maps ``(x - mean) M`` (or ``x M``): they commute with a normalised mean
 LINEAR_KINDS = ("center", "zscore", "abtt", "sif_removal", "whiten", "pca")
@@ -47,7 +72,7 @@ class FoldError(ValueError):
     """An encoder whose chain cannot be folded into one table."""
 
 
-def check_foldable(encoder: ShapedEncoder) -> None:
+def check_foldable(encoder: Foldable) -> None:
     """Raise :class:`FoldError` naming the first part of ``encoder`` that does not fold."""
     backbone = encoder.backbone
     if getattr(backbone, "table", None) is None or not hasattr(backbone, "tokenizer"):
@@ -78,7 +103,7 @@ def _tokenizer_copy(backbone: Any) -> Any:
     return Tokenizer.from_str(core.to_str())
 
 
-def fold_encoder(encoder: ShapedEncoder, *, dtype: str = "float32", dims: int | None = None) -> ShapedEncoder:
+def fold_encoder(encoder: EncoderT, *, dtype: str = "float32", dims: int | None = None) -> EncoderT:
     """One folded encoder equal to ``encoder`` (see the module docstring for what holds exactly).
 
     ``dtype``: float32, float16, or int8 with one scale per row. ``dims`` keeps the leading
@@ -127,5 +152,5 @@ def fold_encoder(encoder: ShapedEncoder, *, dtype: str = "float32", dims: int | 
                           "dtype": dtype, "dims": int(table.shape[1]), "weights_in_rows": normalised}
     logger.info("folded %s (%s) into one %d x %d %s table", folded_backbone.folded_from, encoder.shape,
                 table.shape[0], table.shape[1], dtype)
-    return ShapedEncoder(folded_backbone, "mean", weighting, [L2()] if normalised else [],
+    return type(encoder)(folded_backbone, "mean", weighting, [L2()] if normalised else [],
                          batch_size=encoder.batch_size, metadata=metadata)

@@ -109,7 +109,7 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
-    if getattr(store, "concurrent_queries", False):  # the lexical query runs while the dense one does
+    if store.concurrent_queries:  # the lexical query runs while the dense one does
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(store.lexical_search, list(texts), depth, where)
             dense = store.search(vectors, depth, where=where)

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from isotrope import __version__
-
-if TYPE_CHECKING:
-    from isotrope.encoder import ShapedEncoder
+from isotrope.backbones import make_backbone
+from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
+from isotrope.fingerprint import fingerprint
+from isotrope.pooling import POOLING_MODES
+from isotrope.transforms import TRANSFORMS
+from isotrope.weighting import TokenWeighting
 
 logger = logging.getLogger(__name__)
 
@@ -31,39 +34,43 @@ class EncoderFormatError(ValueError):
     """A saved encoder that cannot be read: corrupt, incomplete or of another format version."""
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+class EncoderParts(NamedTuple):
+    """The parts of a saved encoder, rebuilt and checked; ``ShapedEncoder.load`` assembles them."""
+
+    document: dict[str, Any]
+    backbone: Any
+    pooling: str
+    weighting: TokenWeighting
+    transforms: list[Any]
+    #: the runtime the encoder was saved with (its fingerprint names it)
+    saved_backend: str
 
 
-def fingerprint(spec: dict[str, Any], state: dict[str, np.ndarray]) -> str:
-    """sha256 over the canonical spec and every array's name, dtype, shape and bytes."""
-    digest = hashlib.sha256(canonical_json(spec).encode())
-    for name in sorted(state):
-        array = np.ascontiguousarray(state[name])
-        digest.update(f"\0{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        digest.update(array.data)  # the buffer itself: no copy of a large table
-    return digest.hexdigest()
+def write_encoder(
+    path: str | Path,
+    spec: dict[str, Any],
+    state: dict[str, np.ndarray],
+    metadata: dict[str, Any],
+    save_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write the encoder folder atomically: a complete new folder replaces the old one.
 
-
-def save_encoder(encoder: ShapedEncoder, path: str | Path) -> Path:
-    """Write the encoder folder atomically: a complete new folder replaces the old one."""
+    ``save_files`` writes files the backbone keeps beside its arrays (a folded table's tokenizer.json).
+    """
     path = Path(path)
-    state = encoder.get_state()
-    spec = encoder.spec
     document = {
         "format_version": FORMAT_VERSION,
         "isotrope_version": __version__,
         "fingerprint": fingerprint(spec, state),
         **spec,
-        "metadata": encoder.metadata,
+        "metadata": metadata,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     try:
         save_file({name: np.ascontiguousarray(array) for name, array in state.items()}, staging / STATE_FILE)
-        save_files = getattr(encoder.backbone, "save_files", None)
-        if save_files is not None:  # files the backbone keeps beside its arrays (a folded table's tokenizer.json)
+        if save_files is not None:
             save_files(staging)
         (staging / SPEC_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
         if path.exists():
@@ -105,19 +112,12 @@ def _substate(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray
     return {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
 
 
-def load_encoder(path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
-    """Rebuild a fitted encoder; its recomputed fingerprint must equal the saved one.
+def read_encoder(path: str | Path, device: str = "auto", backend: str | None = None) -> EncoderParts:
+    """Rebuild a saved encoder's parts; spec and arrays must match the saved fingerprint.
 
     ``backend`` runs a transformer backbone on another runtime than the saved one (the saved
     fingerprint is checked as saved; the loaded encoder's fingerprint names the new backend).
     """
-    from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
-    from isotrope.backbones import make_backbone
-    from isotrope.encoder import ShapedEncoder
-    from isotrope.pooling import POOLING_MODES
-    from isotrope.transforms import TRANSFORMS
-    from isotrope.weighting import TokenWeighting
-
     path = Path(path)
     document = read_spec(path)
     state_file = path / STATE_FILE
@@ -160,13 +160,15 @@ def load_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         elif backend not in (None, "torch"):
             raise ValueError(f"backend {check_backend(backend)!r} runs transformers; {path} uses a static table")
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
-        encoder = ShapedEncoder(backbone, pooling, weighting, transforms, metadata=document.get("metadata"))
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    actual = encoder.fingerprint_as(saved_backend)
+    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend)
+
+
+def check_fingerprint(path: str | Path, document: dict[str, Any], actual: str) -> None:
+    """Raise when the rebuilt encoder's fingerprint is not the saved one."""
     if actual != document["fingerprint"]:
         raise EncoderFormatError(
             f"{path}: arrays do not match the saved fingerprint (saved {document['fingerprint'][:12]}, "
             f"computed {actual[:12]}); the folder was modified or is corrupt"
         )
-    return encoder

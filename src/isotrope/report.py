@@ -2,7 +2,7 @@
 
 It samples stored vectors and compares the raw (pre-shaping) vectors with the shaped ones:
 the eigenvalue spectrum of their covariance, the distribution of pairwise cosines, the
-isotropy measures of :mod:`isotrope.evaluate.isotropy`, what the shaping was fitted on and,
+isotropy measures of :mod:`isotrope.isotropy`, what the shaping was fitted on and,
 when ``--shape auto`` chose it, the candidates it weighed. Plots are inline SVG drawn from
 NumPy: the page needs no network and no plotting library. Raw vectors are kept by LanceDB
 stores; for other stores the report shows the shaped vectors alone and says so.
@@ -50,7 +50,7 @@ class ShapingReport:
 
 def summarize(vectors: np.ndarray) -> VectorSummary:
     """Covariance spectrum, pairwise-cosine histogram (distinct pairs) and isotropy of ``vectors``."""
-    from isotrope.evaluate.isotropy import isotropy_report
+    from isotrope.isotropy import isotropy_report
 
     x = np.asarray(vectors, dtype=np.float64)
     centred = x - x.mean(axis=0)
@@ -75,7 +75,7 @@ def sample_vectors(collection: Collection, size: int, seed: int = 0) -> tuple[np
     shaped = np.asarray(store.vectors(chosen), dtype=np.float32)
     notes: list[str] = []
     raw = None
-    if getattr(store, "stores_raw_vectors", False):
+    if store.stores_raw_vectors:
         try:
             raw = np.asarray(store.raw_vectors(chosen), dtype=np.float32)
         except ValueError as error:  # rows written without their raw vector

@@ -14,10 +14,10 @@ from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
 from isotrope.stores.filters import check_fields, parse_where
+from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
 
 logger = logging.getLogger(__name__)
 
-ENCODER_DIR = "encoder"
 #: store kind -> "module:class" of its implementation
 STORE_KINDS = {
     "faiss": "isotrope.connectors.faiss_store:FaissStore",
@@ -82,8 +82,6 @@ class Collection:
     @classmethod
     def exists(cls, uri: str | Path) -> bool:
         """Whether ``uri`` holds a store (also one whose reshape was interrupted mid-swap, encoder folder aside)."""
-        from isotrope.reshape import MARKER
-
         try:
             _, path = parse_store_uri(uri)
         except ValueError:
@@ -142,8 +140,6 @@ class Collection:
                 raise EncoderMissingError(_missing_encoder_message(path))
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
         store = _store_class(kind)(path, **store_options)
-        from isotrope.reshape import recover_interrupted_reshape
-
         try:
             recover_interrupted_reshape(path, store)
         except BaseException:
@@ -210,7 +206,7 @@ class Collection:
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
-        index = self.store.index_info() if hasattr(self.store, "index_info") else {}
+        index = self.store.index_info()
         return {"store": f"{self.kind}:{self.path}", "chunks": len(self.store), **self.store.properties,
                 **self.encoder.metadata, **index}
 

@@ -68,7 +68,7 @@ class CachedBackbone(TokenizedBackbone):
 
     def _prefix(self) -> str:
         """Identity of the backbone: its config and any fitted arrays (context tables)."""
-        from isotrope.persist import fingerprint
+        from isotrope.fingerprint import fingerprint
 
         return fingerprint(self.backbone.get_config(), self.backbone.get_state())
 

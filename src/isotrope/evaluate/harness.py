@@ -20,7 +20,7 @@ from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.evaluate.cache import CachedBackbone
-from isotrope.evaluate.isotropy import isotropy_report
+from isotrope.isotropy import isotropy_report
 
 logger = logging.getLogger(__name__)
 

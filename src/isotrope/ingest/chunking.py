@@ -16,24 +16,14 @@ new one.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from isotrope.ingest.loaders import Document
+from isotrope.sentences import split_lines, split_sentences
 
 _TOKENIZE_BATCH = 1024
-
-# A sentence ends at . ! ? or an ellipsis (plus closing quotes or brackets) followed by
-# whitespace and not by a lower-case letter ("e.g. this" does not end one), at CJK
-# sentence punctuation, or at a blank line.
-_SENTENCE_END = re.compile(
-    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+(?![a-z\s])"
-    r"|[\u3002\uff01\uff1f]+[\"'\u201d\u2019\u300d\u300f)\]]*\s*"
-    r"|\n[^\S\n]*\n\s*"
-)
-_LINE_BREAK = re.compile(r"\n")
 
 
 @dataclass(frozen=True)
@@ -64,11 +54,6 @@ def chunk_id(source: str, position: int, text: str) -> str:
     """Short stable id: sha256 over the document key, the chunk position and the text's sha256."""
     content = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return hashlib.sha256(f"{source}\x00{position}\x00{content}".encode()).hexdigest()[:16]
-
-
-def split_sentences(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` character spans of the sentences of ``text``, whitespace trimmed, in order."""
-    return _trimmed_spans(text, _SENTENCE_END, 0, len(text))
 
 
 def make_chunks(document: Document, spans: Sequence[tuple[int, int]]) -> list[Chunk]:
@@ -164,7 +149,7 @@ class TokenChunker:
             if tokens <= self.chunk_tokens:
                 units.append(_Unit(start, end, tokens))
                 continue
-            lines = _trimmed_spans(text, _LINE_BREAK, start, end)
+            lines = split_lines(text, start, end)
             for (line_start, line_end), line_tokens in zip(lines, self.count_tokens([text[s:e] for s, e in lines])):
                 if line_tokens <= self.chunk_tokens:
                     units.append(_Unit(line_start, line_end, line_tokens))
@@ -257,20 +242,6 @@ class LlamaIndexChunker:
             spans.append((start, start + len(piece)))
             cursor = start + 1
         return make_chunks(document, spans)
-
-
-def _trimmed_spans(text: str, separator: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of ``text[start:end]`` each ending with a ``separator`` match, whitespace trimmed, empty ones dropped."""
-    spans = []
-    begin = start
-    for stop in [m.end() for m in separator.finditer(text, start, end)] + [end]:
-        piece = text[begin:stop]
-        stripped = piece.strip()
-        if stripped:
-            left = begin + len(piece) - len(piece.lstrip())
-            spans.append((left, left + len(stripped)))
-        begin = stop
-    return spans
 
 
 def _spans(units: Sequence[_Unit], groups: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -214,7 +214,7 @@ def _write(
     since_commit = 0
     committed = len(existing)
     timer = {"embed": 0.0, "write": 0.0}
-    accepts_raw = getattr(store, "stores_raw_vectors", False)
+    accepts_raw = store.stores_raw_vectors
 
     def flush() -> None:
         nonlocal since_commit, committed

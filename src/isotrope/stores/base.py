@@ -73,10 +73,22 @@ class VectorStore(Protocol):
     ``close()``
         Release resources; uncommitted changes are discarded (with a warning).
         As a context manager a store commits on a clean exit, then closes.
+    ``index_info()``
+        The index type as asked and as built, and its search settings (``{}``: no index to describe).
+
+    Capabilities are declared attributes (each store sets its own; the defaults are the minimal store):
+
+    ``stores_raw_vectors``
+        ``add`` takes ``raw_vectors`` (the pre-shaping vectors, kept so a reshape can refit) and
+        ``raw_vectors(ids)`` returns them.
+    ``concurrent_queries``
+        A vector query and a full-text query may run at the same time (hybrid search overlaps them).
     """
 
     dim: int
     metric: str
+    stores_raw_vectors: bool = False
+    concurrent_queries: bool = False
 
     def add(
         self,
@@ -112,6 +124,9 @@ class VectorStore(Protocol):
     def close(self) -> None: ...
 
     def __len__(self) -> int: ...
+
+    def index_info(self) -> dict[str, Any]:
+        return {}
 
     def __enter__(self) -> VectorStore:
         return self

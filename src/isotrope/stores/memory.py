@@ -67,6 +67,10 @@ class MemoryStore(VectorStore):
     ``commit()`` does nothing: the store has no durable state of its own.
     """
 
+    stores_raw_vectors = False
+    #: queries run one at a time (hybrid search runs its dense and lexical queries in turn)
+    concurrent_queries = False
+
     def __init__(self, dim: int, metric: str = "ip") -> None:
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer; got {dim!r}")
@@ -79,6 +83,10 @@ class MemoryStore(VectorStore):
         self._terms: list[list[str]] = []
         self._row: dict[str, int] = {}
         self._properties: dict[str, str] = {}
+
+    def index_info(self) -> dict[str, Any]:
+        """Exact search over one array: no index to describe."""
+        return {}
 
     def __len__(self) -> int:
         return len(self._ids)
