@@ -63,6 +63,15 @@ def set_threads(threads: int) -> None:
 
 
 # -- timing -------------------------------------------------------------------------
+def print_and_write(result: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON result and, when ``out`` is given, write it there too."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def summarize(times: list[float]) -> dict[str, Any]:
     """Median, min and every run, in seconds."""
     return {"median_s": statistics.median(times), "min_s": min(times), "runs_s": [round(t, 6) for t in times]}

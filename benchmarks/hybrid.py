@@ -13,10 +13,10 @@ defaults, beside bm25s (English Snowball stemmer and stop words) as the peer bas
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+from benchmarks.common import print_and_write
 from isotrope.evaluate.data import BeirDataset, load_beir
 from isotrope.evaluate.harness import Evaluator, Recipe
 from isotrope.evaluate.metrics import ndcg_at_k
@@ -84,11 +84,7 @@ def main() -> None:
     dataset = load_beir(args.data_dir / "retrieval" / "scifact", "train" if args.step == "tune" else "test")
     evaluator = Evaluator(cache_dir=args.cache_dir)
     result = (tune if args.step == "tune" else test)(dataset, evaluator)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_and_write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import print_and_write
 import isotrope.connectors.faiss_store as faiss_module
 import isotrope.connectors.lancedb_store as lance_module
 from isotrope.fusion import search_store
@@ -113,11 +114,7 @@ def main() -> None:
             result[kind]["hybrid / dense"] = round(result[kind]["hybrid p50 ms"] / result[kind]["dense p50 ms"], 2)
             store.close()
         print(json.dumps({kind: result[kind]}), flush=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_and_write(result, args.out)
 
 
 if __name__ == "__main__":
