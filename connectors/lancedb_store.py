@@ -369,6 +369,17 @@ class LanceDBStore(VectorStore):
                 n >= index_plan.REBUILD_GROWTH * self._indexed_rows:
             logger.info("table %r grew to %d rows: rebuilding its index", self.table_name, n)
             self.create_index()
+        elif self.vector_index is not None:
+            self._index_new_rows()
+
+    def _index_new_rows(self) -> None:
+        """Add rows written since the ANN index was built to it (no retraining): LanceDB scans rows
+        outside the index by brute force, which made a 100,000-row store answer in 54 ms, not 10 ms."""
+        name = next(i.name for i in self._table.list_indices() if "vector" in i.columns)
+        if self._table.index_stats(name).num_unindexed_rows:
+            self._table.to_lance().optimize.optimize_indices(index_names=[name])
+            self._table.checkout_latest()
+            self._index_type = False
 
     def _set_meta(self, values: dict[str, str]) -> None:
         self._table.to_lance().update_schema_metadata(values)

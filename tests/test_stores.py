@@ -669,6 +669,18 @@ def test_lance_builds_the_ann_index_at_the_threshold(tmp_path):
         store.create_index(IvfPq(distance_type="l2"))
 
 
+def test_lance_rows_written_after_the_ann_index_is_built_are_added_to_it(tmp_path):
+    data = make_data("clustered", 1500)
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=1000, index_type="ivf_pq")
+    store.add(ids_of(1200), data[:1200])
+    store.add(ids_of(1500)[1200:], data[1200:])
+    store.commit()
+    name = next(i.name for i in store._table.list_indices() if "vector" in i.columns)
+    stats = store._table.index_stats(name)
+    assert (stats.num_indexed_rows, stats.num_unindexed_rows) == (1500, 0)
+    assert store.vector_index == "IvfPq" and len(store) == 1500
+
+
 def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_path):
     data = make_data("clustered", 1200)
     store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=None)
