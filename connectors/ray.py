@@ -56,7 +56,8 @@ import ray
 import ray.data
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder, default_shape, fair_sample
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
 from isotrope.ingest.pipeline import (
@@ -518,7 +519,7 @@ def index_with_ray(
     store: str | Path,
     *,
     encoder: ShapedEncoder | None = None,
-    encoder_options: dict[str, Any] | None = None,
+    config: EncoderConfig | None = None,
     store_options: dict[str, Any] | None = None,
     loader_options: dict[str, Any] | None = None,
     chunk_tokens: int = 256,
@@ -556,16 +557,16 @@ def index_with_ray(
         if collection is None:
             Collection.check_creatable(store)
         try:
-            options = dict(encoder_options or {})
-            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
-            auto = collection is None and options["shape"] == "auto"
+            recipe = config or EncoderConfig()
+            recipe = recipe.replace(shape=recipe.shape or default_shape(recipe.model))
+            auto = collection is None and recipe.shape == "auto"
             if collection is None:
                 built = encoder is None
-                encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
+                encoder = encoder or ShapedEncoder.create(recipe.replace(shape="none") if auto else recipe)
                 fit_needed = auto or encoder.needs_corpus and (built or not encoder.is_fitted())
                 existing: set[str] = set()
             else:
-                warn_if_encoder_differs(collection, encoder_options or {})
+                warn_if_encoder_differs(collection, config)
                 fit_needed, encoder = False, collection.encoder
                 existing = set(collection.store.ids())
             chunks = _read_chunks(source, make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
@@ -584,7 +585,7 @@ def index_with_ray(
             if auto:  # scores candidate shapings on the driver, as the single-process path does
                 from isotrope.autoshape import choose_shape
 
-                encoder = choose_shape(_sample_texts(dataset), options, fitted_on=fitted_on)
+                encoder = choose_shape(_sample_texts(dataset), recipe, fitted_on=fitted_on)
             elif fit_needed:
                 if encoder.backbone.needs_fit:  # a context-averaged table: fitted on the driver
                     encoder.backbone.fit(_sample_texts(dataset))

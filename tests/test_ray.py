@@ -22,6 +22,7 @@ pytest.importorskip("faiss")
 
 from conftest import make_sentences  # noqa: E402
 
+from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
 from isotrope.encoder import fair_sample  # noqa: E402
 from isotrope.ingest.chunking import TokenChunker  # noqa: E402
@@ -71,7 +72,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def options(tiny_bert_path):
     """BERT+Avg: the context-averaged table is fitted on the driver, everything else on Ray."""
-    return {"model": f"{tiny_bert_path}+context:{tiny_bert_path}", "shape": SHAPE, "weights": "idf"}
+    return EncoderConfig(model=f"{tiny_bert_path}+context:{tiny_bert_path}", shape=SHAPE, weights="idf")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def single_process_sample(chunks: list) -> list:
 @pytest.fixture(scope="module")
 def indexed(ray_runtime, corpus, options, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray-stores")
-    common = {"encoder_options": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
+    common = {"config": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
     single = index_documents(corpus, f"lancedb:{folder / 'single'}", **common)
     distributed = index_with_ray(corpus, f"lancedb:{folder / 'ray'}", num_actors=2, **common)
     with Collection.open(f"lancedb:{folder / 'single'}") as reference, Collection.open(f"lancedb:{folder / 'ray'}") as store:

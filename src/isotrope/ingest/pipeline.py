@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder, default_shape, fair_sample, shape_value
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
 from isotrope.search import Collection, parse_store_uri
@@ -95,12 +96,12 @@ def _chunk_stream(
             report.empty += 1
 
 
-def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, Any]) -> None:
+def warn_if_encoder_differs(collection: Collection, config: EncoderConfig | None) -> None:
     """An existing store keeps its encoder: say so when another model or shape was asked for."""
     recorded = collection.store.properties
-    model, shape = encoder_options.get("model"), encoder_options.get("shape")
+    model, shape = (config.model, config.shape) if config else (None, None)
     if (model and model != recorded.get("model")) or (
-        shape and shape != "auto" and format_shape(parse_shape(shape)) != collection.encoder.shape
+        shape and shape != "auto" and format_shape(parse_shape(shape_value(config))) != collection.encoder.shape
     ):
         logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
                        "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
@@ -136,7 +137,7 @@ def index_documents(
     store: str | Path,
     *,
     encoder: ShapedEncoder | None = None,
-    encoder_options: dict[str, Any] | None = None,
+    config: EncoderConfig | None = None,
     store_options: dict[str, Any] | None = None,
     loader_options: dict[str, Any] | None = None,
     chunk_tokens: int = 256,
@@ -149,8 +150,10 @@ def index_documents(
 ) -> IngestReport:
     """Index a folder, a file or an iterable of :class:`Document` into ``store`` (``faiss:DIR`` / ``lancedb:DIR``).
 
-    A new store gets ``encoder`` (or one built from ``encoder_options`` and fitted on up to
-    ``fit_samples`` chunks of the corpus); an existing store keeps the encoder that wrote it.
+    A new store gets ``encoder`` (fitted here unless it is already) or one built from the recipe
+    ``config`` (its shaping defaults to the recommended one), fitted on up to ``fit_samples``
+    chunks of the corpus; an existing store keeps the encoder that wrote it (run with
+    ``config.backend`` when set).
     ``sync`` also deletes chunks of documents that are no longer in ``source``.
     """
     with writer_lock(parse_store_uri(store)[1], "indexed"):  # refused here, before any fitting
@@ -159,16 +162,16 @@ def index_documents(
         documents = _document_stream(source, report, loader_options or {})
         started = time.perf_counter()
         if Collection.exists(store):
-            collection = Collection.open(store, encoder, backend=(encoder_options or {}).get("backend"))
-            warn_if_encoder_differs(collection, encoder_options or {})
+            collection = Collection.open(store, encoder, backend=config.backend if config else None)
+            warn_if_encoder_differs(collection, config)
             logger.info("appending to %s (encoder %s)", store, collection.encoder.fingerprint[:12])
         else:
             Collection.check_creatable(store)
-            options = dict(encoder_options or {})
-            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
-            auto = options["shape"] == "auto"
+            config = config or EncoderConfig()
+            config = config.replace(shape=config.shape or default_shape(config.model))
+            auto = config.shape == "auto"
             built = encoder is None
-            encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
+            encoder = encoder or ShapedEncoder.create(config.replace(shape="none") if auto else config)
             if auto or encoder.needs_corpus and (built or not encoder.is_fitted()):
                 chunker = make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens)
                 chunks = ((document.source, chunk) for document, chunks in _chunk_stream(documents(), chunker) for chunk in chunks)
@@ -179,7 +182,7 @@ def index_documents(
                 if auto:
                     from isotrope.autoshape import choose_shape
 
-                    encoder = choose_shape(texts, options, fitted_on=fitted_on)
+                    encoder = choose_shape(texts, config, fitted_on=fitted_on)
                 else:
                     raw = encoder.fit_sample(texts, show_progress=show_progress, fitted_on=fitted_on)
                     if raw is not None:  # reused when writing: the sample is not embedded twice
