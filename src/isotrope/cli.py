@@ -67,7 +67,8 @@ def encoder_config(ctx: typer.Context) -> EncoderConfig:
     try:
         return EncoderConfig.from_dict(options)
     except ConfigError as error:
-        raise typer.BadParameter(str(error), param_hint=_flags(ctx).get(error.field or "")) from None
+        flag = _flags(ctx).get(error.field or "")
+        raise ValueError(f"{flag}: {error}" if flag else str(error)) from None
 
 
 def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder | None:
@@ -75,17 +76,21 @@ def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder
     encoder fixes its recipe: any other encoder option given with it is a one-line error."""
     if encoder_dir is None:
         return None
-    from click.core import ParameterSource
-
     from isotrope.config import FIELDS
     from isotrope.encoder import ShapedEncoder
 
     flags = _flags(ctx)
     given = [flags[name] for name in flags if name in FIELDS and name != "backend"
-             and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+             and _given(ctx, name)]
     if given:
         raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes its recipe; drop {' and '.join(given)}")
     return ShapedEncoder.load(encoder_dir, backend=ctx.params.get("backend"))
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given (on the command line or by its environment variable)."""
+    source = ctx.get_parameter_source(name)  # typer's own copy of click's ParameterSource: compared by name
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _flags(ctx: typer.Context) -> dict[str, str]:

@@ -268,7 +268,8 @@ class ShapedEncoder:
             config = EncoderConfig.from_dict({**({"model": config} if config is not None else {}), **fields})
         config = resolve_config(config)
         static = is_static_source(config.model)
-        backbone = backbone or make_backbone(backbone_config(config, device))
+        settings = backbone_config(config, device)  # checks the options even when a backbone is reused
+        backbone = backbone or make_backbone(settings)
         weighting = TokenWeighting(
             scheme=config.weights,
             frequencies=config.frequencies,
