@@ -244,7 +244,7 @@ def gather_evidence(
         key = _group_key(candidate)
         if key not in raw:
             tick = time.perf_counter()
-            unshaped = ShapedEncoder.create(base.replace(**candidate, shape="none"), backbone=backbone)
+            unshaped = ShapedEncoder.create(base.replace(**{**candidate, "shape": "none"}), backbone=backbone)
             unshaped.fit_sample(texts)
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
