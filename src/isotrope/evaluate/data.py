@@ -297,11 +297,12 @@ def load_senteval(data_dir: str | Path, task: str, split: str | None = None) -> 
         negatives, positives = _sentences(root / "raw" / neg_file), _sentences(root / "raw" / pos_file)
         return LabelledTexts(task, negatives + positives, [0] * len(negatives) + [1] * len(positives), names)
     if task == "TREC":
-        return _load_trec(root / "raw" / f"TREC.{_check_split(task, split, ('train', 'test'))}", split)
+        trec_split = _check_split(task, split, ("train", "test"))
+        return _load_trec(root / "raw" / f"TREC.{trec_split}", trec_split)
     if task in SST_FILES:
-        stem, names = SST_FILES[task]
+        stem, sst_names = SST_FILES[task]
         return _load_sst(root / "sst" / f"{stem}.{_check_split(task, split, ('train', 'dev', 'test'))}",
-                         f"{task}-{split}", names)
+                         f"{task}-{split}", sst_names)
     raise ValueError(f"unknown SentEval task {task!r}; expected one of {list(SENTEVAL_TASKS)}")
 
 

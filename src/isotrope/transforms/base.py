@@ -15,13 +15,14 @@ Statistics are accumulated in float64; outputs are float32.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, ClassVar
 
 import numpy as np
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     from typing import Self
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     from typing_extensions import Self
 
 
