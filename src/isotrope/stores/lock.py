@@ -16,11 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from isotrope.errors import StoreLockedError
+
 logger = logging.getLogger(__name__)
-
-
-class StoreLockedError(RuntimeError):
-    """Another process is writing to the store."""
 
 
 def lock_path(store_path: str | Path) -> Path:
