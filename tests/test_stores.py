@@ -180,7 +180,7 @@ def build_ann(case, tmp_path, data, metric="cosine"):
     return store
 
 
-@pytest.mark.parametrize("case", list(ANN_CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "lance-hnswsq" else c for c in ANN_CASES])
 def test_ann_recall_against_exact(case, tmp_path):
     data = make_data("clustered", 4000)
     queries = make_queries(data, 50)
@@ -327,6 +327,7 @@ def test_upsert_replaces_and_delete_removes(kind, tmp_path):
 # ----------------------------------------------------------------------------- filters
 
 
+@pytest.mark.slow
 def test_ivf_filters_agree_with_reference(tmp_path):
     """Filtered search through faiss's IDSelector on an approximate index (exact stores: test_store_contract.py)."""
     data = make_data("clustered", 2000)
@@ -471,6 +472,7 @@ LANCE_CHILD = """
 """
 
 
+@pytest.mark.slow
 def test_lance_survives_a_kill_mid_add(tmp_path):
     path = tmp_path / "lance"
     child = subprocess.Popen(
