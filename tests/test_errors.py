@@ -93,13 +93,13 @@ def test_a_locked_store_is_one_line(monkeypatch, capsys, tmp_path):
     assert_one_line(code, err, f"{tmp_path / 'store'} is being indexed by process {os.getpid()}")
 
 
-def test_a_malformed_corpus_is_a_data_format_error(monkeypatch, capsys, tmp_path, tiny_bert_path):
+def test_a_malformed_corpus_is_a_data_format_error(monkeypatch, capsys, tmp_path, tiny_glove_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "the cat"}\n{"text": "a dog"\n')
-    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", tmp_path / "out", "-m", tiny_bert_path)
+    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", tmp_path / "out", "-m", tiny_glove_path)
     assert_one_line(code, err, f"{path}:2: malformed JSON")
     with pytest.raises(errors.DataFormatError, match=":2: malformed JSON"):
-        run_cli(monkeypatch, capsys, "--debug", "fit", path, "-o", tmp_path / "out", "-m", tiny_bert_path)
+        run_cli(monkeypatch, capsys, "--debug", "fit", path, "-o", tmp_path / "out", "-m", tiny_glove_path)
 
 
 @pytest.mark.parametrize(
