@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ShapedEncoder": "isotrope.encoder",
     "Collection": "isotrope.search",
-    "EncoderMismatchError": "isotrope.search",
+    "EncoderMismatchError": "isotrope.errors",
+    "IsotropeError": "isotrope.errors",
     "index_documents": "isotrope.ingest.pipeline",
     "choose_shape": "isotrope.autoshape",
     "Hit": "isotrope.stores.base",

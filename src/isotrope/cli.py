@@ -497,6 +497,8 @@ def main() -> None:
     except Exception as error:  # the CLI's last line of defence: one line, not a traceback
         import click
 
+        from isotrope.errors import one_line
+
         if isinstance(error, click.exceptions.Exit):
             sys.exit(error.exit_code)
         if isinstance(error, click.ClickException):
@@ -504,7 +506,7 @@ def main() -> None:
             sys.exit(error.exit_code)
         if _state["debug"]:
             raise
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
 
 

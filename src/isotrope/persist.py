@@ -16,6 +16,7 @@ from safetensors.numpy import load_file, save_file
 from isotrope import __version__
 from isotrope.backbones import make_backbone
 from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
+from isotrope.errors import EncoderFormatError
 from isotrope.fingerprint import fingerprint
 from isotrope.pooling import POOLING_MODES
 from isotrope.transforms import TRANSFORMS
@@ -28,10 +29,6 @@ SPEC_FILE = "isotrope.json"
 #: keys of isotrope.json that are not part of the spec the fingerprint covers
 _NOT_FINGERPRINTED = ("format_version", "isotrope_version", "fingerprint", "metadata")
 STATE_FILE = "state.safetensors"
-
-
-class EncoderFormatError(ValueError):
-    """A saved encoder that cannot be read: corrupt, incomplete or of another format version."""
 
 
 class EncoderParts(NamedTuple):

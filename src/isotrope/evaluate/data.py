@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from isotrope.errors import DataFormatError
+
 logger = logging.getLogger(__name__)
 
 STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
@@ -32,10 +34,6 @@ SENTEVAL_BINARY = {
 TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 SST_FILES = {"SST2": ("stsa.binary", ("negative", "positive")),
              "SST5": ("stsa.fine", ("very negative", "negative", "neutral", "positive", "very positive"))}
-
-
-class DataFormatError(ValueError):
-    """A data file does not have the expected layout (the message names file and line)."""
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from isotrope.errors import NotFittedError
+
 if sys.version_info >= (3, 11):
     from typing import Self
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import Self
-
-
-class NotFittedError(RuntimeError):
-    """Raised when a transform (or encoder) is used before it was fitted."""
 
 
 def check_matrix(X: Any, name: str = "X") -> np.ndarray:
