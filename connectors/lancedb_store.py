@@ -40,8 +40,8 @@ from isotrope.stores import index_plan
 
 from isotrope.stores.base import (
     Hit,
+    ReshapableStore,
     StoreFormatError,
-    VectorStore,
     as_ids,
     as_vectors,
     check_batch,
@@ -104,7 +104,7 @@ def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
     return {} if not value or value == "{}" else json.loads(value)
 
 
-class LanceDBStore(VectorStore):
+class LanceDBStore(ReshapableStore):
     """A LanceDB table with upsert, delete, prefiltered vector search and lexical (BM25) search.
 
     Parameters

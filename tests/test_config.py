@@ -12,8 +12,9 @@ import pytest
 from conftest import make_sentences
 
 from isotrope.cli import main
-from isotrope.config import ConfigError, EncoderConfig
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
+from isotrope.errors import ConfigError
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.search import Collection
 

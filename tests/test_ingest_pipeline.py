@@ -221,6 +221,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 def test_a_killed_ingestion_keeps_its_commits_and_resumes_without_duplicates(tmp_path, encoder):
     assert CHUNKING == {"chunk_tokens": 32, "overlap_tokens": 8}  # as in CHILD

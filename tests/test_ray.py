@@ -20,6 +20,8 @@ pytest.importorskip("ray.data")
 pytest.importorskip("lancedb")
 pytest.importorskip("faiss")
 
+pytestmark = pytest.mark.slow  # the module starts a local Ray cluster: over a minute on two busy cores
+
 from conftest import make_sentences  # noqa: E402
 
 from isotrope.config import EncoderConfig  # noqa: E402

@@ -91,6 +91,7 @@ def leftovers(path: Path) -> set[str]:
     return {name for name in (MARKER, STAGED, RETIRED) if (path / name).exists()}
 
 
+@pytest.mark.slow
 def test_reshape_refits_on_the_raw_vectors_and_rewrites_every_vector(store, base_store, tmp_path):
     uri = f"lancedb:{store}"
     before = snapshot(store)

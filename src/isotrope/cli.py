@@ -61,7 +61,8 @@ def encoder_config(ctx: typer.Context) -> EncoderConfig:
     """The recipe of a command's encoder options: the one place the CLI builds an EncoderConfig
     (``fit``, ``index`` and ``eval`` name their options as its fields; an option left out keeps
     the field's default)."""
-    from isotrope.config import FIELDS, ConfigError, EncoderConfig
+    from isotrope.config import FIELDS, EncoderConfig
+    from isotrope.errors import ConfigError
 
     options = {name: value for name, value in ctx.params.items() if name in FIELDS and value is not None}
     try:
@@ -502,6 +503,8 @@ def main() -> None:
     except Exception as error:  # the CLI's last line of defence: one line, not a traceback
         import click
 
+        from isotrope.errors import one_line
+
         if isinstance(error, click.exceptions.Exit):
             sys.exit(error.exit_code)
         if isinstance(error, click.ClickException):
@@ -509,7 +512,7 @@ def main() -> None:
             sys.exit(error.exit_code)
         if _state["debug"]:
             raise
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Union
 
+from isotrope.errors import ConfigError
 from isotrope.shapes import format_shape
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -27,15 +28,6 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 ShapeSpec = Union[str, tuple[dict[str, Any], ...]]
 #: hidden states to pool: ``last``, ``first_last``, an index, ``"0,6"`` or a sequence of indices
 LayerSpec = Union[str, int, tuple[int, ...]]
-
-
-class ConfigError(ValueError):
-    """An encoder recipe with an unknown or ill-typed field (the message names the field)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        #: the field at fault
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from isotrope import __version__
 from isotrope.backbones import make_backbone
 from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
 from isotrope.config import EncoderConfig
+from isotrope.errors import EncoderFormatError
 from isotrope.fingerprint import fingerprint
 from isotrope.pooling import POOLING_MODES
 from isotrope.transforms import TRANSFORMS
@@ -32,10 +33,6 @@ SPEC_FILE = "isotrope.json"
 #: fingerprint names what the encoder computes, the same however it was asked for)
 _NOT_FINGERPRINTED = ("format_version", "isotrope_version", "fingerprint", "config", "metadata")
 STATE_FILE = "state.safetensors"
-
-
-class EncoderFormatError(ValueError):
-    """A saved encoder that cannot be read: corrupt, incomplete or of another format version."""
 
 
 class EncoderParts(NamedTuple):

@@ -80,8 +80,31 @@ class TokenizedBackbone:
     """
 
     tokenizer: Any
-    #: True while the backbone has statistics to compute from the fit corpus (context tables)
-    needs_fit = False
+    dim: int
+
+    @property
+    def needs_fit(self) -> bool:
+        """True while the backbone has statistics to compute from the fit corpus (context tables)."""
+        return False
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def vocabulary(self) -> list[str]:
+        raise NotImplementedError
+
+    def special_ids(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
 
     def fit(self, texts: Sequence[str], show_progress: bool = False) -> TokenizedBackbone:
         """Compute corpus statistics the backbone needs; nothing by default."""

@@ -28,8 +28,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from isotrope.config import FIELDS, ConfigError, EncoderConfig
+from isotrope.config import FIELDS, EncoderConfig
 from isotrope.evaluate.commands import evaluate
+from isotrope.errors import ConfigError
 from isotrope.evaluate.harness import Evaluator
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def _config(point: dict[str, Any], data_dir: Path | None) -> EncoderConfig:
         return EncoderConfig.from_dict({key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS
                                         else value for key, value in point.items() if key in FIELDS})
     except ConfigError as error:
-        raise ConfigError(f"sweep point {json.dumps(point)}: {error}") from None
+        raise ConfigError(f"sweep point {json.dumps(point)}: {error}", error.field) from None
 
 
 def _row_key(point: dict[str, Any], task: str, options: dict[str, Any], fit_samples: int) -> str:

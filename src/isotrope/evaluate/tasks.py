@@ -134,7 +134,7 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
     if queries.shape[1] != documents.shape[1]:
         raise ValueError(f"query dim {queries.shape[1]} differs from document dim {documents.shape[1]}")
     indices, scores = top_k(queries, documents, depth, query_block, document_block)
-    run = {qid: {} for qid in dataset.queries}
+    run: dict[str, dict[str, float]] = {qid: {} for qid in dataset.queries}
     run.update({qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
                 for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())})
     result: dict = dict(empty)
@@ -185,7 +185,7 @@ def eval_classification(encode: Encode, texts: Sequence[str], labels: Sequence[i
     if (test_texts is None) != (test_labels is None):
         raise ValueError("pass both test_texts and test_labels, or neither")
     X, y = _encode(encode, texts, kind), np.asarray(labels)
-    if test_texts is not None:
+    if test_texts is not None and test_labels is not None:
         if len(test_texts) != len(test_labels):
             raise ValueError(f"{len(test_texts)} test texts but {len(test_labels)} test labels")
         model = _classifier(inner_folds, seed, Cs).fit(X, y)

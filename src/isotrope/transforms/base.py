@@ -15,18 +15,17 @@ Statistics are accumulated in float64; outputs are float32.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, ClassVar
 
 import numpy as np
 
-try:  # Python 3.11+
+from isotrope.errors import NotFittedError
+
+if sys.version_info >= (3, 11):
     from typing import Self
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     from typing_extensions import Self
-
-
-class NotFittedError(RuntimeError):
-    """Raised when a transform (or encoder) is used before it was fitted."""
 
 
 def check_matrix(X: Any, name: str = "X") -> np.ndarray:
