@@ -39,9 +39,9 @@ from isotrope.autoshape import (
     gather_evidence,
 )
 from isotrope.backbones import is_static_source
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.data import load_beir
-from isotrope.config import EncoderConfig
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import document_text, eval_retrieval
 

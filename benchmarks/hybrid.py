@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import print_and_write
-from isotrope.evaluate.data import BeirDataset, load_beir
 from isotrope.config import EncoderConfig
+from isotrope.evaluate.data import BeirDataset, load_beir
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.metrics import ndcg_at_k
 from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store

@@ -44,8 +44,8 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
 
 def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000) -> None:
     """Index one chunk per sentence (skipped when the store exists)."""
-    from isotrope.ingest.loaders import Document
     from isotrope.config import EncoderConfig
+    from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
     from isotrope.search import Collection
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
@@ -165,13 +165,13 @@ def test_derived_recipes_of_reshaped_and_folded_encoders(tiny_glove_path):
                                   ["--include-special"], ["--pooling", "mean"]])
 def test_encoder_with_any_encoder_option_is_a_one_line_error(monkeypatch, capsys, tmp_path, command, flag):
     head = ["index", tmp_path, "--store", f"faiss:{tmp_path / 's'}"] if command == "index" else ["eval", "sts"]
-    code, out, err = run_cli(monkeypatch, capsys, *head, "--encoder", tmp_path / "enc", *flag)
+    code, _, err = run_cli(monkeypatch, capsys, *head, "--encoder", tmp_path / "enc", *flag)
     assert code == 1 and err.count("\n") == 1 and "--encoder" in err
     assert flag[0].replace("--include-special", "--exclude-special") in err
 
 
 def test_a_bad_option_value_names_the_option(monkeypatch, capsys, tmp_path, tiny_glove_path):
-    code, out, err = run_cli(monkeypatch, capsys, "fit", tmp_path / "c.txt", "--out", tmp_path / "enc",
+    code, _, err = run_cli(monkeypatch, capsys, "fit", tmp_path / "c.txt", "--out", tmp_path / "enc",
                              "--model", tiny_glove_path, "--drop-top", "-2")
     assert code == 1 and err.count("\n") == 1 and err.startswith("error: --drop-top: ") and "at least 0" in err
 
@@ -226,5 +226,5 @@ def test_a_sweep_point_with_a_bad_field_is_a_one_line_error(monkeypatch, capsys,
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps({"tasks": {"isotropy": {"texts_file": "x.txt"}},
                                 "recipes": [{"model": tiny_glove_path, "drop_top": "many"}]}))
-    code, out, err = run_cli(monkeypatch, capsys, "sweep", grid, "--out", tmp_path / "sweep")
+    code, _, err = run_cli(monkeypatch, capsys, "sweep", grid, "--out", tmp_path / "sweep")
     assert code == 1 and err.count("\n") == 1 and "drop_top" in err and "sweep point" in err

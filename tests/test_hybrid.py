@@ -11,13 +11,13 @@ import sys
 
 import numpy as np
 import pytest
-from test_stores import make_data, run_child
 
 from isotrope.fusion import best_per_group, convex_fusion, reciprocal_rank_fusion
 from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
 from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields, matches
 from isotrope.stores.memory import MemoryStore
+from test_stores import make_data, run_child
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
@@ -315,8 +315,8 @@ def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
 
 
 def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
-    from isotrope.evaluate.commands import evaluate
     from isotrope.config import EncoderConfig
+    from isotrope.evaluate.commands import evaluate
     from isotrope.evaluate.harness import Evaluator
 
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]

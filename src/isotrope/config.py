@@ -17,7 +17,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from isotrope.errors import ConfigError
 from isotrope.shapes import format_shape
@@ -25,9 +25,9 @@ from isotrope.shapes import format_shape
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 #: a shaping: a preset name, a chain such as ``center,abtt(3),l2``, or its JSON form (a list of steps)
-ShapeSpec = Union[str, tuple[dict[str, Any], ...]]
+ShapeSpec = str | tuple[dict[str, Any], ...]
 #: hidden states to pool: ``last``, ``first_last``, an index, ``"0,6"`` or a sequence of indices
-LayerSpec = Union[str, int, tuple[int, ...]]
+LayerSpec = str | int | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ _LOWEST = {"max_length": 1, "drop_top": 0, "distill_samples": 1}
 
 def _check_field(name: str, value: Any) -> None:
     allowed = _TYPES[name]
-    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
         expected = " or ".join({_NONE: "null", tuple: "list"}.get(kind, kind.__name__) for kind in allowed)
         raise ConfigError(f"encoder config: {name} must be {expected}, got {value!r}", name)
     if isinstance(value, str) and not value and name != "prompt":

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from isotrope.backbones import is_static_source
+from isotrope.config import EncoderConfig
 from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
-from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder, build_backbone, reservoir_sample, resolve_config
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.isotropy import isotropy_report

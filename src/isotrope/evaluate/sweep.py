@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.config import FIELDS, EncoderConfig
-from isotrope.evaluate.commands import evaluate
 from isotrope.errors import ConfigError
+from isotrope.evaluate.commands import evaluate
 from isotrope.evaluate.harness import Evaluator
 
 logger = logging.getLogger(__name__)
