@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -221,7 +221,7 @@ def index(
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
     # --backend: a new store's encoder runs on it; an existing store's is reopened with it
-    options = dict(encoder=saved, config=None if saved else encoder_config(ctx),
+    options: dict[str, Any] = dict(encoder=saved, config=None if saved else encoder_config(ctx),
                    store_options=store_options, loader_options={"text_field": text_field},
                    chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":

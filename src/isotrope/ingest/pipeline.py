@@ -99,9 +99,10 @@ def _chunk_stream(
 def warn_if_encoder_differs(collection: Collection, config: EncoderConfig | None) -> None:
     """An existing store keeps its encoder: say so when another model or shape was asked for."""
     recorded = collection.store.properties
-    model, shape = (config.model, config.shape) if config else (None, None)
-    if (model and model != recorded.get("model")) or (
-        shape and shape != "auto" and format_shape(parse_shape(shape_value(config))) != collection.encoder.shape
+    if config is None:
+        return
+    if config.model != recorded.get("model") or (
+        config.shape and config.shape != "auto" and format_shape(parse_shape(shape_value(config))) != collection.encoder.shape
     ):
         logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
                        "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"), recorded.get("shape"))
