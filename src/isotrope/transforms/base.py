@@ -15,6 +15,7 @@ Statistics are accumulated in float64; outputs are float32.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -115,3 +116,11 @@ class Transform:
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+def apply_chain(transforms: Sequence[Transform], vectors: Any) -> np.ndarray:
+    """``vectors`` shaped by the fitted ``transforms`` in order, float32: the one place a chain is applied."""
+    output = np.asarray(vectors, dtype=np.float32)
+    for transform in transforms:
+        output = transform.transform(output)
+    return output
