@@ -7,7 +7,7 @@ go to the encoder ``batch_size`` at a time and the raw vectors of the fit sample
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,7 @@ def run_local(plan: IngestPlan) -> IngestReport:
         raw_cache: dict[str, np.ndarray] = {}
         if target.needs_fit:
             chunker = plan.chunker(target.encoder)
-            sample = plan.sample((document.source, chunk) for document, chunks in chunk_stream(documents(), chunker)
-                                 for chunk in chunks)
+            sample = plan.sample(_distinct_chunks(chunk_stream(documents(), chunker)))
             raw = target.fit([chunk.text for chunk in sample])
             if raw is not None:  # reused when writing: the sample is not embedded twice
                 raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}
@@ -46,6 +45,16 @@ def run_local(plan: IngestPlan) -> IngestReport:
         report.seconds["fit"] = time.perf_counter() - started
         _write(target, documents, raw_cache, report)
     return report
+
+
+def _distinct_chunks(stream: Iterable[tuple[Document, list[Chunk]]]) -> Iterator[tuple[str, Chunk]]:
+    """``(file, chunk)`` for each chunk id's first occurrence: the chunks written, which the sample is drawn from."""
+    seen: set[str] = set()
+    for document, chunks in stream:
+        for chunk in chunks:
+            if chunk.id not in seen:
+                seen.add(chunk.id)
+                yield document.source, chunk
 
 
 def _write(target: Target, documents: Callable[[], Iterator[Document]], raw_cache: dict[str, np.ndarray],
