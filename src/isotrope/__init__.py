@@ -15,6 +15,7 @@ _EXPORTS = {
     "Collection": "isotrope.search",
     "EncoderMismatchError": "isotrope.search",
     "index_documents": "isotrope.ingest.pipeline",
+    "IngestPlan": "isotrope.ingest.plan",
     "choose_shape": "isotrope.autoshape",
     "Hit": "isotrope.stores.base",
 }

@@ -195,7 +195,7 @@ def index(
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.encoder import DEFAULT_MODEL
-    from isotrope.ingest.pipeline import index_documents
+    from isotrope.ingest.plan import IngestPlan
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
@@ -210,16 +210,17 @@ def index(
         wanted.update(token_prepending=token_prepending, tp_layers=tp_layers)
     if backend is not None:  # a new store's encoder runs on it; an existing store's is reopened with it
         wanted["backend"] = backend
-    options = dict(encoder=saved, encoder_options={} if saved else wanted,
-                   store_options=store_options, loader_options={"text_field": text_field},
-                   chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
+    plan = IngestPlan(source, store, encoder=saved, encoder_options={} if saved else wanted,
+                      store_options=store_options, loader_options={"text_field": text_field},
+                      chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
-        from isotrope.connectors.ray import index_with_ray
+        from isotrope.connectors.ray import RayOptions, run_on_ray
 
-        report = index_with_ray(source, store, address=address, num_actors=num_actors,
-                                gpus_per_actor=gpus_per_actor, **options)
+        report = run_on_ray(plan, RayOptions(address, num_actors, gpus_per_actor))
     else:
-        report = index_documents(source, store, **options)
+        from isotrope.ingest.pipeline import run_local
+
+        report = run_local(plan)
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped}", err=True)
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
