@@ -37,6 +37,7 @@ that every node mounts at the same path. The store is written by the driver.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -183,10 +184,8 @@ def _plan_units(source: DocumentSource, skipped: list[SkippedFile]) -> list[_Uni
     size = 0
     for path, name in iter_files(root, on_error=skipped.append):
         group.append((str(path), name))
-        try:
+        with contextlib.suppress(OSError):  # the read task reports the file
             size += path.stat().st_size
-        except OSError:
-            pass  # the read task reports the file
         if size >= _UNIT_BYTES or len(group) >= _UNIT_FILES:
             units.append(_Unit(len(units), str(root), tuple(group)))
             group, size = [], 0
