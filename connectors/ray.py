@@ -465,7 +465,7 @@ def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
 
     ``shape="auto"`` (scoring candidate shapings) and a context-averaged table are fitted on the driver.
     """
-    if target.auto_options is not None:
+    if target.auto_config is not None:
         target.fit(_sample_texts(marked))
         return None, None
     encoder = target.encoder

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import make_sentences
 
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.pipeline import run_local
@@ -49,7 +50,7 @@ def test_a_source_given_as_a_function_is_read_once_per_pass(tiny_glove_path, tmp
         calls.append(1)
         return (Document(f"d{i}.txt", text) for i, text in enumerate(texts))
 
-    plan = IngestPlan(documents, f"faiss:{tmp_path / 'store'}", encoder_options={"model": tiny_glove_path, "shape": "center"},
+    plan = IngestPlan(documents, f"faiss:{tmp_path / 'store'}", config=EncoderConfig(model=tiny_glove_path, shape="center"),
                       chunk_tokens=0, show_progress=False)
     report = run_local(plan)
     assert len(calls) == 2 and report.added == report.chunks == report.documents == len(texts)
@@ -70,9 +71,9 @@ def test_ingestion_never_imports_the_evaluation_package(tiny_glove_path, tmp_pat
         (tmp_path / "docs" / f"part{part}.txt").write_text(text + "\n", encoding="utf-8")
     script = textwrap.dedent(f"""
         import json, sys
-        from isotrope import index_documents
+        from isotrope import EncoderConfig, index_documents
         store = {f"faiss:{tmp_path / 'store'}"!r}
-        options = dict(encoder_options={{"model": {tiny_glove_path!r}, "shape": "auto"}}, chunk_tokens=24,
+        options = dict(config=EncoderConfig(model={tiny_glove_path!r}, shape="auto"), chunk_tokens=24,
                        overlap_tokens=4, show_progress=False)
         first = index_documents({str(tmp_path / "docs")!r}, store, **options)
         again = index_documents({str(tmp_path / "docs")!r}, store, **options)

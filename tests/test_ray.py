@@ -23,6 +23,7 @@ pytest.importorskip("faiss")
 
 from conftest import make_sentences  # noqa: E402
 
+from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
 from isotrope.encoder import ShapedEncoder, fair_sample  # noqa: E402
 from isotrope.ingest.chunking import TokenChunker  # noqa: E402
@@ -72,7 +73,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def options(tiny_bert_path):
     """BERT+Avg: the context-averaged table is fitted on the driver, everything else on Ray."""
-    return {"model": f"{tiny_bert_path}+context:{tiny_bert_path}", "shape": SHAPE, "weights": "idf"}
+    return EncoderConfig(model=f"{tiny_bert_path}+context:{tiny_bert_path}", shape=SHAPE, weights="idf")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def single_process_sample(chunks: list) -> list:
 @pytest.fixture(scope="module")
 def indexed(ray_runtime, corpus, options, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray-stores")
-    common = {"encoder_options": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
+    common = {"config": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
     single = index_documents(corpus, f"lancedb:{folder / 'single'}", **common)
     distributed = index_with_ray(corpus, f"lancedb:{folder / 'ray'}", num_actors=2, **common)
     with Collection.open(f"lancedb:{folder / 'single'}") as reference, Collection.open(f"lancedb:{folder / 'ray'}") as store:
@@ -248,7 +249,7 @@ def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_pa
     from isotrope.ingest.pipeline import run_local
     from isotrope.ingest.plan import IngestPlan
 
-    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", encoder_options={"model": tiny_bert_path, "shape": "center,l2"},
+    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", config=EncoderConfig(model=tiny_bert_path, shape="center,l2"),
                       chunk_tokens=20, overlap_tokens=4, fit_samples=60, batch_size=16, commit_every=32, show_progress=False)
     on_ray = dataclasses.replace(plan, store=f"{kind}:{tmp_path / 'ray'}")
     local_report = run_local(plan)

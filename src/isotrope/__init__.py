@@ -1,6 +1,6 @@
 """isotrope: shaped sentence encoders and the vector stores that keep them.
 
-    from isotrope import ShapedEncoder, Collection, index_documents
+    from isotrope import EncoderConfig, ShapedEncoder, Collection, index_documents
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "EncoderConfig": "isotrope.config",
     "ShapedEncoder": "isotrope.encoder",
     "Collection": "isotrope.search",
     "EncoderMismatchError": "isotrope.search",

@@ -23,7 +23,7 @@ def index_documents(source: DocumentSource, store: str | Path, **options: Any) -
     """Index a folder, a file or an iterable of :class:`Document` into ``store`` (``faiss:DIR`` / ``lancedb:DIR``).
 
     ``options`` are the other fields of :class:`~isotrope.ingest.plan.IngestPlan` (``encoder``,
-    ``encoder_options``, ``chunk_tokens``, ``sync``, ...).
+    ``config``, ``chunk_tokens``, ``sync``, ...).
     """
     return run_local(IngestPlan(source, store, **options))
 

@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 import numpy as np
 from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder, default_shape, fair_sample, shape_value
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
 from isotrope.search import Collection, parse_store_uri
@@ -73,9 +74,10 @@ class IngestPlan:
     """Everything an ingestion run needs; every engine executes the same plan.
 
     ``source``: a folder, a file, documents, or a function giving a fresh pass over documents.
-    ``store``: ``faiss:DIR`` / ``lancedb:DIR``. A new store gets ``encoder`` (or one built from
-    ``encoder_options`` and fitted on up to ``fit_samples`` chunks of the corpus); an existing
-    store keeps the encoder that wrote it. ``chunk_tokens <= 0``: one chunk per document.
+    ``store``: ``faiss:DIR`` / ``lancedb:DIR``. A new store gets ``encoder`` (fitted here unless it
+    is already) or one built from the recipe ``config`` (its shaping defaults to the recommended
+    one), fitted on up to ``fit_samples`` chunks of the corpus; an existing
+    store keeps the encoder that wrote it (run with ``config.backend`` when set). ``chunk_tokens <= 0``: one chunk per document.
     ``batch_size`` chunks are embedded at a time; a commit follows every ``commit_every`` chunks
     (or a quarter of the store, when larger). ``sync`` also deletes chunks of documents no longer
     in ``source``. ``loader_options`` go to the file loaders (e.g. ``text_field``).
@@ -84,7 +86,7 @@ class IngestPlan:
     source: DocumentSource
     store: str | Path
     encoder: ShapedEncoder | None = None
-    encoder_options: dict[str, Any] = field(default_factory=dict)
+    config: EncoderConfig | None = None
     store_options: dict[str, Any] = field(default_factory=dict)
     loader_options: dict[str, Any] = field(default_factory=dict)
     chunk_tokens: int = 256
@@ -96,7 +98,6 @@ class IngestPlan:
     show_progress: bool = True
 
     def __post_init__(self) -> None:
-        self.encoder_options = dict(self.encoder_options or {})
         self.store_options = dict(self.store_options or {})
         self.loader_options = dict(self.loader_options or {})
         for name in ("fit_samples", "batch_size", "commit_every"):
@@ -153,19 +154,20 @@ class IngestPlan:
                     target.collection.close()
 
     def _target(self) -> Target:
-        options = self.encoder_options
+        config = self.config
         if Collection.exists(self.store):
-            collection = Collection.open(self.store, self.encoder, backend=options.get("backend"))
-            warn_if_encoder_differs(collection, options)
+            collection = Collection.open(self.store, self.encoder, backend=config.backend if config else None)
+            warn_if_encoder_differs(collection, config)
             logger.info("appending to %s (encoder %s)", self.store, collection.encoder.fingerprint[:12])
             return Target(self, collection.encoder, collection)
         Collection.check_creatable(self.store)
-        options = {**options, "shape": options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))}
-        auto = options["shape"] == "auto"
-        encoder = self.encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
+        config = config or EncoderConfig()
+        config = config.replace(shape=config.shape or default_shape(config.model))
+        auto = config.shape == "auto"
+        encoder = self.encoder or ShapedEncoder.create(config.replace(shape="none") if auto else config)
         built = self.encoder is None
         needs_fit = auto or (encoder.needs_corpus and (built or not encoder.is_fitted()))
-        return Target(self, encoder, None, needs_fit, options if auto else None)
+        return Target(self, encoder, None, needs_fit, config if auto else None)
 
 
 @dataclass
@@ -178,8 +180,8 @@ class Target:
     collection: Collection | None = None
     #: whether the encoder must be fitted on the corpus before the store is created
     needs_fit: bool = False
-    #: ``shape="auto"``: the encoder options :func:`~isotrope.autoshape.choose_shape` builds candidates from
-    auto_options: dict[str, Any] | None = None
+    #: ``shape="auto"``: the recipe :func:`~isotrope.autoshape.choose_shape` builds candidates from
+    auto_config: EncoderConfig | None = None
 
     def fitted_on(self, n_texts: int) -> str:
         """How the encoder's metadata names the fit sample."""
@@ -188,10 +190,10 @@ class Target:
     def fit(self, texts: Sequence[str]) -> np.ndarray | None:
         """Fit the encoder on the sample ``texts`` in this process (``auto``: choose the shaping);
         returns the sample's raw vectors when fitting computed them, so they are not embedded twice."""
-        if self.auto_options is not None:
+        if self.auto_config is not None:
             from isotrope.autoshape import choose_shape
 
-            self.encoder = choose_shape(list(texts), self.auto_options, fitted_on=self.fitted_on(len(texts)))
+            self.encoder = choose_shape(list(texts), self.auto_config, fitted_on=self.fitted_on(len(texts)))
             return None
         return self.encoder.fit_sample(texts, show_progress=self.plan.show_progress, fitted_on=self.fitted_on(len(texts)))
 
@@ -290,12 +292,12 @@ def chunk_stream(
             report.empty += 1
 
 
-def warn_if_encoder_differs(collection: Collection, encoder_options: dict[str, Any]) -> None:
+def warn_if_encoder_differs(collection: Collection, config: EncoderConfig | None) -> None:
     """An existing store keeps its encoder: say so when another model or shape was asked for."""
     recorded = collection.store.properties
-    model, shape = encoder_options.get("model"), encoder_options.get("shape")
+    model, shape = (config.model, config.shape) if config else (None, None)
     if (model and model != recorded.get("model")) or (
-        shape and shape != "auto" and format_shape(parse_shape(shape)) != collection.encoder.shape
+        shape and shape != "auto" and format_shape(parse_shape(shape_value(config))) != collection.encoder.shape
     ):
         logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
                        "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"),
