@@ -36,12 +36,13 @@ QUERY = "what causes the immune response to a vaccine"
 def fitted_encoder(beir: Path) -> tuple[Any, Any]:
     """The unfolded encoder fitted on the corpus as `isotrope eval retrieval --fit-corpus corpus` fits it."""
     from isotrope.evaluate.data import load_beir
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.config import EncoderConfig
+    from isotrope.evaluate.harness import Evaluator
     from isotrope.evaluate.tasks import document_text
 
     dataset = load_beir(beir, "test")
     documents = [document_text(doc) for doc in dataset.corpus.values()]
-    encoder, _ = Evaluator().fit(Recipe(model=MODEL, shape=SHAPE), documents)
+    encoder, _ = Evaluator().fit(EncoderConfig(model=MODEL, shape=SHAPE), documents)
     return encoder, dataset
 
 

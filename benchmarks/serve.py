@@ -45,13 +45,14 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
 def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000) -> None:
     """Index one chunk per sentence (skipped when the store exists)."""
     from isotrope.ingest.loaders import Document
+    from isotrope.config import EncoderConfig
     from isotrope.ingest.pipeline import index_documents
     from isotrope.search import Collection
 
     if Collection.exists(store):
         return
     documents = [Document(source=CORPUS, text=text, metadata={"line": i + 1}, position=i) for i, text in enumerate(sentences)]
-    report = index_documents(documents, store, encoder_options={"model": model, "shape": shape}, chunk_tokens=0,
+    report = index_documents(documents, store, config=EncoderConfig(model=model, shape=shape), chunk_tokens=0,
                              fit_samples=fit_samples)
     print(f"built {store}: {report.summary()}", file=sys.stderr)
     with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index

@@ -316,7 +316,8 @@ def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
 
 def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
     from isotrope.evaluate.commands import evaluate
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.config import EncoderConfig
+    from isotrope.evaluate.harness import Evaluator
 
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
     queries = ["cats sitting", "running dog", "houses", "zzz unknown"]
@@ -327,7 +328,7 @@ def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
     (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
                                                 for i, text in enumerate(queries)))
     (beir / "qrels" / "test.tsv").write_text("".join(f"q{i}\td{i}\t1\n" for i in range(4)))
-    result = evaluate("retrieval", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
+    result = evaluate("retrieval", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
                       fit_corpus="corpus", modes=["dense", "lexical", "hybrid"], stores=["faiss", "lancedb"])
     for kind in ("faiss", "lancedb"):
         # q0..q2 find their document by a shared stem, first; q3 shares no term: reciprocal rank 0

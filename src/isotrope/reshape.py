@@ -28,7 +28,8 @@ from isotrope.transforms import TRANSFORMS
 
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
     transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
-    return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size)
+    return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size,
+                         config=encoder.config.replace(shape=shape))
 
 
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
