@@ -17,6 +17,7 @@ _EXPORTS = {
     "EncoderMismatchError": "isotrope.errors",
     "IsotropeError": "isotrope.errors",
     "index_documents": "isotrope.ingest.pipeline",
+    "IngestPlan": "isotrope.ingest.plan",
     "choose_shape": "isotrope.autoshape",
     "Hit": "isotrope.stores.base",
 }

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -212,7 +212,7 @@ def index(
     backend: Backend = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
-    from isotrope.ingest.pipeline import index_documents
+    from isotrope.ingest.plan import IngestPlan
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
@@ -221,16 +221,17 @@ def index(
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
     # --backend: a new store's encoder runs on it; an existing store's is reopened with it
-    options: dict[str, Any] = dict(encoder=saved, config=None if saved else encoder_config(ctx),
-                   store_options=store_options, loader_options={"text_field": text_field},
-                   chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
+    plan = IngestPlan(source, store, encoder=saved, config=None if saved else encoder_config(ctx),
+                      store_options=store_options, loader_options={"text_field": text_field},
+                      chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
-        from isotrope.connectors.ray import index_with_ray
+        from isotrope.connectors.ray import RayOptions, run_on_ray
 
-        report = index_with_ray(source, store, address=address, num_actors=num_actors,
-                                gpus_per_actor=gpus_per_actor, **options)
+        report = run_on_ray(plan, RayOptions(address, num_actors, gpus_per_actor))
     else:
-        report = index_documents(source, store, **options)
+        from isotrope.ingest.pipeline import run_local
+
+        report = run_local(plan)
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped}", err=True)
     typer.echo(f"indexed {source} into {store}: {report.summary()}")

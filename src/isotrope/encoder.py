@@ -21,7 +21,7 @@ from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
-from isotrope.transforms import TRANSFORMS, Transform
+from isotrope.transforms import TRANSFORMS, Transform, apply_chain
 from isotrope.transforms.base import NotFittedError
 from isotrope.weighting import TokenCounts, TokenWeighting
 
@@ -443,10 +443,7 @@ class ShapedEncoder:
 
     def apply_transforms(self, raw: np.ndarray) -> np.ndarray:
         """Shape raw vectors with the fitted chain."""
-        vectors = np.asarray(raw, dtype=np.float32)
-        for transform in self.transforms:
-            vectors = transform.transform(vectors)
-        return vectors
+        return apply_chain(self.transforms, raw)
 
     def encode(
         self,

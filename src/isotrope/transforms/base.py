@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -114,3 +115,11 @@ class Transform:
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+def apply_chain(transforms: Sequence[Transform], vectors: Any) -> np.ndarray:
+    """``vectors`` shaped by the fitted ``transforms`` in order, float32: the one place a chain is applied."""
+    output = np.asarray(vectors, dtype=np.float32)
+    for transform in transforms:
+        output = transform.transform(output)
+    return output
