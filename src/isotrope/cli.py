@@ -6,11 +6,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 import typer
 
 if TYPE_CHECKING:
+    from isotrope.backbones.base import TextKind
     from isotrope.config import EncoderConfig
     from isotrope.encoder import ShapedEncoder
 
@@ -156,7 +157,10 @@ def encode(
     from isotrope.encoder import ShapedEncoder
 
     encoder = ShapedEncoder.load(encoder_dir, backend=backend)
-    vectors = encoder.encode(list(iter_texts(input, text_field)), kind=kind, batch_size=batch_size, show_progress=True)
+    if kind not in ("document", "query"):
+        raise typer.BadParameter(f"choose document or query; got {kind!r}", param_hint="--kind")
+    vectors = encoder.encode(list(iter_texts(input, text_field)), kind=cast("TextKind", kind), batch_size=batch_size,
+                             show_progress=True)
     np.save(out, vectors)
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
 
@@ -252,7 +256,7 @@ def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str
     return {"index_type": choices[index_kind]}
 
 
-def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, int]:
+def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, Any]:
     """``--nprobe`` / ``--ef`` under the store's own option names."""
     from isotrope.search import parse_store_uri
 

@@ -28,11 +28,21 @@ class TokenBatch:
 class Backbone(Protocol):
     """A tokenizer plus a map from token ids to token states."""
 
-    dim: int
-    tokenizer: Any
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def needs_fit(self) -> bool:
+        """True while the backbone has statistics to compute from the fit corpus (context tables)."""
+
+    def fit(self, texts: Sequence[str], *, show_progress: bool = False) -> Any:
+        """Compute the corpus statistics the backbone needs (a no-op for most backbones)."""
 
     def vocabulary(self) -> list[str]:
         """Token string of every id, index = id."""

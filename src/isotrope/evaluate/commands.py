@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +108,11 @@ def run_clustering(evaluator: Evaluator, config: EncoderConfig, *, jsonl: Path |
         other = fit_corpus.removeprefix("split:")
         if other == (split or ""):
             raise ValueError(f"--fit-corpus {fit_corpus} is the evaluated split: pass --transductive to fit on it")
-        fit_corpus, corpus_name = load_clustering(jsonl, split=other).texts, f"{Path(jsonl).name} split {other}"
-    encoder, fitted_on = evaluator.fit(config, fit_corpus, texts, transductive, context_corpus, corpus_name)
+        fit_texts: str | list[str] | None = load_clustering(jsonl, split=other).texts
+        corpus_name = f"{Path(jsonl).name} split {other}"
+    else:
+        fit_texts = fit_corpus
+    encoder, fitted_on = evaluator.fit(config, fit_texts, texts, transductive, context_corpus, corpus_name)
     result = eval_clustering(encode_function(encoder), texts, labels)
     return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
             "texts": len(texts), "labels": len(set(labels)), **fit_report(encoder, fitted_on)}
@@ -119,12 +122,12 @@ def run_classification(evaluator: Evaluator, config: EncoderConfig, *, tasks: Se
                        fit_corpus: str | None = None, transductive: bool = False,
                        context_corpus: str | None = None, **_: Any) -> dict:
     """SentEval accuracy x100 (logistic regression; 10-fold CV, or the fixed split where one exists)."""
-    from isotrope.evaluate.data import load_senteval
+    from isotrope.evaluate.data import LabelledTexts, load_senteval
     from isotrope.evaluate.tasks import eval_classification
 
     if data_dir is None or not tasks:
         raise ValueError("classification needs --data-dir and --task (MR, CR, SUBJ, MPQA, TREC, SST2, SST5)")
-    sets = {}
+    sets: dict[str, tuple[LabelledTexts, LabelledTexts | None]] = {}
     for task in tasks:
         if task in ("TREC", "SST2", "SST5"):
             sets[task] = (load_senteval(data_dir, task, "train"), load_senteval(data_dir, task, "test"))
@@ -158,7 +161,7 @@ def run_isotropy(evaluator: Evaluator, config: EncoderConfig, *, texts_file: Pat
     return {"scores": scores, **fit_report(encoder, fitted_on)}
 
 
-RUNNERS = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
+RUNNERS: dict[str, Callable[..., dict]] = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
            "classification": run_classification, "isotropy": run_isotropy}
 
 

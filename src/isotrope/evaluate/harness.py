@@ -11,11 +11,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from isotrope.backbones import is_static_source
+from isotrope.backbones.base import TextKind, TokenizedBackbone
+from isotrope.backbones.static import StaticBackbone
 from isotrope.config import EncoderConfig
 from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
@@ -118,16 +120,16 @@ class Evaluator:
         if key not in self._backbones:
             backbone = build_backbone(config)
             if self.cache_dir and not is_static_source(config.model):
-                backbone = CachedBackbone(backbone, self.cache_dir)
+                backbone = CachedBackbone(cast(TokenizedBackbone, backbone), self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
                 # context and distilled tables computed through the cached transformer (its token states are reused)
-                backbone.fit(fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None),
+                cast(StaticBackbone, backbone).fit(fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None),
                              show_progress=True)
             self._backbones[key] = backbone
         return self._backbones[key]
 
 
-def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.ndarray]:
+def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], TextKind], np.ndarray]:
     return lambda texts, kind: encoder.encode(texts, kind=kind)
 
 

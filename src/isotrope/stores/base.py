@@ -321,7 +321,7 @@ def check_batch(
     if len(set(id_list)) != n:
         duplicate = next(i for i, count in Counter(id_list).items() if count > 1)
         raise ValueError(f"id {duplicate!r} appears more than once in one batch")
-    text_list = [None] * n if texts is None else list(texts)
+    text_list: list[str | None] = [None] * n if texts is None else list(texts)
     if len(text_list) != n:
         raise ValueError(f"got {n} ids but {len(text_list)} texts")
     for i, text in zip(id_list, text_list):
