@@ -219,9 +219,10 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     captured = {}
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
-    get_command(app).main(["serve", store_uri, "--port", "9"], standalone_mode=False)
+    get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5"],
+                          standalone_mode=False)
     assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
-                        "threads": 1}
+                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5}
 
 
 # ----------------------------------------------------------------------------- page and docs
