@@ -222,7 +222,7 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5"],
                           standalone_mode=False)
     assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
-                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5}
+                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {}}
 
 
 # ----------------------------------------------------------------------------- page and docs
@@ -236,6 +236,17 @@ def test_page_and_static_files_are_served_and_offline(client):
     for path in STATIC_DIR.iterdir():
         assert not re.search(r"(src|href)=\"(https?:)?//", path.read_text()), f"{path.name} loads an external asset"
         assert "http://" not in path.read_text() and "https://" not in path.read_text()
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_api_docs_pages_load_their_assets_from_the_server(client, path):
+    page = client.get(path)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assets = re.findall(r'(?:src|href|spec-url|url)\s*[=:]\s*["\']([^"\']+)["\']', page.text)
+    assert any(asset.endswith(".js") for asset in assets) and "/openapi.json" in assets
+    assert not re.search(r"https?://|(src|href)=[\"']//", page.text), "the docs page names an external URL"
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
 
 
 def test_openapi_lists_every_route(client):

@@ -294,19 +294,22 @@ def limit_threads(threads: int) -> None:
 
 
 def serve(store: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          log_level: str = "info", threads: int = 1, max_batch: int = BATCH_QUERIES, batch_wait_ms: float = 0.0) -> None:
-    """Open ``store`` with its encoder (once, in the collection's worker thread), warm it up with one
-    query, and serve until interrupted; concurrent searches are batched (see :func:`create_app`)."""
+          log_level: str = "info", threads: int = 1, max_batch: int = BATCH_QUERIES, batch_wait_ms: float = 0.0,
+          store_options: dict[str, Any] | None = None) -> None:
+    """Open ``store`` with its encoder (once, in the collection's worker thread; ``store_options`` such as
+    ``nprobe`` go to the store), warm it up, and serve until interrupted; concurrent searches are
+    batched (see :func:`create_app`)."""
     import uvicorn
 
     from isotrope.search import Collection
 
     worker = collection_worker()
-    collection = worker.submit(Collection.open, store).result()
+    collection = worker.submit(Collection.open, store, **(store_options or {})).result()
     limit_threads(threads)
     try:
         if worker.submit(len, collection.store).result():
-            worker.submit(collection.search, "warm up", k=1).result()
+            for queries in ("warm up", ["warm up", "the batched path"]):
+                worker.submit(collection.search, queries, k=1).result()
         app = create_app(collection, api_key, worker, max_batch=max_batch, max_wait=batch_wait_ms / 1000)
         logger.info("serving %s on http://%s:%d", store, host, port)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
