@@ -225,6 +225,20 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
                         "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {}}
 
 
+def test_demo_ends_with_the_serve_command_for_its_store(collection, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    hits = collection.search(QUERY, k=2)
+    report = SimpleNamespace(summary=lambda: "60 chunks")
+    info = {"model": "tiny", "shape": "whiten", "fingerprint": "f" * 64}
+    monkeypatch.setattr("isotrope.demo.run_demo", lambda store: ([(QUERY, hits)], report, {"index": 1.0}, info))
+    monkeypatch.setattr(sys, "argv", ["isotrope", "demo", "--store", "lancedb:/tmp/where-the-demo-is"])
+    main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert f"Q: {QUERY}" in lines and any(f"{hits[0].score:.3f}" in line for line in lines)
+    assert "isotrope serve lancedb:/tmp/where-the-demo-is" in lines[-2] and "curl -X POST localhost:8000/search" in lines[-1]
+
+
 # ----------------------------------------------------------------------------- page and docs
 
 
