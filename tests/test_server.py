@@ -219,10 +219,10 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     captured = {}
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
-    get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5"],
+    get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64"],
                           standalone_mode=False)
     assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
-                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {}}
+                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {"ef": 64}}
 
 
 def test_demo_ends_with_the_serve_command_for_its_store(collection, monkeypatch, capsys):
