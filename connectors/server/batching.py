@@ -132,7 +132,12 @@ class SearchBatcher:
         self.batches += 1
         self.requests += len(batch)
         work = [(request.queries, request.options, request.key) for request in batch]
-        done = asyncio.get_running_loop().run_in_executor(self.executor, run_batch, self.search_function, work)
+        try:
+            done = asyncio.get_running_loop().run_in_executor(self.executor, run_batch, self.search_function, work)
+        except RuntimeError as error:  # the executor was shut down: these requests fail, later ones too
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(error)
+            done = failed
         done.add_done_callback(lambda finished: self._answer(batch, finished))
 
     def _answer(self, batch: list[_Request], finished: asyncio.Future) -> None:
