@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -362,6 +363,9 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
     if kind == "faiss":  # SQLite objects belong to the thread that opened the store: startup must use it too
         store_uri = f"faiss:{tmp_path / 'f'}"
         build_store(store_uri, encoder)
+    queries = make_sentences(16, seed=41)
+    with Collection.open(store_uri) as opened:  # what each concurrent request must get back
+        expected = [[hit.id for hit in opened.search(query, k=1 + i % 4)] for i, query in enumerate(queries)]
     port = free_port()
     command = [str(Path(sys.executable).parent / "isotrope"), "serve", store_uri, "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, env={**os.environ, "ISOTROPE_API_KEY": "k1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -380,6 +384,17 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
         response = httpx.post(url + "/search", content=json.dumps({"query": QUERY, "k": 3}),
                                headers={"Authorization": "Bearer k1", "content-type": "application/x-www-form-urlencoded"})
         assert response.status_code == 200 and len(response.json()["hits"]) == 3
+
+        def ask(i: int) -> httpx.Response:  # 16 requests from 8 threads: batched; one has a bad filter
+            body = {"query": queries[i], "k": 1 + i % 4, **({"where": "colour = 'red'"} if i == 5 else {})}
+            return httpx.post(url + "/search", json=body, headers={"Authorization": "Bearer k1"}, timeout=60)
+
+        with ThreadPoolExecutor(max_workers=8) as clients:
+            answers = list(clients.map(ask, range(16)))
+        assert answers[5].status_code == 400 and "colour" in answers[5].json()["detail"]
+        for i, answer in enumerate(answers):
+            if i != 5:
+                assert answer.status_code == 200 and [hit["id"] for hit in answer.json()["hits"]] == expected[i], i
     finally:
         process.terminate()
         process.wait(timeout=30)
