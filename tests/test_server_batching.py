@@ -263,3 +263,16 @@ def test_a_shut_down_worker_fails_the_requests_without_hanging():
         return await asyncio.wait_for(gather(batcher, [(["a"], {"k": 1}), (["b"], {"k": 1})]), timeout=10)
 
     assert all(isinstance(outcome, RuntimeError) for outcome in run(after()))
+
+
+def test_answers_with_numpy_scalars_are_plain_json():
+    import json
+
+    import numpy as np
+
+    from isotrope.connectors.server import json_response
+
+    payload = {"query": "q", "hits": [{"id": "a", "score": np.float32(0.25), "text": None, "source": None,
+                                       "metadata": {"n": np.int64(3), "x": 1.5}}]}
+    assert json.loads(json_response(payload).body) == {
+        "query": "q", "hits": [{"id": "a", "score": 0.25, "text": None, "source": None, "metadata": {"n": 3, "x": 1.5}}]}

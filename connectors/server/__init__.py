@@ -111,7 +111,7 @@ def json_response(payload: dict[str, Any]) -> Response:
     installed: a tenth of the time of validating it into the model and dumping that."""
     if orjson is None:
         return JSONResponse(payload)
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 def _field_name(location: tuple[Any, ...]) -> str:
