@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from isotrope.stores.base import Hit
 
@@ -45,12 +45,12 @@ def options_key(options: dict[str, Any]) -> str:
     return json.dumps(options, sort_keys=True, default=repr)
 
 
-def run_batch(search: SearchFunction, requests: Sequence[tuple[list[str], dict[str, Any], str]]) -> list[Union[Hits, Exception]]:
+def run_batch(search: SearchFunction, requests: Sequence[tuple[list[str], dict[str, Any], str]]) -> list[Hits | Exception]:
     """Each request's hits (or its exception), searching requests with equal options together."""
     groups: dict[str, list[int]] = {}
     for index, (_, _, key) in enumerate(requests):
         groups.setdefault(key, []).append(index)
-    outcomes: list[Union[Hits, Exception]] = [[] for _ in requests]
+    outcomes: list[Hits | Exception] = [[] for _ in requests]
     for members in groups.values():
         texts = [text for index in members for text in requests[index][0]]
         try:
@@ -144,7 +144,7 @@ class SearchBatcher:
         self._busy = False
         try:
             outcomes = finished.result()
-        except BaseException as error:  # the executor itself failed (shut down): every request fails
+        except BaseException as error:  # noqa: BLE001 - the executor failed or was cancelled: every request fails
             outcomes = [error if isinstance(error, Exception) else RuntimeError(repr(error))] * len(batch)
         for request, outcome in zip(batch, outcomes):
             if request.future.done():
