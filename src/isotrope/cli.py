@@ -319,6 +319,10 @@ def serve(
                                                    help="require 'Authorization: Bearer KEY' on the API routes")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
     threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
+    max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
+    batch_wait_ms: Annotated[float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")] = 0.0,
+    nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
+    ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
@@ -326,7 +330,8 @@ def serve(
     except ImportError as error:
         raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
     typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
-    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads)
+    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads,
+               max_batch=max_batch, batch_wait_ms=batch_wait_ms, store_options=_search_options(store, nprobe, ef))
 
 
 @app.command()
