@@ -463,7 +463,8 @@ def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
          actors: _Actors) -> tuple[ray.data.Dataset | None, FitStatistics | None]:
     """Fit the target's encoder on the sample; returns the materialized raw vectors (or None) and the statistics.
 
-    ``shape="auto"`` (scoring candidate shapings) and a context-averaged table are fitted on the driver.
+    ``shape="auto"`` (scoring candidate shapings), a context-averaged table and a distilled ``fast``
+    table are fitted on the driver.
     """
     if target.auto_config is not None:
         target.fit(_sample_texts(marked))
@@ -472,7 +473,8 @@ def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
     if encoder.backbone.needs_fit:
         encoder.backbone.fit(_sample_texts(marked))
     raw, statistics = _fit_encoder(encoder, marked, sample_ids, actors)
-    encoder.metadata["fit"] = {"fitted_on": target.fitted_on(len(sample_ids)), "n_texts": len(sample_ids)}
+    if encoder.finish_fit(target.fitted_on(len(sample_ids)), len(sample_ids)):
+        raw = None  # folded (``--model fast``): the actors embed with the folded table
     return raw, statistics
 
 

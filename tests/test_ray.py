@@ -243,16 +243,19 @@ def _store_rows(uri: str) -> tuple[list[str], list, np.ndarray, ShapedEncoder]:
         return ids, [(hit.text, hit.metadata) for hit in hits], collection.store.vectors(ids), collection.encoder
 
 
-@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
-def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_path, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "model", "shape"), [("faiss", "{}", "center,l2"), ("lancedb", "{}", "center,l2"),
+                                                      ("faiss", "fast:{}", None)])
+def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_path, tmp_path, kind, model, shape):
     """One IngestPlan executed by the local engine and by Ray: same ids in the same order, same texts and
-    metadata, vectors within 1e-6, same report; executing it again adds nothing on either engine."""
+    metadata, vectors within 1e-6, same report; executing it again adds nothing on either engine.
+    ``fast``: the table is distilled on the driver and folded with its chain, as the local engine folds it."""
     from isotrope.connectors.ray import RayOptions, run_on_ray
     from isotrope.ingest.pipeline import run_local
     from isotrope.ingest.plan import IngestPlan
 
-    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", config=EncoderConfig(model=tiny_bert_path, shape="center,l2"),
-                      chunk_tokens=20, overlap_tokens=4, fit_samples=60, batch_size=16, commit_every=32, show_progress=False)
+    config = EncoderConfig(model=model.format(tiny_bert_path), shape=shape, distill_samples=None if shape else 40)
+    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", config=config, chunk_tokens=20, overlap_tokens=4,
+                      fit_samples=60, batch_size=16, commit_every=32, show_progress=False)
     on_ray = dataclasses.replace(plan, store=f"{kind}:{tmp_path / 'ray'}")
     local_report = run_local(plan)
     ray_report = run_on_ray(on_ray, RayOptions(num_actors=1))
@@ -266,6 +269,8 @@ def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_pa
     assert np.abs(ray_vectors - local_vectors).max() < 1e-6
     assert ray_encoder.spec == local_encoder.spec
     assert ray_encoder.metadata["fit"] == local_encoder.metadata["fit"]
+    assert ("distill" in local_encoder.metadata) == (shape is None) == ("distill" in ray_encoder.metadata)
+    assert (ray_encoder.spec["backbone"]["type"] == "folded") == (shape is None)  # fast: folded on both engines
     # the vectors are the stored encoder's own, computed independently of both engines
     texts = [text for text, _ in local_rows]
     assert np.abs(local_vectors - local_encoder.encode(texts)).max() < 1e-5

@@ -377,12 +377,19 @@ class ShapedEncoder:
         if any(transform.requires_fit for transform in self.transforms):
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
-        self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        if self.finish_fit(fitted_on or "texts passed to fit()", len(sample)):
+            return None  # raw vectors of the unfolded chain do not apply to the folded encoder
+        return raw
+
+    def finish_fit(self, fitted_on: str, n_texts: int) -> bool:
+        """Record the fit in the metadata once every part is fitted; ``--model fast`` also folds the
+        chain into its table. Returns whether it did (the raw vectors of the unfolded chain then no
+        longer apply)."""
+        self.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": n_texts}
         if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
             self.metadata["distill"] = self.backbone.distill_report
-            if self._fold_in_place():
-                return None  # raw vectors of the unfolded chain do not apply to the folded encoder
-        return raw
+            return self._fold_in_place()
+        return False
 
     def _fold_in_place(self) -> bool:
         """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
