@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 #: cached words before the cache is emptied and refilled (bounds memory on an endless stream)
-MAX_CACHED = 500_000
+MAX_CACHED = 100_000
 
 _SPACES = {9: " ", 10: " ", 13: " "}  # tab, newline, carriage return: whitespace to BertPreTokenizer
 
