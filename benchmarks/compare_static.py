@@ -4,8 +4,10 @@ Retrieval sets (nDCG@10, exact search): SciFact and any BEIR folder passed with 
 (``benchmarks/build_retrieval_sets.py`` builds more). STS (Spearman x100, test): STS-B and SICK-R.
 
 * BM25: ``bm25s`` (English stop words, Snowball stemmer); retrieval only.
-* model2vec: ``model2vec.distill`` of the same teacher, saved beforehand (``--model2vec DIR``);
-  no fitting on any corpus.
+* model2vec: ``model2vec.distill`` of the same teacher (defaults: PCA to 256 dims, SIF
+  weights), made into ``--model2vec DIR`` when that folder does not exist yet; no fitting on
+  any corpus. ``model2vec.distill`` needs ``skeletoken`` (its ``distill`` extra, which would also
+  pin transformers < 5.4): ``pip install --no-deps skeletoken`` is enough.
 * ``static:all-MiniLM-L6-v2`` + ``whiten-partial``: fitted on the retrieval corpus, or on
   ``--sts-fit-corpus`` for STS.
 * ``fast``: distilled on the retrieval corpus (the teacher over ``--distill-samples`` of its
@@ -45,6 +47,14 @@ RECIPES = {"static + whiten-partial": Recipe(model=f"static:{TEACHER}", shape="w
 def model2vec_scores(folder: Path, data_dir: Path, beirs: dict[str, Path]) -> dict[str, float]:
     from model2vec import StaticModel
 
+    if not folder.exists():
+        from model2vec.distill import distill
+
+        from isotrope.backbones.resolve import resolve_model_path
+
+        started = time.perf_counter()
+        distill(model_name=resolve_model_path(TEACHER), pca_dims=256, device="cpu").save_pretrained(str(folder))
+        logger.info("model2vec: distilled %s into %s in %.0f s", TEACHER, folder, time.perf_counter() - started)
     model = StaticModel.from_pretrained(str(folder))
 
     def encode(texts: list[str], kind: str) -> Any:
@@ -96,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--cache-dir", type=Path, required=True)
-    parser.add_argument("--model2vec", type=Path, help="a folder saved from model2vec.distill of the teacher")
+    parser.add_argument("--model2vec", type=Path, help="model2vec.distill of the teacher: read from this folder, or distilled into it")
     parser.add_argument("--sts-fit-corpus", required=True,
                         help="text file the static rows are fitted on for STS (never the test sentences)")
     parser.add_argument("--beir", type=Path, action="append", default=[], help="more BEIR folders")
