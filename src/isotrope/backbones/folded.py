@@ -10,7 +10,6 @@ fingerprint covers it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
+from isotrope.backbones.word_cache import WordPieceCache
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,7 @@ class FoldedBackbone(TokenizedBackbone):
         #: the tokenizer as saved (no padding, no truncation); parsed once, its digest goes in the config
         self._tokenizer_json = tokenizer_json if tokenizer_json is not None else tokenizer.to_str()
         self._tokenizer_sha256 = _tokenizer_digest(self._tokenizer_json)
-        self.max_length = int(max_length)
-        self._tokenizer.enable_truncation(self.max_length)
+        self.set_max_length(max_length)
         self.stored = np.ascontiguousarray(table)
         self.row_scale = None if row_scale is None else np.asarray(row_scale, dtype=np.float32)
         self._special_ids = np.asarray(sorted(set(int(i) for i in special_ids)), dtype=np.int64)
@@ -99,6 +98,12 @@ class FoldedBackbone(TokenizedBackbone):
         self.folded_from = folded_from
         self.dim = int(table.shape[1])
         self._hf_tokenizer: Any = None
+
+    def set_max_length(self, max_length: int) -> None:
+        """Truncate texts at ``max_length`` tokens, special tokens included."""
+        self.max_length = int(max_length)
+        self._tokenizer.enable_truncation(self.max_length)
+        self._word_cache = WordPieceCache(self._tokenizer, self._tokenizer_json, self.max_length)
 
     # -- persistence -----------------------------------------------------------
     @classmethod
@@ -208,25 +213,22 @@ class FoldedBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d): the same as ``pool(..., "mean")`` over
         ``forward`` (a text whose weights are all 0 falls back to the plain mean of its tokens),
-        without padding: one gather and one ``reduceat`` per batch."""
+        without padding: ids through the word cache (the tokenizer's ids; see
+        :mod:`isotrope.backbones.word_cache`), then per text one gather of its rows and one
+        weighted sum (a BLAS vector-matrix product), measured 6x faster on abstracts than one
+        ``np.add.reduceat`` over the batch's (tokens x d) rows (docs/RESULTS.md section 12)."""
         output = np.zeros((len(texts), self.dim), dtype=np.float32)
+        weights = np.asarray(weights, dtype=np.float32)
         for begin in range(0, len(texts), POOL_BATCH):
-            encodings = self._tokenizer.encode_batch(list(texts[begin : begin + POOL_BATCH]))
-            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64,
-                              count=int(lengths.sum()))
-            filled = np.flatnonzero(lengths > 0)  # reduceat needs non-empty segments
-            if not filled.size:
-                continue
-            starts = (np.cumsum(lengths) - lengths)[filled]
-            token_weights = weights[ids].astype(np.float64)
-            totals = np.add.reduceat(token_weights, starts)
-            if (totals <= 0).any():
-                owner = np.repeat(np.arange(len(encodings)), lengths)
-                unweighted = np.isin(owner, filled[totals <= 0])
-                token_weights[unweighted] = 1.0
-                totals = np.add.reduceat(token_weights, starts)
-            summed = np.add.reduceat(self.rows(ids) * token_weights[:, None].astype(np.float32), starts,
-                                     axis=0, dtype=np.float64)
-            output[begin + filled] = summed / totals[:, None]
+            for row, text_ids in enumerate(self._word_cache.ids(texts[begin : begin + POOL_BATCH]), start=begin):
+                ids = np.array(text_ids, dtype=np.intp)
+                if not ids.size:
+                    continue
+                token_weights = weights[ids]
+                total = float(token_weights.sum(dtype=np.float64))
+                if total <= 0:
+                    token_weights, total = np.ones(ids.size, dtype=np.float32), float(ids.size)
+                if self.row_scale is not None:
+                    token_weights = token_weights * self.row_scale[ids]
+                output[row] = (token_weights @ self.stored[ids].astype(np.float32, copy=False)) / total
         return output

@@ -1,0 +1,70 @@
+"""Token ids for BERT-style WordPiece tokenizers, through a cache of space-separated words.
+
+``tokenizers`` spends most of a folded encoder's time on long texts: normalizing, splitting and
+tracking offsets that a bag of tokens never reads. With a ``BertNormalizer`` and a
+``BertPreTokenizer`` every normalization step is local to a character and every whitespace
+character ends a pre-token, so a text's ids are the ids of its space-separated words, one after
+the other, between the post-processor's ``[CLS]`` and ``[SEP]``. Each word's ids are computed by
+the tokenizer itself the first time it is seen and then read from a dict, so a corpus is
+tokenized by ``str.split`` and dict look-ups. Other tokenizers (byte-level BPE, SentencePiece:
+a space belongs to the next token) go through the tokenizer. ``tests/test_word_cache.py``
+checks the ids against the tokenizer's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+#: cached words before the cache is emptied and refilled (bounds memory on an endless stream)
+MAX_CACHED = 100_000
+
+_SPACES = {9: " ", 10: " ", 13: " "}  # tab, newline, carriage return: whitespace to BertPreTokenizer
+
+
+def _is_bert_style(config: dict[str, Any]) -> bool:
+    normalizer, pre = config.get("normalizer") or {}, config.get("pre_tokenizer") or {}
+    added = config.get("added_tokens") or []
+    return (normalizer.get("type") == "BertNormalizer" and pre.get("type") == "BertPreTokenizer"
+            and (config.get("model") or {}).get("type") == "WordPiece"
+            and not any(token.get("lstrip") or token.get("rstrip") or token.get("single_word")
+                        or any(c.isspace() for c in token.get("content", "")) for token in added))
+
+
+class WordPieceCache:
+    """Ids of texts as ``tokenizer.encode_batch`` gives them (specials added, truncated at ``max_length``)."""
+
+    def __init__(self, tokenizer: Any, tokenizer_json: str, max_length: int) -> None:
+        self._tokenizer = tokenizer
+        self.max_length = max_length
+        self._words: dict[str, list[int]] = {}
+        self._first, self._last = 0, 0
+        self.enabled = _is_bert_style(json.loads(tokenizer_json))
+        if self.enabled:
+            empty, probe = tokenizer.encode("").ids, tokenizer.encode("a").ids
+            self.enabled = len(empty) == 2 and len(probe) == 3 and [probe[0], probe[-1]] == empty
+            self._first, self._last = (empty[0], empty[1]) if self.enabled else (0, 0)
+
+    def _text_ids(self, text: str) -> list[int]:
+        ids, words = [self._first], self._words
+        for word in text.translate(_SPACES).split(" "):
+            if not word:
+                continue
+            word_ids = words.get(word)
+            if word_ids is None:
+                if len(words) >= MAX_CACHED:
+                    words.clear()
+                word_ids = words[word] = self._tokenizer.encode(word, add_special_tokens=False).ids
+            ids.extend(word_ids)
+            if len(ids) >= self.max_length:
+                break
+        del ids[self.max_length - 1 :]
+        ids.append(self._last)
+        return ids
+
+    def ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids, as ``encode_batch`` gives them (specials added, truncated at ``max_length``)."""
+        if not self.enabled:
+            return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
+        return [self._text_ids(text) for text in texts]
