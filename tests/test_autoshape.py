@@ -152,7 +152,8 @@ def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path:
     first = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
     second = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
     report = first.metadata["auto_shape"]
-    seconds = report.pop("selection_seconds"), second.metadata["auto_shape"].pop("selection_seconds")
+    seconds = [r.pop(key) for r in (report, second.metadata["auto_shape"])
+               for key in ("selection_seconds", "selection_cpu_seconds")]
     assert all(s >= 0 for s in seconds)
     assert report == second.metadata["auto_shape"]
     assert report["proxy"] == "passage" and report["pseudo_queries"] >= 200 and report["splits"] == 3
@@ -226,3 +227,19 @@ def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:
 def test_auto_is_not_a_fixed_chain() -> None:
     with pytest.raises(ValueError, match="chosen from a corpus"):
         ShapedEncoder.create("glove-6b-50d", shape="auto")
+
+
+def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path: str) -> None:
+    from isotrope.autoshape import PRESET_CANDIDATES, _apply_chain, _fit_chain, _fresh_chain
+    from isotrope.transforms.moments import Moments
+
+    rng = np.random.default_rng(3)
+    fit_raw = (rng.normal(size=(400, 50)) * np.linspace(3, 0.1, 50) + 2.0).astype(np.float32)
+    other = rng.normal(size=(20, 50)).astype(np.float32)
+    moments = Moments.from_array(fit_raw)
+    for preset in PRESET_CANDIDATES:
+        chain = _fresh_chain(preset)
+        _fit_chain(chain, fit_raw, moments)
+        reference = ShapedEncoder.create(tiny_glove_path, shape=preset).fit_transforms(fit_raw)
+        np.testing.assert_allclose(_apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6,
+                                   err_msg=preset)

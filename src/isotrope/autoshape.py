@@ -18,7 +18,7 @@ whole sample.
 
 Cost. The backbone runs once over the sample (the raw pooled vectors are reused by every
 candidate and split, and by the final fit) and once over the pseudo-queries and the texts they
-were cut from; candidates only fit and apply their transforms.
+were cut from; candidates only fit and apply their transforms, from one scatter matrix per split.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ from scipy.stats import bootstrap
 from isotrope.backbones import is_static_source
 from isotrope.encoder import ShapedEncoder
 from isotrope.sentences import split_sentences
+from isotrope.shapes import parse_shape
+from isotrope.transforms import TRANSFORMS
+from isotrope.transforms.base import Transform
+from isotrope.transforms.moments import Moments, MomentsTransform
 
 logger = logging.getLogger(__name__)
 
@@ -197,10 +201,39 @@ class Evidence:
     #: seconds spent on the selection itself (pseudo-queries, their texts, every candidate's fits and
     #: scores), apart from embedding the sample, which fitting the chosen shaping needs anyway
     seconds: float
+    #: the same in CPU seconds of this process (a fairer measure on a shared machine)
+    cpu_seconds: float = 0.0
 
 
 def _group_key(candidate: dict[str, Any]) -> str:
     return repr(sorted((key, value) for key, value in candidate.items() if key != "shape"))
+
+
+def _fresh_chain(shape: Any) -> list[Transform]:
+    """Unfitted transforms of a shaping (what ``ShapedEncoder.create`` builds, without a new encoder)."""
+    return [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
+
+
+def _fit_chain(chain: Sequence[Transform], fit_raw: np.ndarray, moments: Moments) -> None:
+    """Fit ``chain`` on ``fit_raw`` as :meth:`ShapedEncoder.fit_transforms` does, with two shortcuts that
+    leave every fitted array the same: a first step fitted from moments takes the shared ``moments`` of
+    ``fit_raw`` (one scatter matrix per split, not one per candidate), and a step's output on the fit
+    sample is computed only when a later step learns from it (not before the final ``l2``)."""
+    vectors = fit_raw
+    for position, transform in enumerate(chain):
+        if position == 0 and isinstance(transform, MomentsTransform):
+            transform.fit_moments(moments)
+        else:
+            transform.fit(vectors)
+        if any(later.requires_fit for later in chain[position + 1:]):
+            vectors = transform.transform(vectors)
+
+
+def _apply_chain(chain: Sequence[Transform], raw: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(raw, dtype=np.float32)
+    for transform in chain:
+        vectors = transform.transform(vectors)
+    return vectors
 
 
 def gather_evidence(
@@ -215,13 +248,18 @@ def gather_evidence(
     holdout_fraction: float = 0.3,
     seed: int = 0,
     raw: dict[str, tuple[ShapedEncoder, np.ndarray]] | None = None,
+    min_queries: int = 30,
 ) -> Evidence:
     """Score every candidate on the same pseudo-queries over ``n_splits`` seeded splits of ``texts``.
 
+    Fewer than ``min_queries`` pseudo-queries raise a ValueError before anything is embedded.
+
     ``raw`` maps each candidate group (the options other than the shape) to its fitted unshaped
     encoder and the raw vectors of ``texts``; missing groups are embedded here and added to it.
+    Per group and split the fit sample's moments and the held-aside documents are computed once
+    and shared by the group's candidates, which only fit and apply their transforms.
     """
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     texts = list(texts)
     raw = {} if raw is None else raw
     n_queries = n_queries or number_of_queries(len(texts))
@@ -234,39 +272,46 @@ def gather_evidence(
         queries = build_pseudo_queries([texts[i] for i in held_index], per_split, proxy, seed=seed * 1000 + split)
         splits.append((fit_index, held_index, queries))
     total = sum(len(queries) for *_, queries in splits)
-    if total < 30 or any(len(fit) == 0 for fit, *_ in splits):
+    if total < max(30, min_queries) or any(len(fit) == 0 for fit, *_ in splits):
         raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
     new_queries = [q.text for *_, queries in splits for q in queries]
     new_documents = [q.document for *_, queries in splits for q in queries if q.document is not None]
-    rows, sample_seconds, new_raw = [], 0.0, {}
-    for candidate in candidates:
-        key = _group_key(candidate)
+    groups: dict[str, list[int]] = {}
+    for index, candidate in enumerate(candidates):
+        groups.setdefault(_group_key(candidate), []).append(index)
+    rows: list[list[np.ndarray]] = [[] for _ in candidates]
+    sample_seconds, sample_cpu = 0.0, 0.0
+    for key, members in groups.items():
         if key not in raw:
-            tick = time.perf_counter()
-            unshaped = ShapedEncoder.create(**{**base, **candidate, "shape": "none"}, backbone=backbone)
+            tick, tick_cpu = time.perf_counter(), time.process_time()
+            unshaped = ShapedEncoder.create(**{**base, **candidates[members[0]], "shape": "none"}, backbone=backbone)
             unshaped.fit_sample(texts)
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
+            sample_cpu += time.process_time() - tick_cpu
         unshaped, sample_raw = raw[key]
-        if key not in new_raw:
-            new_raw[key] = (unshaped.embed_raw(new_queries, kind="query"),
-                            unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0])
-        query_raw, document_raw = new_raw[key]
-        scores, query_at, document_at = [], 0, 0
+        query_raw = unshaped.embed_raw(new_queries, kind="query")
+        document_raw = unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0]
+        query_at, document_at = 0, 0
         for fit_index, held_index, queries in splits:
-            encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=unshaped.backbone)
-            encoder.fit_transforms(sample_raw[fit_index])
+            fit_raw = sample_raw[fit_index]
+            moments = Moments.from_array(fit_raw)
             documents = sample_raw[held_index].copy()
             for query in queries:
                 if query.document is not None:
                     documents[query.target] = document_raw[document_at]
                     document_at += 1
-            shaped_queries = encoder.apply_transforms(query_raw[query_at:query_at + len(queries)])
+            split_queries = query_raw[query_at:query_at + len(queries)]
             query_at += len(queries)
-            scores.append(reciprocal_ranks_at_10(shaped_queries, encoder.apply_transforms(documents),
-                                                 [q.target for q in queries]))
-        rows.append(np.concatenate(scores))
-    return Evidence(np.stack(rows), proxy, n_splits, time.perf_counter() - started - sample_seconds)
+            targets = [q.target for q in queries]
+            for index in members:
+                chain = _fresh_chain(candidates[index]["shape"])
+                _fit_chain(chain, fit_raw, moments)
+                rows[index].append(reciprocal_ranks_at_10(_apply_chain(chain, split_queries),
+                                                          _apply_chain(chain, documents), targets))
+    per_query = np.stack([np.concatenate(row) for row in rows])
+    return Evidence(per_query, proxy, n_splits, time.perf_counter() - started - sample_seconds,
+                    time.process_time() - started_cpu - sample_cpu)
 
 
 def choose_shape(
@@ -302,10 +347,9 @@ def choose_shape(
     raw: dict[str, Any] = {}
     wanted = n_queries or number_of_queries(len(texts))
     try:
+        needed = min(wanted, len(texts) // 10) if proxy != FALLBACK_PROXY else 0
         evidence = gather_evidence(texts, base, candidates, backbone, proxy=proxy, n_queries=n_queries,
-                                   n_splits=n_splits, seed=seed, raw=raw)
-        if evidence.per_query.shape[1] < min(wanted, len(texts) // 10) and proxy != FALLBACK_PROXY:
-            raise ValueError(f"too few {proxy} pseudo-queries ({evidence.per_query.shape[1]})")
+                                   n_splits=n_splits, seed=seed, raw=raw, min_queries=needed)
     except ValueError as error:
         if proxy == FALLBACK_PROXY:
             raise
@@ -332,7 +376,7 @@ def choose_shape(
     encoder.metadata["auto_shape"] = {
         "chosen": choice, "proxy": evidence.proxy, "pseudo_queries": int(evidence.per_query.shape[1]),
         "splits": evidence.splits, "margin": margin, "rule": rule, "candidates": results, "seed": seed,
-        "selection_seconds": round(evidence.seconds, 1),
+        "selection_seconds": round(evidence.seconds, 1), "selection_cpu_seconds": round(evidence.cpu_seconds, 1),
     }
     return encoder
 
