@@ -35,6 +35,7 @@ from isotrope.autoshape import (
     TRANSFORMER_CANDIDATES,
     TRANSFORMER_MARGIN,
     conservative_choice,
+    fit_unshaped,
     format_candidate,
     gather_evidence,
 )
@@ -63,7 +64,7 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
         if key not in raw:
             tick = time.perf_counter()
             unshaped = ShapedEncoder.create(model=model, **{**candidate, "shape": "none"}, backbone=backbone)
-            unshaped.fit_sample(documents)
+            fit_unshaped(unshaped, documents)
             raw[key] = (unshaped, unshaped.embed_raw(documents))
             encode_seconds += time.perf_counter() - tick
             query_raws[key] = unshaped.embed_raw(queries, kind="query")

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import GLOVE_WORDS
+from conftest import GLOVE_WORDS, make_sentences
 
 from isotrope.autoshape import (
     PROXIES,
@@ -243,3 +243,19 @@ def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path
         reference = ShapedEncoder.create(tiny_glove_path, shape=preset).fit_transforms(fit_raw)
         np.testing.assert_allclose(_apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6,
                                    err_msg=preset)
+
+
+def test_auto_on_fast_fits_the_presets_recipe_and_folds_it(tiny_bert_path: str) -> None:
+    """For ``--model fast`` the candidates are fitted on the distilled table's unfolded vectors, as
+    ``--shape PRESET`` is, and the chosen chain is folded into one table as that recipe is."""
+    texts = make_sentences(400, seed=6)
+    model = f"fast:{tiny_bert_path}"
+    auto = choose_shape(texts, {"model": model, "distill_samples": 150},
+                        candidates=[{"weights": "sif", "shape": "whiten-partial"}])
+    reference = ShapedEncoder.create(model=model, weights="sif", shape="whiten-partial", distill_samples=150).fit(texts)
+    assert auto.spec["backbone"]["type"] == "folded" and auto.shape == "l2"
+    assert auto.metadata["auto_shape"]["chosen"] == {"weights": "sif", "shape": "whiten-partial"}
+    assert auto.metadata["distill"] == reference.metadata["distill"]
+    probe = make_sentences(30, seed=9)
+    cosine = (auto.encode(probe) * reference.encode(probe)).sum(axis=1)
+    assert cosine.min() >= 0.9999

@@ -34,7 +34,9 @@ import numpy as np
 from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
+from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder
+from isotrope.fold import FoldError, fold_encoder
 from isotrope.sentences import split_sentences
 from isotrope.shapes import parse_shape
 from isotrope.transforms import TRANSFORMS
@@ -205,6 +207,17 @@ class Evidence:
     cpu_seconds: float = 0.0
 
 
+def fit_unshaped(encoder: ShapedEncoder, texts: Sequence[str]) -> ShapedEncoder:
+    """Fit what an unshaped encoder learns from ``texts`` (a context or distilled table, token weights)
+    and nothing else: unlike :meth:`ShapedEncoder.fit_sample` it never folds a ``--model fast`` table,
+    so every candidate is fitted on the raw vectors ``--shape PRESET`` is fitted on."""
+    if encoder.backbone.needs_fit:
+        encoder.backbone.fit(list(texts))
+    counts = encoder.count_tokens(texts) if encoder.weighting.needs_corpus else None
+    encoder.weighting.fit(encoder.backbone.vocabulary(), encoder.backbone.special_ids(), counts)
+    return encoder
+
+
 def _group_key(candidate: dict[str, Any]) -> str:
     return repr(sorted((key, value) for key, value in candidate.items() if key != "shape"))
 
@@ -285,7 +298,7 @@ def gather_evidence(
         if key not in raw:
             tick, tick_cpu = time.perf_counter(), time.process_time()
             unshaped = ShapedEncoder.create(**{**base, **candidates[members[0]], "shape": "none"}, backbone=backbone)
-            unshaped.fit_sample(texts)
+            fit_unshaped(unshaped, texts)
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
             sample_cpu += time.process_time() - tick_cpu
@@ -363,6 +376,12 @@ def choose_shape(
     encoder.weighting = unshaped.weighting
     if encoder.needs_corpus:
         encoder.fit_transforms(sample_raw)
+    if fast_source(model):  # one folded table when the chosen chain folds, as with `--model fast --shape PRESET`
+        encoder.metadata["distill"] = encoder.backbone.distill_report
+        try:
+            encoder = fold_encoder(encoder)
+        except FoldError as error:
+            logger.info("fast: the chain is kept unfolded: %s", error)
     encoder.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(texts)}
     results = []
     for candidate, row, (difference, low, high) in zip(candidates, evidence.per_query, comparisons):
