@@ -11,6 +11,7 @@ from conftest import GLOVE_WORDS, make_sentences
 
 from isotrope.autoshape import (
     PROXIES,
+    STATIC_MARGIN,
     build_pseudo_queries,
     choose_shape,
     conservative_choice,
@@ -182,6 +183,8 @@ def test_one_sentence_texts_fall_back_to_the_masked_proxy(tiny_glove_path: str) 
     encoder = choose_shape(texts, {"model": tiny_glove_path}, candidates=[{"shape": "none"}, {"shape": "center"}],
                            proxy="passage")
     assert encoder.metadata["auto_shape"]["proxy"] == "masked"
+    assert encoder.metadata["auto_shape"]["margin"] == 2 * STATIC_MARGIN  # the fallback proxy's higher bar
+    assert "doubled for the masked proxy" in encoder.metadata["auto_shape"]["rule"]
 
 
 def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:

@@ -12,7 +12,9 @@ Rule (conservative). The baseline, the first candidate (``none`` for a transform
 static table), is kept unless another candidate's
 interval lies wholly above a margin: :data:`TRANSFORMER_MARGIN` MRR@10 points for a trained sentence
 encoder (where docs/RESULTS.md shows shaping adds at most a few tenths of a point and the proxies
-over-reward whitening), :data:`STATIC_MARGIN` for a static table (where shaping adds 10-15 points).
+over-reward whitening), :data:`STATIC_MARGIN` for a static table (where shaping adds 10-15 points),
+both doubled (:data:`FALLBACK_MARGIN_FACTOR`) when the evidence comes from the fallback ``masked``
+proxy, whose ranking of candidates agrees least with labelled queries.
 Of the candidates that clear it, the one with the highest lower bound wins, and is fitted on the
 whole sample.
 
@@ -56,6 +58,9 @@ STATIC_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
 #: MRR@10 points (x100) the lower end of a candidate's interval must clear to displace the baseline
 TRANSFORMER_MARGIN = 2.0
 STATIC_MARGIN = 0.5
+#: the margins are multiplied by this under the fallback (masked) proxy, which agrees less with labelled
+#: queries than the passage proxy and credits whitening with gains real queries do not show
+FALLBACK_MARGIN_FACTOR = 2.0
 CONFIDENCE = 0.95
 
 
@@ -176,6 +181,11 @@ def paired_interval(differences: np.ndarray, confidence: float = CONFIDENCE, n_r
     result = bootstrap((differences,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
                        method="percentile", vectorized=True, random_state=np.random.default_rng(seed))
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def margin_for(static: bool, proxy: str) -> float:
+    """MRR@10 points a candidate must clear, by backbone family and by the proxy that gave the evidence."""
+    return (STATIC_MARGIN if static else TRANSFORMER_MARGIN) * (FALLBACK_MARGIN_FACTOR if proxy == FALLBACK_PROXY else 1.0)
 
 
 def conservative_choice(per_query: np.ndarray, margin: float, confidence: float = CONFIDENCE,
@@ -349,12 +359,11 @@ def choose_shape(
     evidence is kept in ``encoder.metadata["auto_shape"]``.
     """
     texts = list(texts)
+    margin_given = margin
     model = options.get("model", "all-MiniLM-L6-v2")
     static = is_static_source(model)
     if candidates is None:
         candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
-    if margin is None:
-        margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
     base = {key: value for key, value in options.items() if key != "shape"}
     backbone = backbone or ShapedEncoder.create(**{**base, "shape": "none"}).backbone
     raw: dict[str, Any] = {}
@@ -369,6 +378,8 @@ def choose_shape(
         logger.info("auto shape: %s; using the %s proxy", error, FALLBACK_PROXY)
         evidence = gather_evidence(texts, base, candidates, backbone, proxy=FALLBACK_PROXY, n_queries=n_queries,
                                    n_splits=n_splits, seed=seed, raw=raw)
+    if margin is None:
+        margin = margin_for(static, evidence.proxy)
     chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
     choice = dict(candidates[chosen])
     unshaped, sample_raw = raw[_group_key(choice)]
@@ -391,7 +402,9 @@ def choose_shape(
                     results[-1]["mrr@10"], difference, low, high)
     rule = (f"keep {format_candidate(candidates[0])} unless another candidate's {100 * CONFIDENCE:g}% paired-bootstrap "
             f"interval of the MRR@10 difference lies above +{margin:g} points "
-            f"({'static table' if static else 'trained encoder'} margin); then the highest lower bound wins")
+            f"({'static table' if static else 'trained encoder'} margin"
+            f"{', doubled for the masked proxy' if margin_given is None and evidence.proxy == FALLBACK_PROXY else ''}); "
+            "then the highest lower bound wins")
     encoder.metadata["auto_shape"] = {
         "chosen": choice, "proxy": evidence.proxy, "pseudo_queries": int(evidence.per_query.shape[1]),
         "splits": evidence.splits, "margin": margin, "rule": rule, "candidates": results, "seed": seed,
