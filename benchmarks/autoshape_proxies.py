@@ -31,12 +31,12 @@ from isotrope.autoshape import (
     PRESET_CANDIDATES,
     PROXIES,
     STATIC_CANDIDATES,
-    STATIC_MARGIN,
     TRANSFORMER_CANDIDATES,
-    TRANSFORMER_MARGIN,
     conservative_choice,
+    fit_unshaped,
     format_candidate,
     gather_evidence,
+    margin_for,
 )
 from isotrope.backbones import is_static_source
 from isotrope.config import EncoderConfig
@@ -54,7 +54,6 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
     queries = list(dataset.queries.values())
     static = is_static_source(model)
     candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
-    margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
     backbone = Evaluator(cache_dir=cache_dir)._backbone(EncoderConfig(model=model), documents)
     raw: dict = {}
     query_raws: dict = {}
@@ -64,7 +63,7 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
         if key not in raw:
             tick = time.perf_counter()
             unshaped = ShapedEncoder.create(model=model, **{**candidate, "shape": "none"}, backbone=backbone)
-            unshaped.fit_sample(documents)
+            fit_unshaped(unshaped, documents)
             raw[key] = (unshaped, unshaped.embed_raw(documents))
             encode_seconds += time.perf_counter() - tick
             query_raws[key] = unshaped.embed_raw(queries, kind="query")
@@ -93,7 +92,7 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
             proxies[proxy] = {"error": str(error)}
             continue
         means = 100 * evidence.per_query.mean(axis=1)
-        chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
+        chosen, comparisons = conservative_choice(100 * evidence.per_query, margin_for(static, proxy), seed=seed)
         proxies[proxy] = {
             "pseudo_queries": int(evidence.per_query.shape[1]), "mrr@10": [round(float(m), 2) for m in means],
             "intervals": [[round(low, 2), round(high, 2)] for _, low, high in comparisons],
@@ -133,8 +132,7 @@ def report(results: list[dict], proxy: str = DEFAULT_PROXY) -> str:
         ndcg = dict(zip(r["candidates"], r["ndcg@10"]))
         used = proxy if "error" not in r["proxies"][proxy] else FALLBACK_PROXY
         per_query = dict(zip(r["candidates"], np.asarray(r["proxies"][used]["per_query"])))
-        chosen, _ = conservative_choice(100 * np.stack([per_query[c] for c in candidates]),
-                                        STATIC_MARGIN if static else TRANSFORMER_MARGIN)
+        chosen, _ = conservative_choice(100 * np.stack([per_query[c] for c in candidates]), margin_for(static, used))
         auto = ndcg[candidates[chosen]]
         presets = [ndcg[("uniform + " if static else "") + shape] for shape in PRESET_CANDIDATES]
         best = max(presets)

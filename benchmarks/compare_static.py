@@ -33,15 +33,16 @@ from benchmarks.common import print_and_write
 from benchmarks.hybrid import bm25s_baseline
 from isotrope.evaluate.commands import run_retrieval, run_sts
 from isotrope.evaluate.data import load_beir, load_sick, load_stsb
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.config import EncoderConfig
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import eval_retrieval, eval_sts
 
 logger = logging.getLogger(__name__)
 
 TEACHER = "all-MiniLM-L6-v2"
-RECIPES = {"static + whiten-partial": Recipe(model=f"static:{TEACHER}", shape="whiten-partial"),
-           "fast": Recipe(model="fast", shape="whiten-partial"),
-           "teacher": Recipe(model=TEACHER)}
+RECIPES = {"static + whiten-partial": EncoderConfig(model=f"static:{TEACHER}", shape="whiten-partial"),
+           "fast": EncoderConfig(model="fast", shape="whiten-partial"),
+           "teacher": EncoderConfig(model=TEACHER)}
 
 
 def model2vec_scores(folder: Path, data_dir: Path, beirs: dict[str, Path]) -> dict[str, float]:
@@ -85,8 +86,8 @@ def run(data_dir: Path, cache_dir: Path, model2vec: Path | None, sts_fit_corpus:
         else:
             recipe = sts_recipe = RECIPES[row]
             if row == "fast":
-                recipe = Recipe(**{**vars(recipe), "distill_samples": distill_samples})
-                sts_recipe = Recipe(**{**vars(recipe), "distill_samples": sts_distill_samples})
+                recipe = recipe.replace(distill_samples=distill_samples)
+                sts_recipe = recipe.replace(distill_samples=sts_distill_samples)
             table[row], details[row] = {}, {}
             for name, path in beirs.items():
                 result = run_retrieval(evaluator, recipe, beir=path, fit_corpus="corpus")

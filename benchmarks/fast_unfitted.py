@@ -17,7 +17,8 @@ from pathlib import Path
 import isotrope.distill
 from benchmarks.common import print_and_write
 from isotrope.evaluate.commands import run_retrieval
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.config import EncoderConfig
+from isotrope.evaluate.harness import Evaluator
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     evaluator = Evaluator(cache_dir=args.cache_dir)
     result = {}
     for samples in args.samples:
-        scores = run_retrieval(evaluator, Recipe(model="fast", shape="whiten-partial", distill_samples=samples),
+        scores = run_retrieval(evaluator, EncoderConfig(model="fast", shape="whiten-partial", distill_samples=samples),
                                beir=args.data_dir / "retrieval" / "scifact", fit_corpus="corpus")
         result[str(samples)] = {key: scores.get(key) for key in ("scores", "fitted_on", "distill")}
         logging.info("unfitted, %d teacher samples: %s", samples, scores["scores"])

@@ -7,10 +7,11 @@ import random
 
 import numpy as np
 import pytest
-from conftest import GLOVE_WORDS
+from conftest import GLOVE_WORDS, make_sentences
 
 from isotrope.autoshape import (
     PROXIES,
+    STATIC_MARGIN,
     build_pseudo_queries,
     choose_shape,
     conservative_choice,
@@ -153,7 +154,8 @@ def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path:
     first = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
     second = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
     report = first.metadata["auto_shape"]
-    seconds = report.pop("selection_seconds"), second.metadata["auto_shape"].pop("selection_seconds")
+    seconds = [r.pop(key) for r in (report, second.metadata["auto_shape"])
+               for key in ("selection_seconds", "selection_cpu_seconds")]
     assert all(s >= 0 for s in seconds)
     assert report == second.metadata["auto_shape"]
     assert report["proxy"] == "passage" and report["pseudo_queries"] >= 200 and report["splits"] == 3
@@ -182,6 +184,8 @@ def test_one_sentence_texts_fall_back_to_the_masked_proxy(tiny_glove_path: str) 
     encoder = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=[{"shape": "none"}, {"shape": "center"}],
                            proxy="passage")
     assert encoder.metadata["auto_shape"]["proxy"] == "masked"
+    assert encoder.metadata["auto_shape"]["margin"] == 2 * STATIC_MARGIN  # the fallback proxy's higher bar
+    assert "doubled for the masked proxy" in encoder.metadata["auto_shape"]["rule"]
 
 
 def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:
@@ -227,3 +231,36 @@ def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:
 def test_auto_is_not_a_fixed_chain() -> None:
     with pytest.raises(ValueError, match="chosen from a corpus"):
         ShapedEncoder.create("glove-6b-50d", shape="auto")
+
+
+def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path: str) -> None:
+    from isotrope.autoshape import PRESET_CANDIDATES, _fit_chain, _fresh_chain
+    from isotrope.transforms import apply_chain
+    from isotrope.transforms.moments import Moments
+
+    rng = np.random.default_rng(3)
+    fit_raw = (rng.normal(size=(400, 50)) * np.linspace(3, 0.1, 50) + 2.0).astype(np.float32)
+    other = rng.normal(size=(20, 50)).astype(np.float32)
+    moments = Moments.from_array(fit_raw)
+    for preset in PRESET_CANDIDATES:
+        chain = _fresh_chain(preset)
+        _fit_chain(chain, fit_raw, moments)
+        reference = ShapedEncoder.create(tiny_glove_path, shape=preset).fit_transforms(fit_raw)
+        np.testing.assert_allclose(apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6,
+                                   err_msg=preset)
+
+
+def test_auto_on_fast_fits_the_presets_recipe_and_folds_it(tiny_bert_path: str) -> None:
+    """For ``--model fast`` the candidates are fitted on the distilled table's unfolded vectors, as
+    ``--shape PRESET`` is, and the chosen chain is folded into one table as that recipe is."""
+    texts = make_sentences(400, seed=6)
+    model = f"fast:{tiny_bert_path}"
+    auto = choose_shape(texts, EncoderConfig(model=model, distill_samples=150),
+                        candidates=[{"weights": "sif", "shape": "whiten-partial"}])
+    reference = ShapedEncoder.create(model=model, weights="sif", shape="whiten-partial", distill_samples=150).fit(texts)
+    assert auto.spec["backbone"]["type"] == "folded" and auto.shape == "l2"
+    assert auto.metadata["auto_shape"]["chosen"] == {"weights": "sif", "shape": "whiten-partial"}
+    assert auto.metadata["distill"] == reference.metadata["distill"]
+    probe = make_sentences(30, seed=9)
+    cosine = (auto.encode(probe) * reference.encode(probe)).sum(axis=1)
+    assert cosine.min() >= 0.9999

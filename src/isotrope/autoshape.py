@@ -12,13 +12,15 @@ Rule (conservative). The baseline, the first candidate (``none`` for a transform
 static table), is kept unless another candidate's
 interval lies wholly above a margin: :data:`TRANSFORMER_MARGIN` MRR@10 points for a trained sentence
 encoder (where docs/RESULTS.md shows shaping adds at most a few tenths of a point and the proxies
-over-reward whitening), :data:`STATIC_MARGIN` for a static table (where shaping adds 10-15 points).
+over-reward whitening), :data:`STATIC_MARGIN` for a static table (where shaping adds 10-15 points),
+both doubled (:data:`FALLBACK_MARGIN_FACTOR`) when the evidence comes from the fallback ``masked``
+proxy, whose ranking of candidates agrees least with labelled queries.
 Of the candidates that clear it, the one with the highest lower bound wins, and is fitted on the
 whole sample.
 
 Cost. The backbone runs once over the sample (the raw pooled vectors are reused by every
 candidate and split, and by the final fit) and once over the pseudo-queries and the texts they
-were cut from; candidates only fit and apply their transforms.
+were cut from; candidates only fit and apply their transforms, from one scatter matrix per split.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
 from isotrope.config import EncoderConfig
+from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder, build_backbone
+from isotrope.fold import FoldError, fold_encoder
 from isotrope.sentences import split_sentences
+from isotrope.shapes import parse_shape
+from isotrope.transforms import TRANSFORMS
+from isotrope.transforms.base import Transform, apply_chain
+from isotrope.transforms.moments import Moments, MomentsTransform
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +59,9 @@ STATIC_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
 #: MRR@10 points (x100) the lower end of a candidate's interval must clear to displace the baseline
 TRANSFORMER_MARGIN = 2.0
 STATIC_MARGIN = 0.5
+#: the margins are multiplied by this under the fallback (masked) proxy, which agrees less with labelled
+#: queries than the passage proxy and credits whitening with gains real queries do not show
+FALLBACK_MARGIN_FACTOR = 2.0
 CONFIDENCE = 0.95
 
 
@@ -173,6 +184,11 @@ def paired_interval(differences: np.ndarray, confidence: float = CONFIDENCE, n_r
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def margin_for(static: bool, proxy: str) -> float:
+    """MRR@10 points a candidate must clear, by backbone family and by the proxy that gave the evidence."""
+    return (STATIC_MARGIN if static else TRANSFORMER_MARGIN) * (FALLBACK_MARGIN_FACTOR if proxy == FALLBACK_PROXY else 1.0)
+
+
 def conservative_choice(per_query: np.ndarray, margin: float, confidence: float = CONFIDENCE,
                         seed: int = 0) -> tuple[int, list[tuple[float, float, float]]]:
     """Index of the chosen candidate (row 0 is the baseline) and each row's paired comparison with
@@ -198,10 +214,44 @@ class Evidence:
     #: seconds spent on the selection itself (pseudo-queries, their texts, every candidate's fits and
     #: scores), apart from embedding the sample, which fitting the chosen shaping needs anyway
     seconds: float
+    #: the same in CPU seconds of this process (a fairer measure on a shared machine)
+    cpu_seconds: float = 0.0
+
+
+def fit_unshaped(encoder: ShapedEncoder, texts: Sequence[str]) -> ShapedEncoder:
+    """Fit what an unshaped encoder learns from ``texts`` (a context or distilled table, token weights)
+    and nothing else: unlike :meth:`ShapedEncoder.fit_sample` it never folds a ``--model fast`` table,
+    so every candidate is fitted on the raw vectors ``--shape PRESET`` is fitted on."""
+    if encoder.backbone.needs_fit:
+        encoder.backbone.fit(list(texts))
+    counts = encoder.count_tokens(texts) if encoder.weighting.needs_corpus else None
+    encoder.weighting.fit(encoder.backbone.vocabulary(), encoder.backbone.special_ids(), counts)
+    return encoder
 
 
 def _group_key(candidate: dict[str, Any]) -> str:
     return repr(sorted((key, value) for key, value in candidate.items() if key != "shape"))
+
+
+def _fresh_chain(shape: Any) -> list[Transform]:
+    """Unfitted transforms of a shaping (what ``ShapedEncoder.create`` builds, without a new encoder)."""
+    return [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
+
+
+def _fit_chain(chain: Sequence[Transform], fit_raw: np.ndarray, moments: Moments) -> None:
+    """Fit ``chain`` on ``fit_raw`` as :meth:`ShapedEncoder.fit_transforms` does, with two shortcuts that
+    leave every fitted array the same: a first step fitted from moments takes the shared ``moments`` of
+    ``fit_raw`` (one scatter matrix per split, not one per candidate), and a step's output on the fit
+    sample is computed only when a later step learns from it (not before the final ``l2``)."""
+    vectors = fit_raw
+    for position, transform in enumerate(chain):
+        if position == 0 and isinstance(transform, MomentsTransform):
+            transform.fit_moments(moments)
+        else:
+            transform.fit(vectors)
+        if any(later.requires_fit for later in chain[position + 1:]):
+            vectors = transform.transform(vectors)
+
 
 
 def gather_evidence(
@@ -216,13 +266,18 @@ def gather_evidence(
     holdout_fraction: float = 0.3,
     seed: int = 0,
     raw: dict[str, tuple[ShapedEncoder, np.ndarray]] | None = None,
+    min_queries: int = 30,
 ) -> Evidence:
     """Score every candidate on the same pseudo-queries over ``n_splits`` seeded splits of ``texts``.
 
+    Fewer than ``min_queries`` pseudo-queries raise a ValueError before anything is embedded.
+
     ``raw`` maps each candidate group (the options other than the shape) to its fitted unshaped
     encoder and the raw vectors of ``texts``; missing groups are embedded here and added to it.
+    Per group and split the fit sample's moments and the held-aside documents are computed once
+    and shared by the group's candidates, which only fit and apply their transforms.
     """
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     texts = list(texts)
     raw = {} if raw is None else raw
     n_queries = n_queries or number_of_queries(len(texts))
@@ -235,39 +290,46 @@ def gather_evidence(
         queries = build_pseudo_queries([texts[i] for i in held_index], per_split, proxy, seed=seed * 1000 + split)
         splits.append((fit_index, held_index, queries))
     total = sum(len(queries) for *_, queries in splits)
-    if total < 30 or any(len(fit) == 0 for fit, *_ in splits):
+    if total < max(30, min_queries) or any(len(fit) == 0 for fit, *_ in splits):
         raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
     new_queries = [q.text for *_, queries in splits for q in queries]
     new_documents = [q.document for *_, queries in splits for q in queries if q.document is not None]
-    rows, sample_seconds, new_raw = [], 0.0, {}
-    for candidate in candidates:
-        key = _group_key(candidate)
+    groups: dict[str, list[int]] = {}
+    for index, candidate in enumerate(candidates):
+        groups.setdefault(_group_key(candidate), []).append(index)
+    rows: list[list[np.ndarray]] = [[] for _ in candidates]
+    sample_seconds, sample_cpu = 0.0, 0.0
+    for key, members in groups.items():
         if key not in raw:
-            tick = time.perf_counter()
-            unshaped = ShapedEncoder.create(base.replace(**{**candidate, "shape": "none"}), backbone=backbone)
-            unshaped.fit_sample(texts)
+            tick, tick_cpu = time.perf_counter(), time.process_time()
+            unshaped = ShapedEncoder.create(base.replace(**{**candidates[members[0]], "shape": "none"}), backbone=backbone)
+            fit_unshaped(unshaped, texts)
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
+            sample_cpu += time.process_time() - tick_cpu
         unshaped, sample_raw = raw[key]
-        if key not in new_raw:
-            new_raw[key] = (unshaped.embed_raw(new_queries, kind="query"),
-                            unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0])
-        query_raw, document_raw = new_raw[key]
-        scores, query_at, document_at = [], 0, 0
+        query_raw = unshaped.embed_raw(new_queries, kind="query")
+        document_raw = unshaped.embed_raw(new_documents) if new_documents else sample_raw[:0]
+        query_at, document_at = 0, 0
         for fit_index, held_index, queries in splits:
-            encoder = ShapedEncoder.create(base.replace(**candidate), backbone=unshaped.backbone)
-            encoder.fit_transforms(sample_raw[fit_index])
+            fit_raw = sample_raw[fit_index]
+            moments = Moments.from_array(fit_raw)
             documents = sample_raw[held_index].copy()
             for query in queries:
                 if query.document is not None:
                     documents[query.target] = document_raw[document_at]
                     document_at += 1
-            shaped_queries = encoder.apply_transforms(query_raw[query_at:query_at + len(queries)])
+            split_queries = query_raw[query_at:query_at + len(queries)]
             query_at += len(queries)
-            scores.append(reciprocal_ranks_at_10(shaped_queries, encoder.apply_transforms(documents),
-                                                 [q.target for q in queries]))
-        rows.append(np.concatenate(scores))
-    return Evidence(np.stack(rows), proxy, n_splits, time.perf_counter() - started - sample_seconds)
+            targets = [q.target for q in queries]
+            for index in members:
+                chain = _fresh_chain(candidates[index]["shape"])
+                _fit_chain(chain, fit_raw, moments)
+                rows[index].append(reciprocal_ranks_at_10(apply_chain(chain, split_queries),
+                                                          apply_chain(chain, documents), targets))
+    per_query = np.stack([np.concatenate(row) for row in rows])
+    return Evidence(per_query, proxy, n_splits, time.perf_counter() - started - sample_seconds,
+                    time.process_time() - started_cpu - sample_cpu)
 
 
 def choose_shape(
@@ -292,26 +354,26 @@ def choose_shape(
     evidence is kept in ``encoder.metadata["auto_shape"]``.
     """
     texts = list(texts)
+    margin_given = margin
     static = is_static_source(config.model)
     if candidates is None:
         candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
-    if margin is None:
-        margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
     base = config.replace(shape=None)
     backbone = backbone or build_backbone(base)
     raw: dict[str, Any] = {}
     wanted = n_queries or number_of_queries(len(texts))
     try:
+        needed = min(wanted, len(texts) // 10) if proxy != FALLBACK_PROXY else 0
         evidence = gather_evidence(texts, base, candidates, backbone, proxy=proxy, n_queries=n_queries,
-                                   n_splits=n_splits, seed=seed, raw=raw)
-        if evidence.per_query.shape[1] < min(wanted, len(texts) // 10) and proxy != FALLBACK_PROXY:
-            raise ValueError(f"too few {proxy} pseudo-queries ({evidence.per_query.shape[1]})")
+                                   n_splits=n_splits, seed=seed, raw=raw, min_queries=needed)
     except ValueError as error:
         if proxy == FALLBACK_PROXY:
             raise
         logger.info("auto shape: %s; using the %s proxy", error, FALLBACK_PROXY)
         evidence = gather_evidence(texts, base, candidates, backbone, proxy=FALLBACK_PROXY, n_queries=n_queries,
                                    n_splits=n_splits, seed=seed, raw=raw)
+    if margin is None:
+        margin = margin_for(static, evidence.proxy)
     chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
     choice = dict(candidates[chosen])
     unshaped, sample_raw = raw[_group_key(choice)]
@@ -319,6 +381,12 @@ def choose_shape(
     encoder.weighting = unshaped.weighting
     if encoder.needs_corpus:
         encoder.fit_transforms(sample_raw)
+    if fast_source(config.model):  # one folded table when the chosen chain folds, as with `--model fast --shape PRESET`
+        encoder.metadata["distill"] = encoder.backbone.distill_report
+        try:
+            encoder = fold_encoder(encoder)
+        except FoldError as error:
+            logger.info("fast: the chain is kept unfolded: %s", error)
     encoder.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(texts)}
     results = []
     for candidate, row, (difference, low, high) in zip(candidates, evidence.per_query, comparisons):
@@ -328,11 +396,13 @@ def choose_shape(
                     results[-1]["mrr@10"], difference, low, high)
     rule = (f"keep {format_candidate(candidates[0])} unless another candidate's {100 * CONFIDENCE:g}% paired-bootstrap "
             f"interval of the MRR@10 difference lies above +{margin:g} points "
-            f"({'static table' if static else 'trained encoder'} margin); then the highest lower bound wins")
+            f"({'static table' if static else 'trained encoder'} margin"
+            f"{', doubled for the masked proxy' if margin_given is None and evidence.proxy == FALLBACK_PROXY else ''}); "
+            "then the highest lower bound wins")
     encoder.metadata["auto_shape"] = {
         "chosen": choice, "proxy": evidence.proxy, "pseudo_queries": int(evidence.per_query.shape[1]),
         "splits": evidence.splits, "margin": margin, "rule": rule, "candidates": results, "seed": seed,
-        "selection_seconds": round(evidence.seconds, 1),
+        "selection_seconds": round(evidence.seconds, 1), "selection_cpu_seconds": round(evidence.cpu_seconds, 1),
     }
     return encoder
 
