@@ -10,7 +10,6 @@ fingerprint covers it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -208,25 +207,23 @@ class FoldedBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d): the same as ``pool(..., "mean")`` over
         ``forward`` (a text whose weights are all 0 falls back to the plain mean of its tokens),
-        without padding: one gather and one ``reduceat`` per batch."""
+        without padding: per text, one gather of its rows and one weighted sum (a BLAS
+        vector-matrix product). Measured faster than ``np.add.reduceat`` over the whole batch,
+        whose (tokens x d) temporaries and axis-0 segments made abstracts 30-100x slower
+        (docs/RESULTS.md section 12)."""
         output = np.zeros((len(texts), self.dim), dtype=np.float32)
+        weights = np.asarray(weights, dtype=np.float32)
         for begin in range(0, len(texts), POOL_BATCH):
             encodings = self._tokenizer.encode_batch(list(texts[begin : begin + POOL_BATCH]))
-            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64,
-                              count=int(lengths.sum()))
-            filled = np.flatnonzero(lengths > 0)  # reduceat needs non-empty segments
-            if not filled.size:
-                continue
-            starts = (np.cumsum(lengths) - lengths)[filled]
-            token_weights = weights[ids].astype(np.float64)
-            totals = np.add.reduceat(token_weights, starts)
-            if (totals <= 0).any():
-                owner = np.repeat(np.arange(len(encodings)), lengths)
-                unweighted = np.isin(owner, filled[totals <= 0])
-                token_weights[unweighted] = 1.0
-                totals = np.add.reduceat(token_weights, starts)
-            summed = np.add.reduceat(self.rows(ids) * token_weights[:, None].astype(np.float32), starts,
-                                     axis=0, dtype=np.float64)
-            output[begin + filled] = summed / totals[:, None]
+            for row, encoding in enumerate(encodings, start=begin):
+                ids = np.array(encoding.ids, dtype=np.intp)
+                if not ids.size:
+                    continue
+                token_weights = weights[ids]
+                total = float(token_weights.sum(dtype=np.float64))
+                if total <= 0:
+                    token_weights, total = np.ones(ids.size, dtype=np.float32), float(ids.size)
+                if self.row_scale is not None:
+                    token_weights = token_weights * self.row_scale[ids]
+                output[row] = (token_weights @ self.stored[ids].astype(np.float32, copy=False)) / total
         return output
