@@ -47,6 +47,8 @@ BACKENDS = ("torch", "onnx", "onnx-int8", "onnx-int8-per-channel")
 LLAMAINDEX = "llamaindex-faiss"
 #: the isotrope sides of ``fast``: end to end (teacher pass included), and with the saved encoder
 FAST_SIDES = ("isotrope-fast", "isotrope-fast-encoder")
+#: every finished run is also appended here (JSON lines), so a long run that is stopped leaves its measurements
+PARTIAL: Path | None = None
 
 
 # -- the corpus -------------------------------------------------------------------------
@@ -129,6 +131,9 @@ def run_rounds(sides: dict[str, list[str]], corpus: Path, repeat: int, threads: 
             if side != LLAMAINDEX:
                 args += ["--factory", "Flat"]
             runs[name].append(run_child("benchmarks.ingest", args, threads))
+            if PARTIAL:
+                with open(PARTIAL, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"corpus": corpus.name, "name": name, **runs[name][-1]}) + "\n")
             logger.info("%s, %s round %d: %.1f s, peak RSS %.0f MB", corpus.name, name, round_index + 1,
                         runs[name][-1]["median_s"], runs[name][-1]["peak_rss_mb"])
     return {name: merge_runs(entries) for name, entries in runs.items()}
@@ -168,16 +173,17 @@ def fast(args: argparse.Namespace) -> dict[str, Any]:
                               "llamaindex_model": MODEL, "batch_size": args.batch_size, "repeat": args.repeat,
                               "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-", dir=args.workdir) as tmp:
-        largest = max(args.sizes)
+        largest = max(args.sizes + args.llamaindex_sizes)
         corpus = Path(tmp) / f"lines-{largest}.jsonl"
         write_passages(sentences, corpus, largest, 1)
         encoder = Path(tmp) / "fast-encoder"
         result["encoder_fit_s"] = fit_fast_encoder(corpus, encoder, args.threads)
         result["encoder_fitted_on"] = f"the {largest:,} lines of the largest size (isotrope fit --model fast)"
         for size in sorted(set(args.sizes) | set(args.llamaindex_sizes)):
-            part = Path(tmp) / f"lines-{size}.jsonl"
-            with open(corpus, encoding="utf-8") as source, open(part, "w", encoding="utf-8") as target:
-                target.writelines(line for _, line in zip(range(size), source))
+            part = corpus if size == largest else Path(tmp) / f"lines-{size}.jsonl"
+            if part != corpus:
+                with open(corpus, encoding="utf-8") as source, open(part, "w", encoding="utf-8") as target:
+                    target.writelines(line for _, line in zip(range(size), source))
             sides = {}
             if size in args.sizes:
                 sides = dict(zip(FAST_SIDES, (["--model", "fast"], ["--encoder", str(encoder)])))
@@ -247,6 +253,8 @@ def main() -> None:
     sizes.add_argument("--check-chunking-up-to", type=int, default=100_000,
                        help="compare both chunkings at sizes up to this many lines")
     args = parser.parse_args()
+    global PARTIAL
+    PARTIAL = args.out.with_suffix(".partial.jsonl") if args.out else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     started = time.time()
     info = machine_info(args.threads)
