@@ -124,6 +124,9 @@ def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, b
         start = time.perf_counter()
         detail = ingest(corpus, target, store, device, batch_size)
         times.append(time.perf_counter() - start)
+        if (options or {}).get("keep_encoder") and library == "isotrope":  # the encoder the run fitted, for reuse
+            shutil.rmtree(options["keep_encoder"], ignore_errors=True)
+            shutil.copytree(target / "encoder", options["keep_encoder"])
         shutil.rmtree(target, ignore_errors=True)
     return {"side": side, **detail, "median_s": statistics.median(times), "min_s": min(times),
             "runs_s": [round(t, 3) for t in times]}
@@ -131,7 +134,8 @@ def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, b
 
 def _child(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
-        options = {"backend": args.backend, "model": args.model, "encoder": args.encoder, "factory": args.factory}
+        options = {"backend": args.backend, "model": args.model, "encoder": args.encoder, "factory": args.factory,
+                   "keep_encoder": args.keep_encoder}
         return run_side(args.side, args.corpus, Path(tmp), args.repeat, args.device, args.batch_size, options)
 
 
@@ -227,6 +231,7 @@ def main() -> None:
     parser.add_argument("--backend", default="torch", help="isotrope: torch, onnx, onnx-int8, onnx-int8-per-channel")
     parser.add_argument("--model", default=None, help=f"isotrope: the model (default {MODEL}; e.g. fast)")
     parser.add_argument("--encoder", default=None, help="isotrope: a saved encoder folder (as --encoder)")
+    parser.add_argument("--keep-encoder", default=None, help="isotrope: copy the encoder the run saved to this folder")
     parser.add_argument("--factory", default=None, help="isotrope FAISS: the index (e.g. Flat; default: auto)")
     child_main(parser, _child)
 

@@ -27,15 +27,13 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (MAX_SEQ_LENGTH, MODEL, REPO_ROOT, machine_info, print_and_write, ratio, run_child,
-                               thread_env)
+from benchmarks.common import MAX_SEQ_LENGTH, MODEL, machine_info, print_and_write, ratio, run_child
 from benchmarks.ingest import BATCH_SIZE, merge_runs, read_records
 
 logger = logging.getLogger(__name__)
@@ -156,44 +154,53 @@ def transformer(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def fit_fast_encoder(corpus: Path, out: Path, threads: int) -> float:
-    """``isotrope fit CORPUS --model fast --out OUT`` in a process of its own; returns its wall time."""
-    command = [str(Path(sys.executable).parent / "isotrope"), "fit", str(corpus), "--model", "fast", "--out", str(out)]
-    start = time.perf_counter()
-    subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, **thread_env(threads)}, check=True,
-                   capture_output=True, text=True)
-    return time.perf_counter() - start
+def transformer_from_partial(partial: Path, corpus: Path, command: str) -> dict[str, Any]:
+    """A ``transformer`` result from the runs a stopped command had finished (its ``.partial.jsonl``)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for line in partial.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        runs.setdefault(record.pop("name"), []).append(record)
+    sides = {name: merge_runs(entries) for name, entries in runs.items()}
+    theirs = sides[LLAMAINDEX]
+    return {"command": command, "stopped_early": f"built from {partial.name}: the runs finished before it was stopped",
+            "passages": theirs["documents"], "model": MODEL, "chunking": chunkings(corpus), "sides": sides,
+            "ratios": {name: {"speedup": ratio(theirs["median_s"], entry["median_s"]),
+                              "peak_rss_ratio": ratio(entry["peak_rss_mb"], theirs["peak_rss_mb"])}
+                       for name, entry in sides.items() if name != LLAMAINDEX}}
 
 
 def fast(args: argparse.Namespace) -> dict[str, Any]:
-    """Issue 16: ``--model fast`` end to end and with a saved encoder, at each size; LlamaIndex at the
-    sizes it can be run at, its per-chunk rate then projected linearly."""
+    """Issue 16: ``--model fast`` end to end (at ``end_to_end_sizes``; the largest run's encoder is
+    kept), then that saved encoder (``--encoder``) at every size, then LlamaIndex at the sizes it can
+    be run at, its per-chunk rate projected linearly to the others."""
     sentences = read_sentences(args.data_dir)
     result: dict[str, Any] = {"window_lines": 1, "model": "fast (teacher all-MiniLM-L6-v2)",
                               "llamaindex_model": MODEL, "batch_size": args.batch_size, "repeat": args.repeat,
                               "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-", dir=args.workdir) as tmp:
-        largest = max(args.sizes + args.llamaindex_sizes)
+        largest = max(args.sizes + args.llamaindex_sizes + args.end_to_end_sizes)
         corpus = Path(tmp) / f"lines-{largest}.jsonl"
         write_passages(sentences, corpus, largest, 1)
         encoder = Path(tmp) / "fast-encoder"
-        result["encoder_fit_s"] = fit_fast_encoder(corpus, encoder, args.threads)
-        result["encoder_fitted_on"] = f"the {largest:,} lines of the largest size (isotrope fit --model fast)"
-        for size in sorted(set(args.sizes) | set(args.llamaindex_sizes)):
+        result["encoder_fitted_on"] = (f"the {max(args.end_to_end_sizes):,} lines of the largest end-to-end run "
+                                       "(the encoder that run saved in its store)")
+        plan = ([(size, "isotrope-fast") for size in sorted(args.end_to_end_sizes, reverse=True)]
+                + [(size, "isotrope-fast-encoder") for size in sorted(args.sizes, reverse=True)]
+                + [(size, LLAMAINDEX) for size in sorted(args.llamaindex_sizes)])
+        for size, name in plan:
             part = corpus if size == largest else Path(tmp) / f"lines-{size}.jsonl"
-            if part != corpus:
+            if not part.exists():
                 with open(corpus, encoding="utf-8") as source, open(part, "w", encoding="utf-8") as target:
                     target.writelines(line for _, line in zip(range(size), source))
-            sides = {}
-            if size in args.sizes:
-                sides = dict(zip(FAST_SIDES, (["--model", "fast"], ["--encoder", str(encoder)])))
-            if size in args.llamaindex_sizes:
-                sides[LLAMAINDEX] = []
-            entry: dict[str, Any] = {"chunking": chunkings(part) if size <= args.check_chunking_up_to else None}
-            entry["sides"] = run_rounds(sides, part, args.repeat, args.threads, args.batch_size)
-            result["sizes"][str(size)] = entry
-            logger.info("size %d done", size)
-    result["projection"] = project(result["sizes"], [*args.sizes, 1_000_000])
+            entry = result["sizes"].setdefault(str(size), {"sides": {}})
+            if "chunking" not in entry and size <= args.check_chunking_up_to:
+                entry["chunking"] = chunkings(part)
+            if name == "isotrope-fast":
+                side_args = ["--model", "fast"] + (["--keep-encoder", str(encoder)] if size == largest else [])
+            else:
+                side_args = ["--encoder", str(encoder)] if name == "isotrope-fast-encoder" else []
+            entry["sides"].update(run_rounds({name: side_args}, part, args.repeat, args.threads, args.batch_size))
+    result["projection"] = project(result["sizes"], sorted({*args.sizes, *args.end_to_end_sizes, 1_000_000}))
     return result
 
 
@@ -233,9 +240,62 @@ def project(sizes: dict[str, Any], targets: list[int]) -> dict[str, Any]:
     return result
 
 
+# -- Markdown ---------------------------------------------------------------------------
+def chunking_table(chunking: dict[str, Any]) -> list[str]:
+    lines = ["| chunking | chunks | tokens the model sees | tokens per chunk: mean / median / min / max |",
+             "|---|---:|---:|---|"]
+    for side, chunker in (("isotrope", "isotrope_chunker"), ("llamaindex", "llamaindex_chunker")):
+        entry, per = chunking[side], chunking[side]["tokens_per_chunk"]
+        lines.append(f"| {side}: {chunking[chunker]} | {entry['chunks']:,} | {entry['model_tokens']:,} | "
+                     f"{per['mean']} / {per['median']} / {per['min']} / {per['max']} |")
+    lines.append(f"\nIdentical chunk texts on both sides: {chunking['identical_chunk_texts']:,}.")
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The tables of a ``transformer`` or ``fast`` result."""
+    machine = result["machine"]
+
+    def load(value: Any) -> Any:
+        return value[0] if isinstance(value, list) else value
+
+    lines = [f"`{result['command']}`: {machine['cpu']}, {machine['usable_cores']} cores, {machine['threads']} threads; "
+             f"load average {load(machine['load_average_at_start'])} at the start, "
+             f"{load(machine.get('load_average_at_end', '?'))} at the end; {result['wall_s'] / 60:.0f} min in all.", ""]
+    if "sides" in result:  # transformer
+        lines += chunking_table(result["chunking"]) + ["", "| side | median s | runs s | chunks/s | x LlamaIndex | peak RSS MB | RSS / LlamaIndex |",
+                                                        "|---|---:|---|---:|---:|---:|---:|"]
+        for name, entry in result["sides"].items():
+            ratios = result["ratios"].get(name, {"speedup": 1.0, "peak_rss_ratio": 1.0})
+            lines.append(f"| {name} | {entry['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in entry['runs_s'])} | "
+                         f"{entry['chunks'] / entry['median_s']:.1f} | **{ratios['speedup']:.2f}** | "
+                         f"{entry['peak_rss_mb']:,.0f} | {ratios['peak_rss_ratio']:.2f} |")
+        return "\n".join(lines)
+    lines += ["| chunks | side | median s | runs s | steps s (fit / embed / write) | chunks/s | peak RSS MB |",
+              "|---:|---|---:|---|---|---:|---:|"]
+    for size, entry in result["sizes"].items():
+        for name, side in entry["sides"].items():
+            steps = side.get("steps_s", [{}])[-1]
+            step_text = " / ".join(f"{steps[k]:.1f}" for k in ("fit", "embed", "write") if k in steps)
+            lines.append(f"| {int(size):,} | {name} | {side['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in side['runs_s'])} "
+                         f"| {step_text} | {side['chunks'] / side['median_s']:,.0f} | {side['peak_rss_mb']:,.0f} |")
+    projection = result["projection"]
+    lines += ["", "| chunks | LlamaIndex s | isotrope fast s | x LlamaIndex | isotrope fast + saved encoder s | x LlamaIndex |",
+              "|---:|---|---|---:|---|---:|"]
+    for size, row in projection["sizes"].items():
+        cells = [f"{row['llamaindex_s']:,.0f} ({row['llamaindex']})"]
+        for side in FAST_SIDES:
+            entry = row[side]
+            cells += ["–", "–"] if entry["s"] is None else [f"{entry['s']:,.1f} ({entry['how']})",
+                                                          f"**{entry['speedup']:.1f}**"]
+        lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("table", help="print the Markdown tables of result files").add_argument("results", nargs="+", type=Path)
     for name in ("transformer", "fast"):
         command = commands.add_parser(name)
         command.add_argument("--data-dir", required=True, help="the data root holding corpus/general_english_sentences.txt.gz")
@@ -248,11 +308,17 @@ def main() -> None:
     commands.choices["transformer"].add_argument("--window", type=int, default=4, help="lines per passage")
     commands.choices["transformer"].add_argument("--backends", type=lambda s: s.split(","), default=list(BACKENDS))
     sizes = commands.choices["fast"]
-    sizes.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000])
+    sizes.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000],
+                       help="sizes run with the saved fast encoder (--encoder)")
     sizes.add_argument("--llamaindex-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[2_000, 10_000])
+    sizes.add_argument("--end-to-end-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000],
+                       help="sizes run end to end (teacher pass included); the largest run's encoder is reused")
     sizes.add_argument("--check-chunking-up-to", type=int, default=100_000,
                        help="compare both chunkings at sizes up to this many lines")
     args = parser.parse_args()
+    if args.command == "table":
+        print("\n\n".join(markdown(json.loads(path.read_text())) for path in args.results))
+        return
     global PARTIAL
     PARTIAL = args.out.with_suffix(".partial.jsonl") if args.out else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
