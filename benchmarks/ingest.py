@@ -41,16 +41,29 @@ def read_records(corpus: Path) -> list[dict[str, str]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
+def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_size: int,
+                    options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``index_documents`` as ``isotrope index`` runs it. ``options``: ``backend`` (torch, onnx, ...),
+    ``model`` (e.g. ``fast``; its shaping is then the model's default), ``encoder`` (a saved encoder
+    folder, as ``--encoder``), ``factory`` (the FAISS index, e.g. ``Flat``)."""
     from isotrope.config import EncoderConfig
-    from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder
+    from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, default_shape
     from isotrope.ingest.pipeline import index_documents
 
-    config = EncoderConfig(model=MODEL, shape=DEFAULT_SHAPE, max_length=MAX_SEQ_LENGTH)
+    options = options or {}
+    model = options.get("model") or MODEL
+    config = EncoderConfig(model=model, shape=DEFAULT_SHAPE if model == MODEL else default_shape(model),
+                           max_length=MAX_SEQ_LENGTH if model == MODEL else None,
+                           backend=options.get("backend") or "torch")
+    if options.get("encoder"):
+        encoder = ShapedEncoder.load(options["encoder"])
+    else:  # fitted by the pipeline
+        encoder = ShapedEncoder.create(config, device=device, batch_size=batch_size)
     report = index_documents(
         corpus,
         f"{store}:{target}",
-        encoder=ShapedEncoder.create(config, device=device, batch_size=batch_size),  # fitted by the pipeline
+        encoder=encoder,
+        store_options={"factory": options["factory"]} if options.get("factory") and store == "faiss" else None,
         loader_options={"id_field": "_id"},
         show_progress=False,
     )
@@ -91,13 +104,19 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
     return {"documents": len(documents), "chunks": int(chunks)}
 
 
-def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, batch_size: int) -> dict[str, Any]:
-    """Warm up on a few documents, then ``repeat`` timed ingestions of ``corpus`` into fresh directories."""
+def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, batch_size: int,
+             options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Warm up on a few documents, then ``repeat`` timed ingestions of ``corpus`` into fresh directories.
+    ``options`` go to :func:`ingest_isotrope` (an isotrope side only)."""
     library, store = side.split("-")
-    ingest = ingest_isotrope if library == "isotrope" else ingest_llamaindex
+    if library == "isotrope":
+        def ingest(*args: Any) -> dict[str, Any]:
+            return ingest_isotrope(*args, options=options)
+    else:
+        ingest = ingest_llamaindex
     warmup = workdir / "warmup.jsonl"
-    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
-    warmup.write_text("".join(lines[:WARMUP_DOCS]), encoding="utf-8")
+    with open(corpus, encoding="utf-8") as handle:
+        warmup.write_text("".join(line for _, line in zip(range(WARMUP_DOCS), handle)), encoding="utf-8")
     ingest(warmup, workdir / "warmup", store, device, batch_size)
     times, detail = [], {}
     for run_index in range(repeat):
@@ -105,6 +124,9 @@ def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, b
         start = time.perf_counter()
         detail = ingest(corpus, target, store, device, batch_size)
         times.append(time.perf_counter() - start)
+        if (options or {}).get("keep_encoder") and library == "isotrope":  # the encoder the run fitted, for reuse
+            shutil.rmtree(options["keep_encoder"], ignore_errors=True)
+            shutil.copytree(target / "encoder", options["keep_encoder"])
         shutil.rmtree(target, ignore_errors=True)
     return {"side": side, **detail, "median_s": statistics.median(times), "min_s": min(times),
             "runs_s": [round(t, 3) for t in times]}
@@ -112,7 +134,9 @@ def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, b
 
 def _child(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
-        return run_side(args.side, args.corpus, Path(tmp), args.repeat, args.device, args.batch_size)
+        options = {"backend": args.backend, "model": args.model, "encoder": args.encoder, "factory": args.factory,
+                   "keep_encoder": args.keep_encoder}
+        return run_side(args.side, args.corpus, Path(tmp), args.repeat, args.device, args.batch_size, options)
 
 
 # -- the parent: all sides ----------------------------------------------------------
@@ -204,6 +228,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    parser.add_argument("--backend", default="torch", help="isotrope: torch, onnx, onnx-int8, onnx-int8-per-channel")
+    parser.add_argument("--model", default=None, help=f"isotrope: the model (default {MODEL}; e.g. fast)")
+    parser.add_argument("--encoder", default=None, help="isotrope: a saved encoder folder (as --encoder)")
+    parser.add_argument("--keep-encoder", default=None, help="isotrope: copy the encoder the run saved to this folder")
+    parser.add_argument("--factory", default=None, help="isotrope FAISS: the index (e.g. Flat; default: auto)")
     child_main(parser, _child)
 
 

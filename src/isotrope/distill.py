@@ -41,6 +41,8 @@ DEFAULT_DISTILL_SAMPLES = 5000
 LAMBDAS = (10.0, 3.0, 1.0)
 CG_ITERATIONS = 30
 HOLDOUT_FRACTION = 0.1
+#: rows of the input table mapped at a time (bounds the float64 temporaries)
+_ROW_BLOCK = 4096
 NEIGHBOURS = 10
 
 
@@ -62,8 +64,10 @@ class TeacherPass:
 
     bags: sparse.csr_matrix  # (n, V): each text's non-special tokens, rows summing to 1
     vectors: np.ndarray  # (n, d) float64: the teacher's mean-pooled sentence vectors
-    fit_sums: ContextSums  # context sums over the fitting texts only
-    all_sums: ContextSums  # context sums over every sampled text
+    #: context sums over the fitting texts only, and over every sampled text (V x d float64 each:
+    #: set to None once their table is built, so that they do not add to the peak memory)
+    fit_sums: ContextSums | None
+    all_sums: ContextSums | None
 
 
 def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray,
@@ -98,6 +102,15 @@ def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.n
     return TeacherPass(bags, vectors, fit_sums, all_sums)
 
 
+def _release(passed: TeacherPass, name: str) -> ContextSums:
+    """``passed.<name>``, which ``passed`` then no longer holds (its memory goes when the caller's does)."""
+    sums = getattr(passed, name)
+    if sums is None:
+        raise ValueError(f"the teacher pass's {name} were already used")
+    setattr(passed, name, None)
+    return sums
+
+
 def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
     """The context-averaged table; tokens never seen get their input embedding mapped by the
     ridge-regression map from input embeddings to context rows fitted on the seen tokens."""
@@ -105,11 +118,15 @@ def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
     seen = sums.counts > 0
     if seen.all() or not seen.any():
         return table
-    inputs = input_table.astype(np.float64)
-    gram = inputs[seen].T @ inputs[seen]
+    seen_inputs = input_table[seen].astype(np.float64)  # never the whole table in float64: its peak memory
+    gram = seen_inputs.T @ seen_inputs
     ridge = 1e-3 * np.trace(gram) / len(gram)
-    mapping = np.linalg.solve(gram + ridge * np.eye(len(gram)), inputs[seen].T @ table[seen])
-    table[~seen] = inputs[~seen] @ mapping
+    mapping = np.linalg.solve(gram + ridge * np.eye(len(gram)), seen_inputs.T @ table[seen])
+    del seen_inputs
+    unseen = np.flatnonzero(~seen)
+    for begin in range(0, len(unseen), _ROW_BLOCK):
+        rows = unseen[begin : begin + _ROW_BLOCK]
+        table[rows] = input_table[rows].astype(np.float64) @ mapping
     return table
 
 
@@ -196,11 +213,11 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
     report: dict[str, Any] = {"teacher_texts": len(sample), "held_aside": n_held}
     if not n_held:
         report.update(fitted=False, reason="too few texts to validate a fit: unfitted context table")
-        return initial_table(passed.all_sums, input_table).astype(np.float32), report
+        return initial_table(_release(passed, "all_sums"), input_table).astype(np.float32), report
     keep = np.setdiff1d(np.arange(len(sample)), holdout)
     train_bags, test_bags = passed.bags[keep], passed.bags[holdout]
     train_targets, test_targets = passed.vectors[keep], passed.vectors[holdout]
-    prior = initial_table(passed.fit_sums, input_table)
+    prior = initial_table(_release(passed, "fit_sums"), input_table)
     scale = lambda_scale(train_bags)
 
     def score(table: np.ndarray) -> float:
@@ -216,7 +233,8 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
         if scores[f"{relative:g}"] > scores.get(f"{best:g}" if best is not None else "unfitted"):
             best, best_table = relative, table
     report["validation"] = {name: round(value, 4) for name, value in scores.items()}
-    final_prior = initial_table(passed.all_sums, input_table)
+    del prior, table  # from here only best_table is needed (each V x d float64)
+    final_prior = initial_table(_release(passed, "all_sums"), input_table)
     if best is None:
         report.update(fitted=False, reason="no fit beat the unfitted table on the held-aside texts")
         logger.info("fast: keeping the unfitted context table")

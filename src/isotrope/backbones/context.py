@@ -31,8 +31,9 @@ class ContextSums:
         ids, states = batch.input_ids[keep], batch.states[keep].astype(np.float64)
         if self.sums is None:
             self.sums = np.zeros((self.vocab_size, batch.states.shape[2]), dtype=np.float64)
-        scatter = sparse.csr_matrix((np.ones(len(ids)), (ids, np.arange(len(ids)))), shape=(self.vocab_size, len(ids)))
-        self.sums += scatter @ states
+        rows_of, where = np.unique(ids, return_inverse=True)  # only the tokens present: no V x d temporary
+        scatter = sparse.csr_matrix((np.ones(len(ids)), (where, np.arange(len(ids)))), shape=(len(rows_of), len(ids)))
+        self.sums[rows_of] += scatter @ states
         self.counts += np.bincount(ids, minlength=self.vocab_size)
         self.norm_sum += float(np.linalg.norm(states, axis=1).sum())
 
@@ -41,9 +42,9 @@ class ContextSums:
         if self.sums is None:
             raise ValueError("context table: no texts to average over")
         seen = self.counts > 0
-        table = np.zeros_like(self.sums)
+        table = np.zeros(self.sums.shape, dtype=np.float32)  # divided in float64, stored in float32
         table[seen] = self.sums[seen] / self.counts[seen, None]
-        return table.astype(np.float32)
+        return table
 
     @property
     def mean_norm(self) -> float:
