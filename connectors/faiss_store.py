@@ -6,6 +6,8 @@ Directory layout::
                    per item: int64 key, string id, text, metadata JSON, float32 vector blob;
                    items_fts, an FTS5 table of each item's analyzed text (rowid = key), written
                    in the same transaction as the items (lexical search, BM25)
+                   metadata_fields: each top-level metadata key and how many rows have it, kept
+                   in the same transaction (filters naming an unknown field are refused in O(1))
     index.faiss    the faiss index over the stored vectors, keyed by the int64 keys
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import sqlite3
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +82,11 @@ CREATE TABLE IF NOT EXISTS items (
 #: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
 #: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
 _FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
+#: the metadata keys of the stored rows, with the number of rows having each
+_FIELDS_SCHEMA = "CREATE TABLE IF NOT EXISTS metadata_fields (name TEXT PRIMARY KEY, rows INTEGER NOT NULL)"
+#: the key counts of some stored rows' metadata (``{placeholders}`` filled with their keys)
+_COUNT_FIELDS = ("SELECT j.key, COUNT(*) FROM items, json_each(items.metadata) AS j "
+                 "WHERE items.key IN ({placeholders}) GROUP BY j.key")
 
 
 def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -197,6 +205,8 @@ class FaissStore(VectorStore):
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._conn = self._connect(dim, factory, metric)
+        self._has_fields_table = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
         self.factory = meta["factory"]
@@ -430,9 +440,13 @@ class FaissStore(VectorStore):
         terms = [index_text(text) for text in batch.texts]
         self._begin()
         self._ensure_lexical_index()
+        self._ensure_fields_table()
         self._conn.execute("SAVEPOINT isotrope_add")
         try:
             existing = self._keys(batch.ids)
+            fields = Counter(name for meta in batch.metadata for name in meta)
+            fields.subtract(self._field_counts(list(existing.values())))
+            self._update_fields(fields)
             self._conn.executemany(
                 "UPDATE items SET text = ?, metadata = ?, vector = ? WHERE id = ?",
                 [row for row in rows if row[3] in existing],
@@ -471,6 +485,10 @@ class FaissStore(VectorStore):
             return
         self._begin()
         self._ensure_lexical_index()
+        self._ensure_fields_table()
+        removed = Counter()
+        removed.subtract(self._field_counts(list(keys.values())))
+        self._update_fields(removed)
         for part in _chunks(list(keys.values())):
             self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
         self._delete_terms(list(keys.values()))
@@ -480,6 +498,42 @@ class FaissStore(VectorStore):
             self._index = self._refill()
         self._gpu_index = None
         self._dirty = True
+
+    # ------------------------------------------------------------------ the metadata field set
+
+    def _field_counts(self, keys: Sequence[int]) -> Counter[str]:
+        """How many of the given rows have each metadata key."""
+        counts: Counter[str] = Counter()
+        for part in _chunks(keys):
+            counts.update(dict(self._conn.execute(_COUNT_FIELDS.format(placeholders=",".join("?" * len(part))), part)))
+        return counts
+
+    def _update_fields(self, delta: Counter[str]) -> None:
+        """Add ``delta`` to the field counts (inside the open transaction); fields left on no row go."""
+        changes = [(name, count) for name, count in delta.items() if count]
+        if not changes:
+            return
+        self._conn.executemany(
+            "INSERT INTO metadata_fields (name, rows) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET rows = rows + excluded.rows", changes)
+        self._conn.execute("DELETE FROM metadata_fields WHERE rows <= 0")
+
+    def _ensure_fields_table(self) -> None:
+        """Create and fill the field counts of a store written before they existed (inside the open transaction)."""
+        if self._has_fields_table:
+            return
+        logger.info("%s: counting the metadata fields of its %d rows", self.path, len(self))
+        self._conn.execute(_FIELDS_SCHEMA)
+        self._conn.execute("INSERT INTO metadata_fields (name, rows) SELECT j.key, COUNT(*) "
+                           "FROM items, json_each(items.metadata) AS j GROUP BY j.key")
+        self._has_fields_table = True
+
+    def metadata_fields(self) -> set[str]:
+        """The metadata keys of the stored rows (kept on write: no pass over the rows)."""
+        if self._has_fields_table:
+            return {name for (name,) in self._conn.execute("SELECT name FROM metadata_fields")}
+        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"  # a store from before the counts
+        return {key for (key,) in self._conn.execute(query)}
 
     # ------------------------------------------------------------------ the lexical index
 
@@ -715,11 +769,6 @@ class FaissStore(VectorStore):
             out.append(self._hits(keys, scores)[0])
         return out
 
-    def metadata_fields(self) -> set[str]:
-        """The metadata keys of the stored rows (one pass over the metadata JSON)."""
-        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"
-        return {key for (key,) in self._conn.execute(query)}
-
     def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> list[list[Hit]]:
         found_keys, vectors = [], []
         for part in _chunks(np.sort(keys).tolist()):
@@ -815,6 +864,7 @@ def _create_db(db_path: Path, settings: dict[str, str]) -> None:
     try:
         conn.executescript(_SCHEMA)
         conn.execute(_FTS_SCHEMA)
+        conn.execute(_FIELDS_SCHEMA)
         rows = {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings}
         conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
         conn.commit()

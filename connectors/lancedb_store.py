@@ -11,7 +11,10 @@ Table columns::
     raw_vector  fixed_size_list<float32>[raw_dim], optional: the pre-shaping vector, so the shaping
                 can be refitted (iter_raw) and the vectors rewritten (update_vectors) without the backbone
 
-The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``).
+The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``),
+as does the set of metadata field names (filters naming another field are refused without a
+scan), stamped with the table version it describes: a set written before a later write (a
+process killed before ``commit()``) is not trusted, and the metadata column is scanned once.
 Every Lance write (add, delete, property update) commits a new table version atomically, so a
 process killed mid-write leaves the previous version readable, and ``commit()`` has no data to
 flush: it brings the full-text index up to date (new rows added to it; rebuilt after deletes
@@ -69,6 +72,9 @@ _META_INDEX = "isotrope.index"
 _META_NPROBES = "isotrope.nprobes"
 _META_RECALL = "isotrope.calibrated_recall"
 _META_PARAMS = "isotrope.index_params"
+#: the metadata field names (a JSON list) and the table version they describe
+_META_FIELDS = "isotrope.metadata_fields"
+_META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 _AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
 _FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
@@ -149,6 +155,8 @@ class LanceDBStore(VectorStore):
         self.ef = ef
         self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
+        self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
+        self._fields_exact = True  # False after deletes and updates: a superset until rescanned
         if self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
         self._db = lancedb.connect(self.path)
@@ -258,6 +266,7 @@ class LanceDBStore(VectorStore):
             columns["raw_vector"] = _vector_array(raw)
         elif self.raw_dim is not None:
             columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
+        fields = self._known_fields()  # before the write: while the saved set describes the table
         result = (
             self._table.merge_insert("id")
             .when_matched_update_all()
@@ -266,6 +275,8 @@ class LanceDBStore(VectorStore):
         )
         if getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0):
             self._lexical_state = "stale"
+            self._fields_exact = False  # the replaced rows' fields may have gone
+        fields.update(name for meta in batch.metadata for name in meta)
         self._maybe_index()
 
     def update_vectors(self, ids: Sequence[str], vectors: Any) -> None:
@@ -310,12 +321,15 @@ class LanceDBStore(VectorStore):
         self._table.restore(version)
         self._index_type = False
         self._lexical_state = "stale"
+        self._fields = None
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
         wanted = as_ids(ids)
         if wanted:
             self._note_write(stale=True)
+            self._known_fields()
+            self._fields_exact = False
         for part in _chunks(wanted):
             self._table.delete(_id_filter(part))
 
@@ -339,6 +353,7 @@ class LanceDBStore(VectorStore):
         self._maybe_index()
         if self._lexical_state is not None and self._lexical_state != "exact":
             self._refresh_lexical_index()
+        self._save_fields()
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
@@ -592,11 +607,45 @@ class LanceDBStore(VectorStore):
         return out
 
     def metadata_fields(self) -> set[str]:
-        """The metadata keys of the stored rows (one scan of the metadata column)."""
+        """The metadata keys of the stored rows: the set saved at the last commit (no scan), kept
+        up to date by this process's writes; scanned after deletes and updates, or when the saved
+        set is older than the table."""
+        return set(self._known_fields(exact=True))
+
+    def _known_fields(self, exact: bool = False) -> set[str]:
+        """The field set this process keeps (mutable): read or scanned if not known yet (or, with
+        ``exact``, when deletes or updates may have made it a superset)."""
+        if self._fields is None or (exact and not self._fields_exact):
+            meta = self._table.schema.metadata or {}
+            saved = meta.get(_META_FIELDS.encode())
+            if saved is not None and meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode():
+                self._fields = set(json.loads(saved))
+            else:
+                self._fields = self._scan_fields()
+            self._fields_exact = True
+        return self._fields
+
+    def _scan_fields(self) -> set[str]:
+        """The metadata keys of the stored rows, from one scan of the metadata column."""
         fields: set[str] = set()
-        for value in set(self._scan(["metadata"], None).column("metadata").to_pylist()):
-            fields.update(_load_metadata(value))
+        for batch in self._table.to_lance().to_batches(columns=["metadata"], batch_size=65_536):
+            for value in set(batch.column("metadata").to_pylist()):
+                fields.update(_load_metadata(value))
         return fields
+
+    def _save_fields(self) -> None:
+        """Save the field set (exact: rescanned after deletes and updates) stamped with the version it
+        describes, unless the saved one is current; a table this process has not written is left alone."""
+        if self._fields is None or self._lexical_state is None:
+            return
+        if not self._fields_exact:
+            self._known_fields(exact=True)
+        meta = self._table.schema.metadata or {}
+        if meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode() and \
+                meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode():
+            return
+        # one schema-metadata update is one new version: the stamp names it
+        self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_VERSION: str(self.version + 1)})
 
     def _scan(self, columns: list[str], filter: str | None) -> pa.Table:
         return self._table.to_lance().to_table(columns=columns, filter=filter)
