@@ -28,7 +28,7 @@ import logging
 import os
 import sqlite3
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ INDEX_NAME = "index.faiss"
 _CHUNK = 900  # SQLite variables per statement
 _ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
+#: queries re-ranked together (their candidates' vectors are gathered into one array)
+_REFINE_QUERIES = 256
 _TRAIN_PER_LIST = 64  # k-means sample points per IVF list (faiss asks for at least 39)
 _AUTO = "auto"
 _READ_BLOCK = 1 << 22
@@ -94,9 +96,19 @@ def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]
         yield values[start : start + size]
 
 
+_decode_json = json.JSONDecoder().raw_decode
+
+
 def _load_metadata(value: str) -> dict[str, Any]:
-    """A stored metadata JSON object; the common empty one is not parsed."""
-    return {} if value == "{}" else json.loads(value)
+    """A stored metadata JSON object (written compact by this store: ``raw_decode`` parses it without
+    ``json.loads``'s whitespace passes, at under half the cost); the common empty one is not parsed."""
+    return {} if value == "{}" else _decode_json(value)[0]
+
+
+#: the SELECT of the rows hits show (key, id, text, metadata) for 1 to 900 keys: one statement text per
+#: count, built once (sqlite3 prepares each once and finds it again by the string)
+_ROWS_SQL = [f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * count)})"
+             for count in range(_CHUNK + 1)]
 
 
 def _inner(index: faiss.Index) -> faiss.Index:
@@ -170,6 +182,10 @@ class FaissStore(VectorStore):
     exact_filter_limit: a filtered search over at most this many rows of an approximate index
         is done exactly on the stored vectors instead.
     use_gpu: search on all GPUs (None: when faiss sees any); filtered search stays on the CPU.
+    refine: re-rank ``refine * k`` candidates of an approximate index by their exact scores, from the
+        float32 vectors SQLite keeps (no second copy in RAM, unlike faiss's ``RFlat``): a quantised
+        index (``IVF...,SQ8``, ``SQ4``, ``PQ``) then ranks as precisely as a flat one. 0: off. Saved
+        with a new store; given for an existing one, it holds for this handle (``optimize`` saves it).
     mmap_index: memory-map the committed index on open (read-only, where faiss can: IVF lists,
         flat codes) instead of reading it; it is read into memory before the first write. Off by
         default: measured 2 to 5 times slower per single query (faiss's OnDiskInvertedLists), so
@@ -180,6 +196,8 @@ class FaissStore(VectorStore):
     stores_raw_vectors = False
     #: one SQLite connection: queries run one at a time
     concurrent_queries = False
+    #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
+    appends_new_ids = True
 
     def __init__(
         self,
@@ -194,6 +212,7 @@ class FaissStore(VectorStore):
         exact_filter_limit: int = 10_000,
         use_gpu: bool | None = None,
         mmap_index: bool = False,
+        refine: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.mmap_index = mmap_index
@@ -204,7 +223,7 @@ class FaissStore(VectorStore):
         self._dirty = False
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
-        self._conn = self._connect(dim, factory, metric)
+        self._conn = self._connect(dim, factory, metric, refine)
         self._has_fields_table = self._conn.execute(
             "SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
@@ -213,6 +232,7 @@ class FaissStore(VectorStore):
         self.metric = meta["metric"]
         self.nprobe = nprobe or int(meta.get("nprobe", 16))
         self.ef_search = ef_search or int(meta.get("ef_search", 128))
+        self.refine = _check_refine(refine) if refine is not None else int(meta.get("refine", 0))
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
         self._train_min_given = train_min
         self._built_rows = int(meta.get("index_rows", 0))
@@ -229,7 +249,7 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ opening
 
-    def _connect(self, dim: int | None, factory: str | None, metric: str | None) -> sqlite3.Connection:
+    def _connect(self, dim: int | None, factory: str | None, metric: str | None, refine: int | None) -> sqlite3.Connection:
         db_path = self.path / DB_NAME
         if self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
@@ -249,7 +269,8 @@ class FaissStore(VectorStore):
             except RuntimeError as error:
                 raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
             self.path.mkdir(parents=True, exist_ok=True)
-            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric})
+            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric,
+                                 "refine": str(_check_refine(refine or 0))})
         try:
             # WAL: readers see the last commit while a writer writes; the busy timeout waits out
             # the short moments (checkpoints, switching the mode) when SQLite must lock the file
@@ -425,8 +446,13 @@ class FaissStore(VectorStore):
         vectors: Any,
         texts: Sequence[str | None] | None = None,
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        new_ids: bool = False,
     ) -> None:
-        """Upsert a batch: one SQLite statement per row kind and one faiss call for the batch."""
+        """Upsert a batch: one SQLite statement per row kind and one faiss call for the batch.
+
+        ``new_ids``: the caller knows none of the ids is stored; they are not looked up first.
+        """
         batch = check_batch(ids, vectors, texts, metadata, self.dim)
         if not batch.ids:
             return
@@ -443,7 +469,7 @@ class FaissStore(VectorStore):
         self._ensure_fields_table()
         self._conn.execute("SAVEPOINT isotrope_add")
         try:
-            existing = self._keys(batch.ids)
+            existing = {} if new_ids else self._keys(batch.ids)
             fields = Counter(name for meta in batch.metadata for name in meta)
             fields.subtract(self._field_counts(list(existing.values())))
             self._update_fields(fields)
@@ -652,18 +678,24 @@ class FaissStore(VectorStore):
 
         def search(value: int) -> np.ndarray:
             setattr(self, name, value)
-            return self._index.search(queries, k, params=self._search_params(None))[1]
+            return self._refined(queries, k, lambda fetch: self._index.search(
+                queries, fetch, params=self._search_params(None)))[1]
 
         value, reached = index_plan.calibrate(ladder, search, truth, target)
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
         return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
 
-    def optimize(self, factory: str | None = None) -> None:
+    def optimize(self, factory: str | None = None, refine: int | None = None) -> None:
         """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
 
-        ``factory`` (an index_factory string or "auto") replaces the store's index type for good.
+        ``factory`` (an index_factory string or "auto") replaces the store's index type for good, as
+        ``refine`` (see the class) replaces its refinement.
         """
+        if refine is not None:
+            self.refine = _check_refine(refine)
+            self._begin()
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('refine', ?)", (str(self.refine),))
         if factory is not None and factory != self.factory:
             try:
                 if factory != _AUTO:
@@ -688,6 +720,8 @@ class FaissStore(VectorStore):
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
         if isinstance(_inner(self._index), faiss.IndexHNSW):
             info.update(hnsw_m=_inner(self._index).hnsw.nb_neighbors(1), ef_search=self.ef_search)
+        if self.refine and not self.is_exact:
+            info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
             info["calibrated_recall_at_10"] = float(meta["calibrated_recall"])
         return info
@@ -705,23 +739,33 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _rows(self, keys: Iterable[int]) -> dict[int, tuple[int, str, str | None, str]]:
-        """``key -> (key, id, text, metadata JSON)`` of the given keys, in one SELECT per 900 keys."""
+    def _rows(self, keys: list[int]) -> dict[int, tuple[str, str | None, dict[str, Any]]]:
+        """``key -> (id, text, metadata)`` of the given distinct keys: one SELECT per 900 keys, by rowid."""
         rows = {}
-        for part in _chunks(sorted(keys)):
-            query = f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * len(part))})"
-            rows.update((row[0], row) for row in self._conn.execute(query, part))
+        for part in _chunks(keys):
+            for key, id_, text, metadata in self._conn.execute(_ROWS_SQL[len(part)], part):
+                rows[key] = (id_, text, _load_metadata(metadata))
         return rows
 
     def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
-        """One list of hits per row of faiss results; a key of -1 (no result) is skipped."""
+        """One list of hits per row of faiss results; a key of -1 (no result) is skipped. Each stored row is
+        read and its metadata parsed once; a row found by several queries gets its own metadata dict."""
         key_rows, score_rows = keys.tolist(), scores.tolist()
-        rows = self._rows({key for row in key_rows for key in row if key >= 0})
-        return [
-            [Hit(rows[key][1], score, rows[key][2], _load_metadata(rows[key][3]))
-             for key, score in zip(key_row, score_row) if key >= 0]
-            for key_row, score_row in zip(key_rows, score_rows)
-        ]
+        if len(key_rows) == 1:  # a single query: its keys are distinct
+            wanted = [key for key in key_rows[0] if key >= 0]
+        else:
+            wanted = list({key for row in key_rows for key in row if key >= 0})
+        rows = self._rows(wanted)
+        shared = len(key_rows) > 1
+        out = []
+        for key_row, score_row in zip(key_rows, score_rows):
+            hits = []
+            for key, score in zip(key_row, score_row):
+                if key >= 0:
+                    id_, text, metadata = rows[key]
+                    hits.append(Hit(id_, score, text, dict(metadata) if shared else metadata))
+            out.append(hits)
+        return out
 
     def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:
         sql, params = to_sqlite(where)
@@ -741,9 +785,9 @@ class FaissStore(VectorStore):
                 return [[] for _ in range(len(q))]
             if not self.is_exact and len(keys) <= self.exact_filter_limit:
                 return self._exact_search(q, k, keys)
-            distances, labels = self._selector_search(q, k, keys)
+            distances, labels = self._refined(q, k, lambda fetch: self._selector_search(q, fetch, keys))
         else:
-            distances, labels = self._unfiltered_search(q, k)
+            distances, labels = self._refined(q, k, lambda fetch: self._unfiltered_search(q, fetch))
         scores = -distances if self.metric == "l2" else distances
         return self._hits(labels, scores)
 
@@ -780,6 +824,36 @@ class FaissStore(VectorStore):
         best = top_k(scores, k)
         rows = np.arange(len(q))[:, None]
         return self._hits(all_keys[best], scores[rows, best])
+
+    def _refined(self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """``search(k)``'s (distances, labels); with ``refine``, the best ``k`` of ``refine * k`` candidates
+        by exact scores on the stored vectors (faiss's conventions: squared distances for l2)."""
+        if not self.refine or self.is_exact:
+            return search(k)
+        _, labels = search(self.refine * k)
+        wanted = np.unique(labels[labels >= 0])
+        if len(wanted) == 0:
+            return search(k)
+        stored = np.empty((len(wanted), self.dim), dtype=np.float32)
+        for part in _chunks(wanted.tolist()):
+            for keys, vectors in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
+                stored[np.searchsorted(wanted, keys)] = vectors
+        better = np.empty(labels.shape, dtype=np.float32)  # exact scores, higher is better
+        for start in range(0, len(q), _REFINE_QUERIES):
+            part = slice(start, start + _REFINE_QUERIES)
+            candidates = stored[np.searchsorted(wanted, np.maximum(labels[part], 0))]  # (queries, refine * k, dim)
+            if self.metric == "l2":
+                difference = candidates - q[part, None, :]
+                better[part] = -np.einsum("qcd,qcd->qc", difference, difference)
+            else:
+                better[part] = np.einsum("qcd,qd->qc", candidates, q[part])
+        better[labels < 0] = -np.inf
+        best = np.argsort(-better, axis=1, kind="stable")[:, :k]
+        rows = np.arange(len(q))[:, None]
+        out_labels = np.where(np.isfinite(better[rows, best]), labels[rows, best], -1)
+        out_scores = (-better if self.metric == "l2" else better)[rows, best].astype(np.float32)
+        return out_scores, out_labels
 
     def _selector_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         selector = faiss.IDSelectorBatch(keys)
@@ -843,6 +917,12 @@ class FaissStore(VectorStore):
             for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
                 found.update(zip(kk.tolist(), vv))
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
+
+
+def _check_refine(refine: int) -> int:
+    if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
+        raise ValueError(f"refine must be a non-negative integer (candidates per hit to re-rank); got {refine!r}")
+    return int(refine)
 
 
 def _process_alive(pid: str) -> bool:

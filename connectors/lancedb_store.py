@@ -105,9 +105,15 @@ def _table_names(db: Any) -> list[str]:
             return names
 
 
+_decode_json = json.JSONDecoder().raw_decode
+
+
 def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
-    """A stored metadata JSON object; the common empty one is not parsed."""
-    return {} if not value or value == "{}" else json.loads(value)
+    """A stored metadata JSON object (written compact by this store: ``raw_decode`` skips ``json.loads``'s
+    whitespace passes); the common empty one is not parsed."""
+    if not value or value == "{}":
+        return {}
+    return _decode_json(value if isinstance(value, str) else value.decode())[0]
 
 
 class LanceDBStore(VectorStore):
@@ -131,6 +137,8 @@ class LanceDBStore(VectorStore):
 
     #: a vector and a full-text query may run at the same time (hybrid search does)
     concurrent_queries = True
+    #: add(new_ids=True) appends instead of merging on id
+    appends_new_ids = True
 
     def __init__(
         self,
@@ -239,11 +247,16 @@ class LanceDBStore(VectorStore):
         texts: Sequence[str | None] | None = None,
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
         raw_vectors: Any = None,
+        *,
+        new_ids: bool = False,
     ) -> None:
-        """Upsert a batch in one ``merge_insert`` (one new table version).
+        """Upsert a batch in one ``merge_insert`` on id (one new table version).
 
         ``raw_vectors`` fills the ``raw_vector`` column (the table must have been created with
-        ``raw_dim``); rows added without one have a null raw vector.
+        ``raw_dim``); rows added without one have a null raw vector. ``new_ids``: the caller knows
+        none of the ids is stored (e.g. ingestion, which read the stored ids first), so the batch is
+        appended: a ``merge_insert`` joins the batch against the whole id column, O(n) per batch.
+        An empty table is always appended to.
         """
         batch = check_batch(ids, vectors, texts, metadata, self.dim)
         if not batch.ids:
@@ -267,13 +280,17 @@ class LanceDBStore(VectorStore):
         elif self.raw_dim is not None:
             columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
         fields = self._known_fields()  # before the write: while the saved set describes the table
-        result = (
-            self._table.merge_insert("id")
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
-        )
-        if getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0):
+        appended = new_ids or self._table.count_rows() == 0
+        if appended:
+            self._table.add(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
+        else:
+            result = (
+                self._table.merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(pa.table(columns), on_bad_vectors="null")
+            )
+        if not appended and (getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0)):
             self._lexical_state = "stale"
             self._fields_exact = False  # the replaced rows' fields may have gone
         fields.update(name for meta in batch.metadata for name in meta)

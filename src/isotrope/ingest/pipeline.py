@@ -233,6 +233,8 @@ def _write(
         timer["embed"] += time.perf_counter() - tick
         tick = time.perf_counter()
         extra = {"raw_vectors": raw} if accepts_raw else {}
+        if getattr(store, "appends_new_ids", False):
+            extra["new_ids"] = True  # pending chunks are neither stored (``existing``) nor repeated (``produced``)
         store.add([c.id for c in pending], vectors, texts, [c.metadata for c in pending], **extra)
         since_commit += len(pending)
         # commits grow with the store (a FAISS commit rewrites the whole index): O(n) work in all
