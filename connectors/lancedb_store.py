@@ -81,6 +81,12 @@ _FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, re
                    ascii_folding=False, max_token_length=None, with_position=False)
 
 
+def _is_uri(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an object-storage URI (``scheme://...``) rather than a local path."""
+    scheme, sep, _ = str(path).partition("://")
+    return bool(sep) and scheme.isalnum() and len(scheme) > 1
+
+
 def _id_filter(ids: Sequence[str]) -> str:
     return f"id IN ({', '.join(lance_literal(i) for i in ids)})"
 
@@ -121,7 +127,9 @@ class LanceDBStore(VectorStore):
 
     Parameters
     ----------
-    path: the LanceDB database directory.
+    path: the LanceDB database directory, or an object-storage URI (``s3://bucket/prefix``, ``gs://``,
+        ``az://``: opened by LanceDB itself; credentials and endpoint from ``storage_options`` or the
+        environment, e.g. ``AWS_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
     table: the table name.
     dim: vector dimension; required for a new table, checked against an existing one.
     metric: "cosine" (default for a new table), "ip" or "l2"; read from an existing table.
@@ -133,6 +141,8 @@ class LanceDBStore(VectorStore):
         table was created with, else "ivf_pq".
     nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
         nprobes: the calibrated one of an auto index, else 20).
+    storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
+        "allow_http": "true"}`` for an S3-compatible server).
     """
 
     #: a vector and a full-text query may run at the same time (hybrid search does)
@@ -153,10 +163,12 @@ class LanceDBStore(VectorStore):
         nprobes: int | None = None,
         refine_factor: int | None = 10,
         ef: int | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         if index_type is not None and index_type not in (*_INDEX_TYPES, _AUTO):
             raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted([*_INDEX_TYPES, _AUTO])}")
-        self.path = Path(path)
+        #: a local directory, or the object-storage URI as given (a Path would fold its "//")
+        self.path: Path | str = str(path) if _is_uri(path) else Path(path)
         self.table_name = table
         self.index_threshold = index_threshold
         self.refine_factor = refine_factor
@@ -165,9 +177,9 @@ class LanceDBStore(VectorStore):
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
-        if self.path.exists() and not self.path.is_dir():
+        if isinstance(self.path, Path) and self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
-        self._db = lancedb.connect(self.path)
+        self._db = lancedb.connect(self.path, storage_options=storage_options)
         if table in _table_names(self._db):
             self._table = self._db.open_table(table)
             self._check_existing(dim, metric, raw_dim)
@@ -189,7 +201,7 @@ class LanceDBStore(VectorStore):
     # ------------------------------------------------------------------ opening
 
     def _create(self, dim: int | None, metric: str | None, raw_dim: int | None) -> Any:
-        if self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
+        if isinstance(self.path, Path) and self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
             raise StoreFormatError(f"{self.path} is not empty and holds no Lance tables: not a LanceDB directory")
         if dim is None:
             raise ValueError(f"creating table {self.table_name!r} in {self.path} needs dim")
