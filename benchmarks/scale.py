@@ -176,6 +176,12 @@ def collection_p50_ms(uri: str, texts: list[str], count: int) -> float:
     return 1000 * float(np.median(times))
 
 
+def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The index types searched so far, beside the store (kept with ``--keep``): a long run cut short
+    still leaves them."""
+    Path(f"{args.path}.search.json").write_text(json.dumps(result, indent=2))
+
+
 # -- child: search FAISS ----------------------------------------------------------------
 #: candidates per hit that FaissStore re-ranks from its stored float32 vectors (``refine``), per index type
 REFINE = {"ivf_sq8_refine": 4, "ivf_sq4_refine": 8}
@@ -273,6 +279,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
                 lambda q: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
                 queries, args.single)
         result[name] = row
+        save_partial(args, result)
         logger.warning("faiss %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
                                                                    "overhead_pct_single", "overhead_pct_batch")})
     store.close()
@@ -336,6 +343,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
         row = {"build_s": build_s, **store.index_info(), "recall_at_10": recall_at_10(found, truth),
                **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
         result[name] = row
+        save_partial(args, result)
         logger.warning("lancedb %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
                                                                      "overhead_pct_single", "overhead_pct_batch")})
     store.close()
