@@ -6,6 +6,8 @@ Passages are windows of consecutive sentences of ``corpus/general_english_senten
 of 2, 4, 5, 6, ... sentences (stride 1) until N passages exist; past 52k, passages overlap.
 
     python -m benchmarks.scale --chunks 100000 --data-dir ../shared/data --out benchmarks/results/scale-100k.json
+    python -m benchmarks.scale --table RESULT.json ...        # the docs tables
+    python -m benchmarks.scale --plot OUT.png RESULT.json ... # time, memory, disk against size (matplotlib)
 
 Indexing runs in a child process per store (its peak RSS is the store's), through
 ``index_documents`` with the encoder given by ``--encoder DIR`` (a saved, e.g. ``--model fast``,
@@ -417,11 +419,43 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], out: Path) -> None:
+    """Indexing time, peak RSS and disk per chunk against the number of chunks, per store (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("index_wall_s", "indexing wall time (s)"), ("peak_rss_mb", "peak RSS while indexing (MB)"),
+              ("disk_bytes_per_chunk", "disk per chunk (bytes)"))
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for axis, (key, label) in zip(axes, panels):
+        for kind in ("faiss", "lancedb"):
+            points = sorted((r["chunks"], r["stores"][kind]["indexing"][key]) for r in results if kind in r["stores"])
+            if points:
+                axis.plot(*zip(*points), marker="o", label=kind)
+        axis.set_xscale("log")
+        if key == "disk_bytes_per_chunk":
+            axis.set_ylim(bottom=0)
+        else:
+            axis.set_yscale("log")
+        axis.set_xlabel("chunks")
+        axis.set_title(label, fontsize=10)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    figure.suptitle("isotrope scale benchmark (2 shared cores, load average 15-30)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+
+
 def main() -> None:
     import sys
 
     if sys.argv[1:2] == ["--table"]:
         print(markdown([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
+        return
+    if sys.argv[1:2] == ["--plot"]:  # --plot OUT.png RESULT.json ...
+        plot([json.loads(Path(p).read_text()) for p in sys.argv[3:]], Path(sys.argv[2]))
         return
     if "--child" in sys.argv:
         parser = child_parser("one step of the scale benchmark")
