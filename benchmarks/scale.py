@@ -412,7 +412,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 settings = ", ".join(f"{key}={row[key]}" for key in ("nlist", "nprobe", "ef_search", "num_partitions",
                                                                       "num_sub_vectors", "nprobes") if key in row)
                 llama = row.get("llama_index_p50_ms_single")
-                lines.append(f"| {result['chunks']:,} | {kind} | {row.get('factory', name)} | {settings} | "
+                index = row.get("factory", name) + (f" + refine x{row['refine']} (bare: RFlat)" if row.get("refine") else "")
+                lines.append(f"| {result['chunks']:,} | {kind} | {index} | {settings} | "
                              f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
                              f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
                              f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |")
