@@ -739,31 +739,30 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _rows(self, keys: list[int]) -> dict[int, tuple[str, str | None, dict[str, Any]]]:
-        """``key -> (id, text, metadata)`` of the given distinct keys: one SELECT per 900 keys, by rowid."""
+    def _rows(self, keys: list[int]) -> dict[int, tuple[str, str | None, str]]:
+        """``key -> (id, text, metadata JSON)`` of the given distinct keys: one SELECT per 900 keys, by rowid."""
         rows = {}
         for part in _chunks(keys):
             for key, id_, text, metadata in self._conn.execute(_ROWS_SQL[len(part)], part):
-                rows[key] = (id_, text, _load_metadata(metadata))
+                rows[key] = (id_, text, metadata)
         return rows
 
     def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
         """One list of hits per row of faiss results; a key of -1 (no result) is skipped. Each stored row is
-        read and its metadata parsed once; a row found by several queries gets its own metadata dict."""
+        read once; every hit parses its own metadata dict."""
         key_rows, score_rows = keys.tolist(), scores.tolist()
         if len(key_rows) == 1:  # a single query: its keys are distinct
             wanted = [key for key in key_rows[0] if key >= 0]
         else:
             wanted = list({key for row in key_rows for key in row if key >= 0})
         rows = self._rows(wanted)
-        shared = len(key_rows) > 1
         out = []
         for key_row, score_row in zip(key_rows, score_rows):
             hits = []
             for key, score in zip(key_row, score_row):
                 if key >= 0:
                     id_, text, metadata = rows[key]
-                    hits.append(Hit(id_, score, text, dict(metadata) if shared else metadata))
+                    hits.append(Hit(id_, score, text, _load_metadata(metadata)))
             out.append(hits)
         return out
 
