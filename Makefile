@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-quick lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,21 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+<<<<<<< HEAD
+lint: $(STAMP)
+	$(BIN)/python -m ruff check src connectors tests benchmarks
+	$(BIN)/python -m ruff format --check src connectors tests benchmarks
+	$(BIN)/python -m mypy
+
+format: $(STAMP)
+	$(BIN)/python -m ruff check --fix src connectors tests benchmarks
+	$(BIN)/python -m ruff format src connectors tests benchmarks
+=======
+# everything but the tests marked slow (@pytest.mark.slow: more than ~3 s each)
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+>>>>>>> contract
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick

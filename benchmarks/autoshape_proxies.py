@@ -39,9 +39,10 @@ from isotrope.autoshape import (
     gather_evidence,
 )
 from isotrope.backbones import is_static_source
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.data import load_beir
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import document_text, eval_retrieval
 
 logger = logging.getLogger("autoshape_proxies")
@@ -54,7 +55,7 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
     static = is_static_source(model)
     candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
     margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
-    backbone = Evaluator(cache_dir=cache_dir)._backbone(Recipe(model=model), documents)
+    backbone = Evaluator(cache_dir=cache_dir)._backbone(EncoderConfig(model=model), documents)
     raw: dict = {}
     query_raws: dict = {}
     labelled, encode_seconds = [], 0.0
@@ -86,7 +87,7 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
     proxies = {}
     for proxy in PROXIES:
         try:
-            evidence = gather_evidence(documents, {"model": model}, candidates, backbone, proxy=proxy, seed=seed,
+            evidence = gather_evidence(documents, EncoderConfig(model=model), candidates, backbone, proxy=proxy, seed=seed,
                                        raw=raw)
         except ValueError as error:
             proxies[proxy] = {"error": str(error)}

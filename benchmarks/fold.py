@@ -35,13 +35,14 @@ QUERY = "what causes the immune response to a vaccine"
 
 def fitted_encoder(beir: Path) -> tuple[Any, Any]:
     """The unfolded encoder fitted on the corpus as `isotrope eval retrieval --fit-corpus corpus` fits it."""
+    from isotrope.config import EncoderConfig
     from isotrope.evaluate.data import load_beir
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.evaluate.harness import Evaluator
     from isotrope.evaluate.tasks import document_text
 
     dataset = load_beir(beir, "test")
     documents = [document_text(doc) for doc in dataset.corpus.values()]
-    encoder, _ = Evaluator().fit(Recipe(model=MODEL, shape=SHAPE), documents)
+    encoder, _ = Evaluator().fit(EncoderConfig(model=MODEL, shape=SHAPE), documents)
     return encoder, dataset
 
 
@@ -109,12 +110,11 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Build (or reuse) the two stores under ``work`` and time them."""
+    from isotrope.encoder import ShapedEncoder
     from isotrope.evaluate.tasks import document_text
     from isotrope.fold import fold_encoder
     from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
-
-    from isotrope.encoder import ShapedEncoder
 
     stores = {name: work / name for name in ("unfolded", "folded")}
     if not all((path / "encoder").is_dir() for path in stores.values()):  # build once; --workdir reuses them

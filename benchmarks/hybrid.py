@@ -17,19 +17,20 @@ import time
 from pathlib import Path
 
 from benchmarks.common import print_and_write
+from isotrope.config import EncoderConfig
 from isotrope.evaluate.data import BeirDataset, load_beir
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.metrics import ndcg_at_k
 from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store
 
 ENCODERS = {
-    "all-MiniLM-L6-v2": Recipe(model="all-MiniLM-L6-v2", shape="none"),
-    "static:all-MiniLM-L6-v2 whiten-partial": Recipe(model="static:all-MiniLM-L6-v2", shape="whiten-partial"),
+    "all-MiniLM-L6-v2": EncoderConfig(model="all-MiniLM-L6-v2", shape="none"),
+    "static:all-MiniLM-L6-v2 whiten-partial": EncoderConfig(model="static:all-MiniLM-L6-v2", shape="whiten-partial"),
 }
 ALPHAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def fitted(evaluator: Evaluator, recipe: Recipe, dataset: BeirDataset):
+def fitted(evaluator: Evaluator, recipe: EncoderConfig, dataset: BeirDataset):
     _, texts = beir_documents(dataset)
     return evaluator.fit(recipe, texts)[0]
 

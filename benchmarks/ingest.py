@@ -42,14 +42,15 @@ def read_records(corpus: Path) -> list[dict[str, str]]:
 
 
 def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
-    from isotrope.encoder import DEFAULT_SHAPE
+    from isotrope.config import EncoderConfig
+    from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder
     from isotrope.ingest.pipeline import index_documents
 
+    config = EncoderConfig(model=MODEL, shape=DEFAULT_SHAPE, max_length=MAX_SEQ_LENGTH)
     report = index_documents(
         corpus,
         f"{store}:{target}",
-        encoder_options={"model": MODEL, "shape": DEFAULT_SHAPE, "max_length": MAX_SEQ_LENGTH, "device": device,
-                         "batch_size": batch_size},
+        encoder=ShapedEncoder.create(config, device=device, batch_size=batch_size),  # fitted by the pipeline
         loader_options={"id_field": "_id"},
         show_progress=False,
     )

@@ -124,10 +124,12 @@ class TreeMemory:
 
 # -- the child process: one side ----------------------------------------------------
 def _common_options(device: str) -> dict[str, Any]:
-    from isotrope.encoder import DEFAULT_SHAPE
+    from isotrope.config import EncoderConfig
+    from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder
 
+    config = EncoderConfig(model=MODEL, shape=DEFAULT_SHAPE, max_length=MAX_SEQ_LENGTH)
     return {
-        "encoder_options": {"model": MODEL, "shape": DEFAULT_SHAPE, "max_length": MAX_SEQ_LENGTH, "device": device},
+        "encoder": ShapedEncoder.create(config, device=device),  # unfitted: fitted by the pipeline
         "loader_options": {"id_field": "_id"},
         "show_progress": False,
     }

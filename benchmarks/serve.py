@@ -8,14 +8,19 @@ chunk each; reused when it exists), starts ``isotrope serve`` on a free 127.0.0.
 sends ``--queries`` searches (held-out corpus sentences, k=10) from ``--clients`` threads,
 each with its own keep-alive connection, and prints p50/p99 latency, queries per second and
 the error count as JSON. The server process is stopped at the end whatever happens.
+
+``--serve-args`` passes options to ``isotrope serve`` (``"--max-batch 1"`` serves one query at a
+time, as the server did before it batched; ``"--nprobe 16"`` searches fewer IVF lists). The
+hits the server returned for the first ``--recall-queries`` queries are then compared with the
+exact top k (float64 NumPy over every stored vector): the recall of what was timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -25,7 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO_ROOT, cpu_model, git_commit
+import numpy as np
+
+from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write
 
 CORPUS = "corpus/general_english_sentences.txt.gz"
 
@@ -42,8 +49,10 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
     return sentences
 
 
-def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000) -> None:
-    """Index one chunk per sentence (skipped when the store exists)."""
+def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000,
+                factory: str | None = None) -> None:
+    """Index one chunk per sentence (skipped when the store exists); ``factory``: a FAISS store's index."""
+    from isotrope.config import EncoderConfig
     from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
     from isotrope.search import Collection
@@ -51,8 +60,8 @@ def build_store(store: str, sentences: list[str], model: str, shape: str, fit_sa
     if Collection.exists(store):
         return
     documents = [Document(source=CORPUS, text=text, metadata={"line": i + 1}, position=i) for i, text in enumerate(sentences)]
-    report = index_documents(documents, store, encoder_options={"model": model, "shape": shape}, chunk_tokens=0,
-                             fit_samples=fit_samples)
+    report = index_documents(documents, store, config=EncoderConfig(model=model, shape=shape), chunk_tokens=0,
+                             fit_samples=fit_samples, store_options={"factory": factory} if factory else None)
     print(f"built {store}: {report.summary()}", file=sys.stderr)
     with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index
         if hasattr(collection.store, "optimize"):
@@ -81,8 +90,9 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"no answer from {url}/healthz within {timeout:.0f}s")
 
 
-def load(url: str, queries: list[str], clients: int, k: int) -> dict[str, Any]:
-    """Send every query once, spread over ``clients`` threads; latencies in milliseconds."""
+def load(url: str, queries: list[str], clients: int, k: int, answers: dict[int, list[str]] | None = None) -> dict[str, Any]:
+    """Send every query once, spread over ``clients`` threads; latencies in milliseconds. The hit
+    ids of query ``i`` go to ``answers[i]`` when a dict is given."""
     import httpx
 
     latencies: list[float] = []
@@ -100,8 +110,11 @@ def load(url: str, queries: list[str], clients: int, k: int) -> dict[str, Any]:
                 tick = time.perf_counter()
                 try:
                     response = http.post("/search", json={"query": queries[index], "k": k})
-                    ok = response.status_code == 200 and len(response.json()["hits"]) == k
+                    hits = response.json()["hits"] if response.status_code == 200 else []
+                    ok = len(hits) == k
                     problem = None if ok else f"HTTP {response.status_code}: {response.text[:200]}"
+                    if answers is not None:
+                        answers[index] = [hit["id"] for hit in hits]
                 except httpx.HTTPError as error:
                     problem = f"{type(error).__name__}: {error}"
                 elapsed = (time.perf_counter() - tick) * 1000
@@ -126,6 +139,20 @@ def load(url: str, queries: list[str], clients: int, k: int) -> dict[str, Any]:
     }
 
 
+def served_recall(store: str, queries: list[str], answers: dict[int, list[str]], k: int) -> float:
+    """Mean recall@k of the served hits against the exact top k over every stored vector (float64)."""
+    from isotrope.search import Collection
+    from isotrope.stores.memory import exact_scores, top_k
+
+    with Collection.open(store) as collection:
+        ids = collection.store.ids()
+        stored = np.asarray(collection.store.vectors(ids), dtype=np.float64)
+        encoded = np.asarray(collection.encoder.encode(queries, kind="query"), dtype=np.float64)
+        best = top_k(exact_scores(encoded, stored, collection.store.metric), k)
+    found = [len(set(answers.get(i, [])) & {ids[j] for j in best[i]}) / k for i in range(len(queries))]
+    return round(float(np.mean(found)), 4)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="shared data root (holds corpus/)")
@@ -134,43 +161,56 @@ def main() -> None:
     parser.add_argument("--shape", default="whiten-partial")
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--fit-samples", type=int, default=20_000, help="chunks the shaping is fitted on")
+    parser.add_argument("--factory", help="a new FAISS store's index_factory string (default: auto), e.g. HNSW32")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=50, help="queries sent first, not measured")
     parser.add_argument("--single", type=int, default=200, help="queries then sent from one client")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument("--serve-args", default="", help="options for isotrope serve, e.g. '--max-batch 1'")
+    parser.add_argument("--recall-queries", type=int, default=200, help="served answers checked against exact search")
+    parser.add_argument("--out", type=Path, help="also write the JSON result here")
     args = parser.parse_args()
 
     sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
     if len(sentences) < args.chunks + args.queries + args.warmup:
         raise SystemExit(f"{args.data_dir / CORPUS} has only {len(sentences)} sentences")
-    build_store(args.store, sentences[:args.chunks], args.model, args.shape, args.fit_samples)
+    build_store(args.store, sentences[:args.chunks], args.model, args.shape, args.fit_samples, args.factory)
     queries = sentences[args.chunks:]  # held out: never indexed
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(Path(sys.executable).parent / "isotrope"), "serve", args.store, "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning"]
+               "--port", str(port), "--log-level", "warning", *shlex.split(args.serve_args)]
+    load_before = [round(x, 2) for x in os.getloadavg()]
     server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         tick = time.perf_counter()
         wait_healthy(url, server, args.startup_timeout)
         startup = time.perf_counter() - tick
         load(url, queries[:args.warmup], args.clients, args.k)
-        result = load(url, queries[args.warmup:args.warmup + args.queries], args.clients, args.k)
+        answers: dict[int, list[str]] = {}
+        measured = queries[args.warmup:args.warmup + args.queries]
+        result = load(url, measured, args.clients, args.k, answers)
         single = load(url, queries[args.warmup:args.warmup + args.single], 1, args.k)
+        load_after = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.terminate()
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-    print(json.dumps({
+    checked = min(args.recall_queries, len(measured))
+    recall = served_recall(args.store, measured[:checked], answers, args.k) if checked else None
+    print_and_write({
         "store": args.store, "model": args.model, "shape": args.shape, "chunks": args.chunks,
-        "startup_seconds": round(startup, 1), "concurrent": result,
+        "serve_args": args.serve_args, "startup_seconds": round(startup, 1), "concurrent": result,
         "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()}, "commit": git_commit(),
-    }, indent=2))
+        f"recall@{args.k}": recall, "recall_queries": checked,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
+                    "load_average_after": load_after},
+        "commit": git_commit(),
+    }, args.out)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ from isotrope.stores import index_plan
 
 from isotrope.stores.base import (
     Hit,
+    ReshapableStore,
     StoreFormatError,
-    VectorStore,
     as_ids,
     as_vectors,
     check_batch,
@@ -122,7 +122,7 @@ def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
     return _decode_json(value if isinstance(value, str) else value.decode())[0]
 
 
-class LanceDBStore(VectorStore):
+class LanceDBStore(ReshapableStore):
     """A LanceDB table with upsert, delete, prefiltered vector search and lexical (BM25) search.
 
     Parameters

@@ -142,7 +142,8 @@ class IsotropeEmbedding(BaseEmbedding):
     ) -> IsotropeEmbedding:
         """Fit an encoder on the text LlamaIndex will embed for ``nodes`` (or documents), save it to ``path``.
 
-        ``create_options`` go to :meth:`ShapedEncoder.create` (pooling, layers, weights, ...).
+        ``create_options`` are the other :class:`~isotrope.config.EncoderConfig` fields (pooling, layers,
+        weights, ...) and ``device``/``batch_size`` of :meth:`ShapedEncoder.create`.
         """
         texts = [text for node in nodes if (text := node.get_content(metadata_mode=MetadataMode.EMBED)).strip()]
         if not texts:

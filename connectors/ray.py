@@ -1,13 +1,15 @@
 """Distributed indexing on Ray: read and chunk in tasks, fit from reduced statistics, embed on actors.
 
-:func:`index_with_ray` does what :func:`isotrope.ingest.pipeline.index_documents` does, on a
-Ray cluster (or a local Ray runtime), and writes the same store:
+:func:`run_on_ray` executes the same :class:`~isotrope.ingest.plan.IngestPlan` as the local
+engine (:func:`~isotrope.ingest.pipeline.run_local`), on a Ray cluster (or a local Ray runtime),
+and writes the same store: the plan opens the store, picks the fit sample, creates the store and
+finishes it (``sync``, last commit); this module supplies the distributed map and the write.
 
 1. **read**: one Ray task per group of files (or of documents) loads and chunks them; the
    chunk tables become a Ray Dataset in corpus order, and the driver gets back only the
    chunk ids, the document keys and the skipped files.
-2. **sample**: the driver samples the chunk ids fairly per file with the single-process function
-   and seed, over the same id stream, so both paths fit on the same chunks.
+2. **sample**: the driver samples the chunk ids with :meth:`IngestPlan.sample` over the same id
+   stream as the local engine, so both fit on the same chunks.
 3. **token counts** (idf, SIF, uSIF, drop_top): a :class:`~isotrope.weighting.TokenCounts`
    per block, summed on the driver.
 4. **raw vectors**: an actor pool (each actor loads the encoder once) embeds every chunk,
@@ -21,10 +23,9 @@ Ray cluster (or a local Ray runtime), and writes the same store:
    the smallest id hashes (a bottom-k sample, merged across blocks): the whole fit sample,
    in the single-process order, unless it exceeds ``reservoir_size`` rows.
 6. **write**: tasks apply the fitted chain; shaped vectors stream back to the driver in
-   corpus order and are added through the store (LanceDB or FAISS) as the single-process
-   path adds them. The encoder and its fingerprint are recorded by
-   :meth:`~isotrope.search.Collection.create`, as in the single-process path. A store that
-   exists already, or a fitted encoder, skips 2-5 and the actors embed and shape at once.
+   corpus order and are added by the plan's :class:`~isotrope.ingest.plan.ChunkWriter`, as the
+   local engine adds them. A store that exists already, or a fitted encoder, skips 2-5 and the
+   actors embed and shape at once.
 
 Two fits are not distributed: ``shape="auto"`` scores candidate shapings, and a
 context-averaged table (``model+context:model``) is computed, on the driver from the fit
@@ -36,6 +37,7 @@ that every node mounts at the same path. The store is written by the driver.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -46,7 +48,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,22 +56,13 @@ import numpy as np
 import pyarrow as pa
 import ray
 import ray.data
-from tqdm.auto import tqdm
 
-from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape, fair_sample
+from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
-from isotrope.ingest.pipeline import (
-    IngestReport,
-    chunk_document,
-    delete_stale,
-    make_chunker,
-    warn_if_encoder_differs,
-)
-from isotrope.search import Collection, parse_store_uri
+from isotrope.ingest.plan import DocumentSource, IngestPlan, IngestReport, Target, chunk_stream
 from isotrope.stores.base import check_metadata, dumps_metadata
-from isotrope.stores.lock import writer_lock
-from isotrope.transforms import Moments, MomentsTransform, Transform
+from isotrope.transforms import Moments, MomentsTransform, Transform, apply_chain
 from isotrope.weighting import TokenCounts
 
 logger = logging.getLogger(__name__)
@@ -106,6 +99,31 @@ class RayIngestReport(IngestReport):
     statistics: FitStatistics | None = None
 
 
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide the Ray engine runs.
+
+    ``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``); None joins the runtime
+    already initialised in this process or starts a local one. ``num_actors`` embedding actors
+    each load the encoder once and get ``gpus_per_actor`` GPUs (fractions share a GPU). Steps
+    that are not fitted from moments (quantile, sif_removal) are fitted on at most
+    ``reservoir_size`` rows of the fit sample.
+    """
+
+    address: str | None = None
+    num_actors: int = 2
+    gpus_per_actor: float = 0.0
+    reservoir_size: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.num_actors < 1:
+            raise ValueError(f"num_actors must be >= 1; got {self.num_actors}")
+        if self.gpus_per_actor < 0:
+            raise ValueError(f"gpus_per_actor must be >= 0; got {self.gpus_per_actor}")
+        if self.reservoir_size < 1:
+            raise ValueError(f"reservoir_size must be >= 1; got {self.reservoir_size}")
+
+
 # -- reading ------------------------------------------------------------------------
 
 
@@ -129,6 +147,8 @@ class _UnitSummary:
     documents: list[str]
     skipped: list[SkippedFile]
     chunks: int
+    #: whitespace-only documents (left out)
+    empty: int
 
 
 @dataclass
@@ -140,17 +160,18 @@ class _Chunks:
     sources: list[str]
     documents: set[str]
     skipped: list[SkippedFile]
-    #: documents and chunks read, counted as the single-process report counts them
+    #: documents, chunks and empty documents read, counted as the local engine counts them
     n_documents: int
     n_chunks: int
+    n_empty: int
     #: (unit, id) of rows repeating an id already produced by an earlier unit
     repeated: set[tuple[int, str]]
 
 
-def _plan_units(source: str | Path | Iterable[Document], skipped: list[SkippedFile]) -> list[_Unit]:
+def _plan_units(source: DocumentSource, skipped: list[SkippedFile]) -> list[_Unit]:
     """Split the source into read tasks, in corpus order."""
     if not isinstance(source, (str, Path)):
-        documents = list(source)
+        documents = list(source() if callable(source) else source)
         return [
             _Unit(index, documents=tuple(documents[start : start + _UNIT_DOCUMENTS]))
             for index, start in enumerate(range(0, len(documents), _UNIT_DOCUMENTS))
@@ -163,10 +184,8 @@ def _plan_units(source: str | Path | Iterable[Document], skipped: list[SkippedFi
     size = 0
     for path, name in iter_files(root, on_error=skipped.append):
         group.append((str(path), name))
-        try:
+        with contextlib.suppress(OSError):  # the read task reports the file
             size += path.stat().st_size
-        except OSError:
-            pass  # the read task reports the file
         if size >= _UNIT_BYTES or len(group) >= _UNIT_FILES:
             units.append(_Unit(len(units), str(root), tuple(group)))
             group, size = [], 0
@@ -194,11 +213,10 @@ def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[s
     sources: list[str] = []
     seen: set[str] = set()
     produced = 0
-    for document in _unit_documents(unit, loader_options, skipped.append):
-        if not document.text.strip():
-            continue
+    counted = IngestReport()
+    for document, chunks in chunk_stream(_unit_documents(unit, loader_options, skipped.append), chunker, counted):
         documents.append(document.key)
-        for chunk in chunk_document(document, chunker):
+        for chunk in chunks:
             produced += 1
             if chunk.id in seen:
                 continue
@@ -215,20 +233,16 @@ def _read_unit(unit: _Unit, chunker: TokenChunker | None, loader_options: dict[s
             "unit": pa.array([unit.index] * len(columns["id"]), pa.int32()),
         }
     )
-    return table, _UnitSummary(columns["id"], sources, documents, skipped, produced)
+    return table, _UnitSummary(columns["id"], sources, documents, skipped, produced, counted.empty)
 
 
-def _read_chunks(
-    source: str | Path | Iterable[Document],
-    chunker: TokenChunker | None,
-    loader_options: dict[str, Any] | None = None,
-) -> _Chunks:
-    """Load and chunk ``source`` in Ray tasks; the rows (id, text, metadata JSON, unit) stay in the object store."""
+def _read_chunks(plan: IngestPlan, chunker: TokenChunker | None) -> _Chunks:
+    """Load and chunk the plan's source in Ray tasks; the rows (id, text, metadata JSON, unit) stay in the object store."""
     skipped: list[SkippedFile] = []
-    units = _plan_units(source, skipped)
+    units = _plan_units(plan.source, skipped)
     read = ray.remote(num_returns=2)(_read_unit)
     chunker_ref = ray.put(chunker)
-    refs = [read.remote(unit, chunker_ref, loader_options or {}) for unit in units]
+    refs = [read.remote(unit, chunker_ref, plan.loader_options) for unit in units]
     summaries: list[_UnitSummary] = ray.get([summary for _, summary in refs])
     ids: list[str] = []
     sources: list[str] = []
@@ -247,7 +261,8 @@ def _read_chunks(
                 sources.append(chunk_source)
     dataset = ray.data.from_arrow_refs([table for table, _ in refs]) if refs else None
     n_documents, n_chunks = sum(len(s.documents) for s in summaries), sum(s.chunks for s in summaries)
-    return _Chunks(dataset, ids, sources, documents, skipped, n_documents, n_chunks, repeated)
+    n_empty = sum(s.empty for s in summaries)
+    return _Chunks(dataset, ids, sources, documents, skipped, n_documents, n_chunks, n_empty, repeated)
 
 
 # -- per-block functions (run in Ray workers) ----------------------------------------
@@ -289,10 +304,7 @@ def _count_tokens(batch: dict[str, np.ndarray], backbone: Any) -> dict[str, np.n
 def _step_input(batch: dict[str, np.ndarray], transforms: list[Transform]) -> np.ndarray:
     """The sampled rows' raw vectors with the fitted ``transforms`` applied (float32)."""
     vectors = batch["raw_vector"][batch["rank"] >= 0].astype(np.float32, copy=False)
-    for transform in transforms:
-        if len(vectors):
-            vectors = transform.transform(vectors)
-    return vectors
+    return apply_chain(transforms, vectors) if len(vectors) else vectors
 
 
 def _block_moments(batch: dict[str, np.ndarray], transforms: list[Transform], dim: int, full: bool) -> dict[str, np.ndarray]:
@@ -357,10 +369,7 @@ def _output(batch: dict[str, np.ndarray], raw: np.ndarray, vectors: np.ndarray) 
 def _shape_cached(batch: dict[str, np.ndarray], transforms: list[Transform]) -> dict[str, np.ndarray]:
     """Apply the fitted chain to the raw vectors computed while fitting."""
     raw = batch["raw_vector"].astype(np.float32, copy=False)
-    vectors = raw
-    for transform in transforms:
-        vectors = transform.transform(vectors)
-    return _output(batch, raw, vectors)
+    return _output(batch, raw, apply_chain(transforms, raw))
 
 
 # -- fitting ------------------------------------------------------------------------
@@ -384,16 +393,15 @@ def _tokenizer_view(backbone: Any) -> Any:
 
 @dataclass
 class _Actors:
-    """How the embedding actor pool is sized and placed."""
+    """The embedding actor pool: sized and placed by the options, fed the plan's batches."""
 
-    num_actors: int
-    gpus_per_actor: float
+    options: RayOptions
     batch_size: int
 
     def map(self, dataset: ray.data.Dataset, encoder: ShapedEncoder, shape: bool) -> ray.data.Dataset:
         kwargs = {
             "files": _encoder_files(encoder),
-            "device": "cuda" if self.gpus_per_actor > 0 else "cpu",
+            "device": "cuda" if self.options.gpus_per_actor > 0 else "cpu",
             "batch_size": encoder.batch_size,
             "max_batch_tokens": encoder.max_batch_tokens,
             "shape": shape,
@@ -401,8 +409,8 @@ class _Actors:
         return dataset.map_batches(
             _Embedder,
             fn_constructor_kwargs=kwargs,
-            compute=ray.data.ActorPoolStrategy(size=self.num_actors),
-            num_gpus=self.gpus_per_actor or None,
+            compute=ray.data.ActorPoolStrategy(size=self.options.num_actors),
+            num_gpus=self.options.gpus_per_actor or None,
             batch_size=self.batch_size,
             batch_format="numpy",
         )
@@ -451,13 +459,27 @@ def _reduce_reservoir(dataset: ray.data.Dataset, fitted: list[Transform], dim: i
     return vectors[keep][order]
 
 
-def _fit_encoder(
-    encoder: ShapedEncoder,
-    marked: ray.data.Dataset,
-    sample_ids: list[str],
-    actors: _Actors,
-    reservoir_size: int,
-) -> tuple[ray.data.Dataset | None, FitStatistics]:
+def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
+         actors: _Actors) -> tuple[ray.data.Dataset | None, FitStatistics | None]:
+    """Fit the target's encoder on the sample; returns the materialized raw vectors (or None) and the statistics.
+
+    ``shape="auto"`` (scoring candidate shapings), a context-averaged table and a distilled ``fast``
+    table are fitted on the driver.
+    """
+    if target.auto_config is not None:
+        target.fit(_sample_texts(marked))
+        return None, None
+    encoder = target.encoder
+    if encoder.backbone.needs_fit:
+        encoder.backbone.fit(_sample_texts(marked))
+    raw, statistics = _fit_encoder(encoder, marked, sample_ids, actors)
+    if encoder.finish_fit(target.fitted_on(len(sample_ids)), len(sample_ids)):
+        raw = None  # folded (``--model fast``): the actors embed with the folded table
+    return raw, statistics
+
+
+def _fit_encoder(encoder: ShapedEncoder, marked: ray.data.Dataset, sample_ids: list[str],
+                 actors: _Actors) -> tuple[ray.data.Dataset | None, FitStatistics]:
     """Fit the weighting, then each transform in order; returns the materialized raw vectors (or None)."""
     statistics = FitStatistics(sample_ids)
     backbone = encoder.backbone
@@ -478,7 +500,7 @@ def _fit_encoder(
             transform.fit_moments(moments)
             statistics.moments[index] = moments
         elif transform.requires_fit:
-            sample = _reduce_reservoir(raw, fitted, dim, reservoir_size)
+            sample = _reduce_reservoir(raw, fitted, dim, actors.options.reservoir_size)
             transform.fit(sample)
             statistics.reservoir_rows[index] = len(sample)
         dim = transform.transform(np.zeros((1, dim), dtype=np.float32)).shape[1]
@@ -513,101 +535,56 @@ def _block_count(rows: int, num_actors: int) -> int:
     return max(1, math.ceil(rows / per_block))
 
 
-def index_with_ray(
-    source: str | Path | Iterable[Document],
-    store: str | Path,
-    *,
-    encoder: ShapedEncoder | None = None,
-    encoder_options: dict[str, Any] | None = None,
-    store_options: dict[str, Any] | None = None,
-    loader_options: dict[str, Any] | None = None,
-    chunk_tokens: int = 256,
-    overlap_tokens: int = 32,
-    fit_samples: int = 20_000,
-    batch_size: int = 256,
-    commit_every: int = 4096,
-    sync: bool = False,
-    address: str | None = None,
-    num_actors: int = 2,
-    gpus_per_actor: float = 0.0,
-    reservoir_size: int = 100_000,
-    show_progress: bool = True,
-) -> RayIngestReport:
+def index_with_ray(source: DocumentSource, store: str | Path, **options: Any) -> RayIngestReport:
     """:func:`~isotrope.ingest.pipeline.index_documents` on Ray: same arguments, same store, same encoder.
 
-    ``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``); None joins the runtime
-    already initialised in this process or starts a local one. ``num_actors`` embedding actors
-    each load the encoder once and get ``gpus_per_actor`` GPUs (fractions share a GPU);
-    ``batch_size`` chunks go to an actor at a time. Steps that are not fitted from moments
-    (quantile, sif_removal) are fitted on at most ``reservoir_size`` rows of the fit sample.
+    ``options`` are the other fields of :class:`~isotrope.ingest.plan.IngestPlan` and those of
+    :class:`RayOptions` (``address``, ``num_actors``, ``gpus_per_actor``, ``reservoir_size``).
     """
-    if num_actors < 1:
-        raise ValueError(f"num_actors must be >= 1; got {num_actors}")
-    if gpus_per_actor < 0:
-        raise ValueError(f"gpus_per_actor must be >= 0; got {gpus_per_actor}")
-    if reservoir_size < 1:
-        raise ValueError(f"reservoir_size must be >= 1; got {reservoir_size}")
+    names = {option.name for option in fields(RayOptions)}
+    cluster = RayOptions(**{name: value for name, value in options.items() if name in names})
+    plan = IngestPlan(source, store, **{name: value for name, value in options.items() if name not in names})
+    return run_on_ray(plan, cluster)
+
+
+def run_on_ray(plan: IngestPlan, options: RayOptions | None = None) -> RayIngestReport:
+    """Execute ``plan`` on Ray: read and chunk in tasks, fit from reduced statistics, embed on actors;
+    the store is written by the driver."""
+    options = options or RayOptions()
     report = RayIngestReport()
-    actors = _Actors(num_actors, gpus_per_actor, batch_size)
+    actors = _Actors(options, plan.batch_size)
     # one writer per store, refused before Ray starts or anything is fitted
-    with writer_lock(parse_store_uri(store)[1], "indexed"), _ray_runtime(address, show_progress):
+    with plan.open() as target, _ray_runtime(options.address, plan.show_progress):
         started = time.perf_counter()
-        collection = Collection.open(store, encoder) if Collection.exists(store) else None
-        if collection is None:
-            Collection.check_creatable(store)
-        try:
-            options = dict(encoder_options or {})
-            options["shape"] = options.get("shape") or default_shape(options.get("model", DEFAULT_MODEL))
-            auto = collection is None and options["shape"] == "auto"
-            if collection is None:
-                built = encoder is None
-                encoder = encoder or ShapedEncoder.create(**{**options, "shape": "none" if auto else options["shape"]})
-                fit_needed = auto or encoder.needs_corpus and (built or not encoder.is_fitted())
-                existing: set[str] = set()
-            else:
-                warn_if_encoder_differs(collection, encoder_options or {})
-                fit_needed, encoder = False, collection.encoder
-                existing = set(collection.store.ids())
-            chunks = _read_chunks(source, make_chunker(encoder.tokenizer, chunk_tokens, overlap_tokens), loader_options)
-            pending = [chunk_id for chunk_id in chunks.ids if chunk_id not in existing]
-            report.skipped, report.documents, report.chunks = chunks.skipped, chunks.n_documents, chunks.n_chunks
-            report.unchanged = len(chunks.ids) - len(pending)
-            report.seconds["read"] = time.perf_counter() - started
+        existing = target.resume_from()
+        chunks = _read_chunks(plan, plan.chunker(target.encoder))
+        pending = [chunk_id for chunk_id in chunks.ids if chunk_id not in existing]
+        report.skipped, report.documents, report.chunks = chunks.skipped, chunks.n_documents, chunks.n_chunks
+        report.empty, report.unchanged = chunks.n_empty, len(chunks.ids) - len(pending)
+        report.seconds["read"] = time.perf_counter() - started
 
-            started = time.perf_counter()
+        started = time.perf_counter()
+        sample_ids: list[str] = []
+        if target.needs_fit:
             pending_sources = (source for source, chunk_id in zip(chunks.sources, chunks.ids) if chunk_id not in existing)
-            sample_ids = fair_sample(zip(pending_sources, pending), fit_samples) if fit_needed else []
-            if fit_needed and not sample_ids:
-                raise ValueError(f"{source}: no text to index")
-            dataset = _rows_to_index(chunks, existing, sample_ids, len(pending), num_actors) if pending else None
-            raw, fitted_on = None, f"{len(sample_ids)} sampled chunks of {source}"
-            if auto:  # scores candidate shapings on the driver, as the single-process path does
-                from isotrope.autoshape import choose_shape
+            sample_ids = plan.sample(zip(pending_sources, pending))
+        dataset = _rows_to_index(chunks, existing, sample_ids, len(pending), options.num_actors) if pending else None
+        raw = None
+        if target.needs_fit:
+            raw, report.statistics = _fit(target, dataset, sample_ids, actors)
+        target.create()
+        report.seconds["fit"] = time.perf_counter() - started
 
-                encoder = choose_shape(_sample_texts(dataset), options, fitted_on=fitted_on)
-            elif fit_needed:
-                if encoder.backbone.needs_fit:  # a context-averaged table: fitted on the driver
-                    encoder.backbone.fit(_sample_texts(dataset))
-                raw, report.statistics = _fit_encoder(encoder, dataset, sample_ids, actors, reservoir_size)
-                encoder.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": len(sample_ids)}
-            if collection is None:
-                collection = Collection.create(store, encoder, **(store_options or {}))
-            report.seconds["fit"] = time.perf_counter() - started
-
-            started = time.perf_counter()
-            if dataset is not None:
-                if raw is not None:  # embedded while fitting: only the fitted chain is left to apply
-                    shaped = raw.map_batches(_shape_cached, fn_kwargs={"transforms": encoder.transforms},
-                                             batch_size=None, batch_format="numpy")
-                else:
-                    shaped = actors.map(dataset, collection.encoder, shape=True)
-                report.added = _write(collection, shaped, commit_every, show_progress)
-            report.deleted = delete_stale(collection.store, existing, set(chunks.ids), chunks.documents, sync)
-            collection.store.commit()
-            report.seconds["embed_write"] = time.perf_counter() - started
-        finally:
-            if collection is not None:
-                collection.close()
+        started = time.perf_counter()
+        if dataset is not None:
+            if raw is not None:  # embedded while fitting: only the fitted chain is left to apply
+                shaped = raw.map_batches(_shape_cached, fn_kwargs={"transforms": target.encoder.transforms},
+                                         batch_size=None, batch_format="numpy")
+            else:
+                shaped = actors.map(dataset, target.encoder, shape=True)
+            report.added = _write(target, shaped, committed=len(existing))
+        target.finish(existing, set(chunks.ids), chunks.documents, report)
+        report.seconds["embed_write"] = time.perf_counter() - started
     return report
 
 
@@ -630,28 +607,18 @@ def _rows_to_index(chunks: _Chunks, existing: set[str], sample_ids: list[str], r
     return dataset.repartition(_block_count(rows, num_actors)).materialize()
 
 
-def _write(collection: Collection, shaped: ray.data.Dataset, commit_every: int, show_progress: bool) -> int:
-    """Add the shaped rows through the store on the driver, in corpus order; returns the rows added."""
-    store = collection.store
-    accepts_raw = store.stores_raw_vectors
-    added = since_commit = 0
-    with tqdm(desc="indexing", unit="chunk", disable=not show_progress) as progress:
+def _write(target: Target, shaped: ray.data.Dataset, committed: int) -> int:
+    """Add the shaped rows through the plan's writer on the driver, in corpus order; returns the rows added."""
+    with target.writer(committed) as writer:
         for batch in shaped.iter_batches(batch_size=_WRITE_ROWS, batch_format="numpy"):
-            extra = {"raw_vectors": batch["raw_vector"]} if accepts_raw else {}
-            store.add(
+            writer.add(
                 [str(i) for i in batch["id"]],
                 batch["vector"],
                 [str(text) for text in batch["text"]],
                 [json.loads(metadata) for metadata in batch["metadata"]],
-                **extra,
+                batch["raw_vector"],
             )
-            added += len(batch["id"])
-            since_commit += len(batch["id"])
-            if since_commit >= commit_every:
-                store.commit()
-                since_commit = 0
-            progress.update(len(batch["id"]))
-    return added
+    return writer.added
 
 
-__all__ = ["FitStatistics", "RayIngestReport", "index_with_ray"]
+__all__ = ["FitStatistics", "RayIngestReport", "RayOptions", "index_with_ray", "run_on_ray"]

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from isotrope import Collection, ShapedEncoder, index_documents
+from isotrope import Collection, EncoderConfig, ShapedEncoder, index_documents
 
 DOCUMENTS = {
     "cooking/bread.md": """# Bread
@@ -78,7 +78,7 @@ def main() -> None:
 
         # 1. index into LanceDB; index_documents builds the encoder and fits its shaping on the chunks
         tick = time.perf_counter()
-        report = index_documents(docs, f"lancedb:{tmp}/lance", encoder_options={"model": "all-MiniLM-L6-v2", "shape": "center"},
+        report = index_documents(docs, f"lancedb:{tmp}/lance", config=EncoderConfig(model="all-MiniLM-L6-v2", shape="center"),
                                  chunk_tokens=64, overlap_tokens=16, show_progress=False)
         print(f"lancedb: {report.summary()} in {time.perf_counter() - tick:.1f}s")
 

@@ -22,6 +22,7 @@ from isotrope.autoshape import (
     paired_interval,
     passage_query,
 )
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 
 TEXT = "The river rises in spring. Farmers watch the water closely. Floods reach the old mill. The town builds a wall."
@@ -149,8 +150,8 @@ def test_a_clearly_better_candidate_wins_and_the_bar_is_higher_for_transformers(
 def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path: str, tmp_path) -> None:
     texts = _corpus(400)
     candidates = [{"shape": "none"}, {"shape": "center"}, {"shape": "whiten"}, {"weights": "sif", "shape": "none"}]
-    first = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
-    second = choose_shape(texts, {"model": tiny_glove_path}, candidates=candidates, proxy="passage", seed=0)
+    first = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
+    second = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
     report = first.metadata["auto_shape"]
     seconds = report.pop("selection_seconds"), second.metadata["auto_shape"].pop("selection_seconds")
     assert all(s >= 0 for s in seconds)
@@ -178,7 +179,7 @@ def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path:
 def test_one_sentence_texts_fall_back_to_the_masked_proxy(tiny_glove_path: str) -> None:
     texts = [" ".join(np.random.default_rng(i).choice(["cat", "dog", "sat", "mat", "runs", "fast"], 8)) + "."
              for i in range(300)]
-    encoder = choose_shape(texts, {"model": tiny_glove_path}, candidates=[{"shape": "none"}, {"shape": "center"}],
+    encoder = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=[{"shape": "none"}, {"shape": "center"}],
                            proxy="passage")
     assert encoder.metadata["auto_shape"]["proxy"] == "masked"
 
@@ -190,7 +191,7 @@ def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:
     iter_batches = backbone.iter_batches
     backbone.iter_batches = lambda batch_texts, *args, **kwargs: seen.extend(batch_texts) or iter_batches(
         batch_texts, *args, **kwargs)
-    encoder = choose_shape(texts, {"model": tiny_bert_path}, proxy="passage", backbone=backbone)
+    encoder = choose_shape(texts, EncoderConfig(model=tiny_bert_path), proxy="passage", backbone=backbone)
     report = encoder.metadata["auto_shape"]
     assert len(report["candidates"]) == 6
     # the sample once, then each pseudo-query and each text it was cut from: never once per candidate
@@ -201,11 +202,11 @@ def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:
 def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, tmp_path, monkeypatch) -> None:
     from isotrope.backbones.hf import HFBackbone
     from isotrope.evaluate.commands import evaluate
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.evaluate.harness import Evaluator
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(_corpus(100)) + "\n")
-    recipe = Recipe(model=tiny_bert_path, shape="auto")
+    recipe = EncoderConfig(model=tiny_bert_path, shape="auto")
     first, fitted_on = Evaluator(cache_dir=tmp_path / "cache").fit(recipe, str(corpus))
     assert "auto chose" in fitted_on
     result = evaluate("isotropy", recipe, Evaluator(cache_dir=tmp_path / "cache"), texts_file=corpus, fit_corpus=str(corpus))
@@ -220,7 +221,7 @@ def test_auto_in_the_harness_reuses_the_token_state_cache(tiny_bert_path: str, t
 
 def test_choose_shape_needs_enough_text(tiny_glove_path: str) -> None:
     with pytest.raises(ValueError, match="larger corpus"):
-        choose_shape(["one. two. three four five six."] * 3, {"model": tiny_glove_path})
+        choose_shape(["one. two. three four five six."] * 3, EncoderConfig(model=tiny_glove_path))
 
 
 def test_auto_is_not_a_fixed_chain() -> None:

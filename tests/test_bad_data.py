@@ -8,8 +8,9 @@ import logging
 import numpy as np
 import pytest
 
+from isotrope.config import EncoderConfig
 from isotrope.evaluate.commands import evaluate
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.harness import Evaluator
 from isotrope.ingest.loaders import LoadReport, iter_documents
 
 
@@ -28,7 +29,7 @@ def test_retrieval_eval_skips_and_counts_empty_documents_and_queries(tiny_glove_
     documents = ["the cat sat on the mat", "", "the dog runs fast", "   \n", "a house on the river"]
     queries = ["the cat sat on the mat", "the river", "the dog runs fast", "house", " "]
     write_beir(tmp_path / "beir", documents, queries)
-    recipe = Recipe(model=tiny_glove_path, shape="center")
+    recipe = EncoderConfig(model=tiny_glove_path, shape="center")
     with caplog.at_level(logging.WARNING):
         result = evaluate("retrieval", recipe, Evaluator(), beir=tmp_path / "beir", fit_corpus="corpus", split=None)
     assert "2 empty documents and 1 empty queries" in caplog.text
@@ -45,7 +46,7 @@ def test_an_empty_query_says_so(tiny_glove_path, tmp_path):
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat")
-    index_documents(tmp_path / "docs", f"faiss:{tmp_path / 'store'}", encoder_options={"model": tiny_glove_path, "shape": "none"},
+    index_documents(tmp_path / "docs", f"faiss:{tmp_path / 'store'}", config=EncoderConfig(model=tiny_glove_path, shape="none"),
                     show_progress=False)
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         for query in ("", "  \n\t"):
@@ -62,7 +63,7 @@ def test_index_skips_whitespace_only_documents(tiny_glove_path, tmp_path):
 
     documents = [Document("a", "the cat sat"), Document("b", "   \n "), Document("c", "")]
     report = index_documents(documents, f"faiss:{tmp_path / 'store'}", show_progress=False,
-                             encoder_options={"model": tiny_glove_path, "shape": "center"})
+                             config=EncoderConfig(model=tiny_glove_path, shape="center"))
     assert report.documents == 1 and report.added == 1 and report.empty == 2
 
 

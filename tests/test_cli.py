@@ -119,6 +119,7 @@ def test_debug_lets_the_exception_through(monkeypatch, capsys, tmp_path, tiny_be
         run_cli(monkeypatch, capsys, "--debug", "fit", tmp_path / "nowhere.txt", "-o", tmp_path / "out", "-m", tiny_bert_path)
 
 
+@pytest.mark.slow
 def test_entry_point_prints_a_traceback_with_debug(tmp_path, tiny_glove_path):
     missing = tmp_path / "nowhere.txt"
     command = [sys.executable, "-m", "isotrope.cli", "--debug", "fit", str(missing), "-o", str(tmp_path / "out"),

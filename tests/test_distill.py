@@ -114,6 +114,7 @@ def fast_encoder(tiny_bert_path):
     return encoder.fit(make_sentences(300, seed=6))
 
 
+@pytest.mark.slow
 def test_fast_encoder_is_the_folded_whiten_partial_chain(fast_encoder, tiny_bert_path):
     """The fitted fast encoder is one folded table equal to the unfolded chain: distilled table,
     special tokens left out, whiten-partial."""

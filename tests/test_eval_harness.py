@@ -20,7 +20,8 @@ from isotrope.backbones.hf import HFBackbone
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.evaluate.commands import evaluate
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.config import EncoderConfig
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.sweep import run_sweep
 
 #: sentences made only of words in the GloVe fixture (so the reference average is exact)
@@ -165,30 +166,30 @@ def test_fit_needs_a_corpus_unless_transductive(tiny_glove_path):
     evaluator = Evaluator()
     eval_texts = [text for a, b, _ in PAIRS for text in (a, b)]
     with pytest.raises(ValueError, match="needs a fit corpus"):
-        evaluator.fit(Recipe(model=tiny_glove_path, shape="center"), None, eval_texts)
+        evaluator.fit(EncoderConfig(model=tiny_glove_path, shape="center"), None, eval_texts)
     with pytest.raises(ValueError, match="needs a fit corpus"):
-        evaluator.fit(Recipe(model=tiny_glove_path, weights="idf"), None, eval_texts)
+        evaluator.fit(EncoderConfig(model=tiny_glove_path, weights="idf"), None, eval_texts)
 
-    encoder, fitted_on = evaluator.fit(Recipe(model=tiny_glove_path, shape="center"), None, eval_texts, transductive=True)
+    encoder, fitted_on = evaluator.fit(EncoderConfig(model=tiny_glove_path, shape="center"), None, eval_texts, transductive=True)
     assert fitted_on.startswith("TRANSDUCTIVE") and f"({len(set(eval_texts))} texts)" in fitted_on
     table = read_glove(tiny_glove_path)
     expected = np.mean([_glove_average(table, text) for text in dict.fromkeys(eval_texts)], axis=0)
     np.testing.assert_allclose(encoder.transforms[0].mean_, expected, atol=1e-5)
 
-    _, fitted_on = evaluator.fit(Recipe(model=tiny_glove_path, shape="none"), None, eval_texts)
+    _, fitted_on = evaluator.fit(EncoderConfig(model=tiny_glove_path, shape="none"), None, eval_texts)
     assert fitted_on == "nothing (no fitted statistics)"
 
 
 def test_fit_on_a_corpus_file_samples_it(tiny_glove_path, tmp_path):
     corpus = tmp_path / "fit.txt"
     corpus.write_text("\n".join(FIT_TEXTS) + "\n")
-    encoder, fitted_on = Evaluator().fit(Recipe(model=tiny_glove_path, shape="center"), str(corpus), ["ignored text"])
+    encoder, fitted_on = Evaluator().fit(EncoderConfig(model=tiny_glove_path, shape="center"), str(corpus), ["ignored text"])
     assert fitted_on == f"{corpus} ({len(FIT_TEXTS)} texts)"
     table = read_glove(tiny_glove_path)
     expected = np.mean([_glove_average(table, text) for text in FIT_TEXTS], axis=0)
     np.testing.assert_allclose(encoder.transforms[0].mean_, expected, atol=1e-5)
 
-    encoder, fitted_on = Evaluator(fit_samples=3).fit(Recipe(model=tiny_glove_path, shape="center"), str(corpus))
+    encoder, fitted_on = Evaluator(fit_samples=3).fit(EncoderConfig(model=tiny_glove_path, shape="center"), str(corpus))
     assert fitted_on.endswith("(3 texts)") and encoder.metadata["fit"]["n_texts"] == 3
 
 
@@ -198,11 +199,11 @@ def test_context_tables_are_shared_only_between_equal_fit_samples(tiny_bert_path
         corpora.append(tmp_path / f"corpus{seed}.txt")
         corpora[-1].write_text("\n".join(make_sentences(30, seed=seed)) + "\n")
     evaluator = Evaluator(cache_dir=tmp_path / "cache")
-    recipe = Recipe(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}")
+    recipe = EncoderConfig(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}")
     first, fitted_on = evaluator.fit(recipe, str(corpora[0]))
     assert fitted_on == f"{corpora[0]} (30 texts)"  # the table is fitted even when nothing else is
     other, _ = evaluator.fit(recipe, str(corpora[1]))
-    again, fitted_on = evaluator.fit(Recipe(model=recipe.model, shape="center"), str(corpora[0]))
+    again, fitted_on = evaluator.fit(EncoderConfig(model=recipe.model, shape="center"), str(corpora[0]))
     assert fitted_on == f"{corpora[0]} (30 texts)"
     assert again.backbone is first.backbone and other.backbone is not first.backbone
     tables = [encoder.backbone.get_state()["context.1.table_"] for encoder in (first, other)]
@@ -224,24 +225,24 @@ def test_context_corpus_fits_the_table_apart_from_the_shaping(tiny_bert_path, tm
     table_corpus.write_text("\n".join(make_sentences(30, seed=1)) + "\n")
     documents = make_sentences(12, seed=9)
     evaluator = Evaluator()
-    recipe = Recipe(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}", shape="center")
+    recipe = EncoderConfig(model=f"static:{tiny_bert_path}+context:{tiny_bert_path}", shape="center")
     encoder, fitted_on = evaluator.fit(recipe, documents, context_corpus=str(table_corpus))
     assert fitted_on == f"the retrieval corpus (12 texts); context table: {table_corpus} (30 texts)"
-    table_only, _ = evaluator.fit(Recipe(model=recipe.model), str(table_corpus))
+    table_only, _ = evaluator.fit(EncoderConfig(model=recipe.model), str(table_corpus))
     assert table_only.backbone is encoder.backbone  # the table came from the context corpus
     np.testing.assert_allclose(encoder.transforms[0].mean_, encoder.embed_raw(documents).astype(np.float64).mean(0),
                                atol=1e-5)
-    _, fitted_on = evaluator.fit(Recipe(model=recipe.model), None, context_corpus=str(table_corpus))
+    _, fitted_on = evaluator.fit(EncoderConfig(model=recipe.model), None, context_corpus=str(table_corpus))
     assert fitted_on == f"context table: {table_corpus} (30 texts)"
     with pytest.raises(ValueError, match="has none"):
-        evaluator.fit(Recipe(model=f"static:{tiny_bert_path}", shape="center"), documents,
+        evaluator.fit(EncoderConfig(model=f"static:{tiny_bert_path}", shape="center"), documents,
                       context_corpus=str(table_corpus))
 
 
 # -- evaluate ----------------------------------------------------------------------
 def test_evaluate_sts_on_a_pairs_file(tiny_glove_path, tmp_path):
     pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
-    result = evaluate("sts", Recipe(model=tiny_glove_path, shape="none"), Evaluator(), pairs=[pairs])
+    result = evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="none"), Evaluator(), pairs=[pairs])
     expected = _reference_spearman(tiny_glove_path)
     assert result["scores"]["tiny_pairs"] == pytest.approx(expected, abs=0.006)
     assert result["average"] == result["scores"]["tiny_pairs"]
@@ -249,20 +250,20 @@ def test_evaluate_sts_on_a_pairs_file(tiny_glove_path, tmp_path):
 
     corpus = tmp_path / "fit.txt"
     corpus.write_text("\n".join(FIT_TEXTS) + "\n")
-    centred = evaluate("sts", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
+    centred = evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
                        fit_corpus=str(corpus))
     table = read_glove(tiny_glove_path)
     mean = np.mean([_glove_average(table, text) for text in FIT_TEXTS], axis=0)
     assert centred["scores"]["tiny_pairs"] == pytest.approx(_reference_spearman(tiny_glove_path, mean), abs=0.006)
     assert centred["transductive"] is False
 
-    labelled = evaluate("sts", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
+    labelled = evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
                         transductive=True)
     assert labelled["transductive"] is True and labelled["fitted_on"].startswith("TRANSDUCTIVE")
     with pytest.raises(ValueError, match="needs a fit corpus"):
-        evaluate("sts", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs])
+        evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs])
     with pytest.raises(ValueError, match="unknown task"):
-        evaluate("sentiment", Recipe(model=tiny_glove_path), Evaluator())
+        evaluate("sentiment", EncoderConfig(model=tiny_glove_path), Evaluator())
 
 
 def test_cli_eval_sts_prints_and_writes_json(tiny_glove_path, tmp_path, monkeypatch, capsys):
@@ -296,7 +297,7 @@ def test_isotropy_leaves_out_texts_without_a_known_token(tiny_glove_path, tmp_pa
     texts = ["the cat sat on the mat", "zzqx qqzx", "the dog runs fast", "a house on the river"]
     path = tmp_path / "texts.txt"
     path.write_text("\n".join(texts) + "\n")
-    result = evaluate("isotropy", Recipe(model=tiny_glove_path), Evaluator(), texts_file=path)
+    result = evaluate("isotropy", EncoderConfig(model=tiny_glove_path), Evaluator(), texts_file=path)
     known = [texts[i] for i in (0, 2, 3)]
     expected = isotropy_report(ShapedEncoder.create(tiny_glove_path).encode(known))
     assert result["scores"]["zero_vectors"] == 1
@@ -313,7 +314,7 @@ def test_evaluate_retrieval_fits_on_the_documents_never_the_queries(tiny_glove_p
     (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
                                                 for i, text in enumerate(documents)))
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4)))
-    recipe = Recipe(model=tiny_glove_path, shape="center")
+    recipe = EncoderConfig(model=tiny_glove_path, shape="center")
     result = evaluate("retrieval", recipe, Evaluator(), beir=beir, fit_corpus="corpus", split=None)
     assert result["fitted_on"] == "the retrieval corpus (4 texts)" and result["queries"] == 4
     assert result["scores"]["ndcg@10"] == 100.0 and result["scores"]["mrr@10"] == 100.0
@@ -330,7 +331,7 @@ def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tm
         for label, word in enumerate(words):
             for i in range(10):
                 handle.write(json.dumps({"text": f"{word} {word} the", "label": label, "split": "test"}) + "\n")
-    result = evaluate("clustering", Recipe(model=tiny_glove_path), Evaluator(), jsonl=path, split="test", limit=12)
+    result = evaluate("clustering", EncoderConfig(model=tiny_glove_path), Evaluator(), jsonl=path, split="test", limit=12)
     assert result["texts"] == 12 and result["labels"] == 4
 
 
@@ -340,7 +341,7 @@ def test_clustering_fits_on_another_split_of_the_file(tiny_glove_path, tmp_path)
             for label, word in enumerate(["cat", "dog", "house"]) for _ in range(4)]
     rows += [{"text": f"the {word} river", "label": 0, "split": "train"} for word in ["cat", "dog", "green", "red", "old"]]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    recipe = Recipe(model=tiny_glove_path, shape="center")
+    recipe = EncoderConfig(model=tiny_glove_path, shape="center")
     result = evaluate("clustering", recipe, Evaluator(), jsonl=path, split="test", fit_corpus="split:train")
     assert result["fitted_on"] == "clusters.jsonl split train (5 texts)" and result["texts"] == 12
     encoder, _ = Evaluator().fit(recipe, [row["text"] for row in rows if row["split"] == "train"])

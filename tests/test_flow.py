@@ -132,6 +132,7 @@ def test_latent_is_close_to_standard_normal(fitted: FlowTransform, data: tuple[n
     assert np.abs(np.corrcoef(Z.T)[off_diagonal]).max() < 0.3
 
 
+@pytest.mark.slow
 def test_density_integrates_to_one() -> None:
     """log_prob is a density in the input space: the standardisation's Jacobian is counted."""
     X = non_gaussian(2000, 2, seed=4) * np.float32(3.0)

@@ -175,7 +175,7 @@ print(len(hits), vectors.shape[1], heavy)
 """
 
 
-@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+@pytest.mark.parametrize("kind", ["faiss", pytest.param("lancedb", marks=pytest.mark.slow)])
 def test_loading_and_searching_a_folded_encoder_imports_no_torch(tiny_static, tmp_path, kind):
     """In a fresh process: load, encode and search import neither torch nor transformers (nor scikit-learn)."""
     pytest.importorskip(kind)

@@ -1,6 +1,7 @@
-"""Lexical and hybrid search in every store against exact references: BM25 recomputed in float64 from the
-analyzed texts (with each engine's IDF), fusion recomputed in NumPy; the FTS index kept exact under upsert,
-delete and reopen, built for stores written before it, and committed atomically with the rows."""
+"""Lexical and hybrid search beyond the store contract (tests/test_store_contract.py runs lexical and hybrid
+search in every store against exact references, with the helpers defined here): the analyzer, BM25 and fusion
+recomputed by hand and in NumPy; the lexical index built for stores written before it and committed atomically
+with the rows; and the collection, CLI, LlamaIndex and evaluation interfaces."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import sys
 
 import numpy as np
 import pytest
-from test_stores import make_data, run_child
 
-from isotrope.fusion import DEFAULT_ALPHA, best_per_group, convex_fusion, reciprocal_rank_fusion, search_store
+from isotrope.fusion import best_per_group, convex_fusion, reciprocal_rank_fusion
 from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
 from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields, matches
 from isotrope.stores.memory import MemoryStore
+from test_stores import make_data, run_child
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
@@ -56,13 +57,6 @@ def open_store(kind, tmp_path):
     if kind == "faiss":
         return FaissStore(tmp_path / "faiss", dim=DIM, metric="cosine")
     return LanceDBStore(tmp_path / "lance", dim=DIM, metric="cosine")
-
-
-def reopen(kind, store, tmp_path):
-    if kind == "memory":
-        return store
-    store.close()
-    return FaissStore(tmp_path / "faiss") if kind == "faiss" else LanceDBStore(tmp_path / "lance")
 
 
 def assert_lexical_exact(kind, store, contents, where=None, queries=QUERIES):
@@ -155,67 +149,7 @@ def test_unknown_filter_fields_are_named_with_the_known_ones():
         check_fields({"$or": [{"yaer": 1}, {"source": "b"}]}, {"source", "year"})
 
 
-# ----------------------------------------------------------------------------- the store contract
-
-KINDS = ["memory", "faiss", "lance"]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_lexical_search_is_exact_bm25(kind, tmp_path):
-    store = open_store(kind, tmp_path)
-    contents = fill(store)
-    assert_lexical_exact(kind, store, contents)
-    assert_lexical_exact(kind, store, contents, where={"source": {"$in": ["doc1.txt", "doc3.txt"]}})
-    assert_lexical_exact(kind, store, contents, where={"year": {"$gte": 2005}, "source": {"$ne": "doc0.txt"}})
-    assert store.metadata_fields() == {"source", "year"}
-    with pytest.raises(TypeError, match="not a single string"):
-        store.lexical_search("quick fox", K)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_upsert_delete_and_reopen_keep_the_lexical_index_exact(kind, tmp_path):
-    store = open_store(kind, tmp_path)
-    contents = fill(store)
-    changed = make_texts(30, seed=5)
-    ids = [f"d{i}" for i in range(0, 60, 2)]  # upsert 30 stored rows with new texts
-    store.add(ids, make_data("random", 30, DIM, 5), changed, [{"source": "new.txt"}] * 30)
-    contents.update({i: (t, {"source": "new.txt"}) for i, t in zip(ids, changed)})
-    store.add(["n1", "n2"], make_data("random", 2, DIM, 6), ["zygomorphic orchid", "orchid rivers"])
-    contents.update({"n1": ("zygomorphic orchid", {}), "n2": ("orchid rivers", {})})
-    gone = [f"d{i}" for i in range(1, 40, 3)] + ["n2"]
-    store.delete(gone)
-    for i in gone:
-        del contents[i]
-    store.commit()
-    assert_lexical_exact(kind, store, contents)
-    store = reopen(kind, store, tmp_path)
-    assert_lexical_exact(kind, store, contents)
-    store.add(["n3"], make_data("random", 1, DIM, 7), ["orchid orchid banks"])  # appended after reopening
-    store.commit()
-    contents["n3"] = ("orchid orchid banks", {})
-    assert_lexical_exact(kind, store, contents)
-
-
-@pytest.mark.parametrize("kind", ["memory", "faiss", "lance"])
-def test_hybrid_search_fuses_the_stores_own_lists(kind, tmp_path):
-    store = open_store(kind, tmp_path)
-    contents = fill(store)
-    queries = ["quick fox", "proteins in cells", "the and"]
-    vectors = make_data("random", 3, DIM, 9)
-    where = {"year": {"$lt": 2006}}
-    for alpha in (None, 0.2, 1.0):
-        fused = search_store(store, queries, vectors, K, where=where, mode="hybrid", alpha=alpha)
-        dense = store.search(vectors, 100, where=where)
-        lexical = store.lexical_search(queries, 100, where=where)
-        for row, d, t in zip(fused, dense, lexical):
-            expected = convex_fusion(d, t, K, DEFAULT_ALPHA if alpha is None else alpha)
-            assert [h.id for h in row] == [h.id for h in expected]
-            assert all(matches(contents[h.id][1], where) for h in row)
-    assert search_store(store, queries, vectors, K, mode="dense")[0] == store.search(vectors, K)[0]
-    with pytest.raises(ValueError, match="alpha must be a number in"):
-        search_store(store, queries, vectors, K, mode="hybrid", alpha=1.5)
-    with pytest.raises(ValueError, match="unknown search mode 'sparse'"):
-        search_store(store, queries, vectors, K, mode="sparse")
+# ----------------------------------------------------------------------------- building and committing the lexical index
 
 
 def test_faiss_store_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
@@ -381,8 +315,9 @@ def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
 
 
 def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
+    from isotrope.config import EncoderConfig
     from isotrope.evaluate.commands import evaluate
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.evaluate.harness import Evaluator
 
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
     queries = ["cats sitting", "running dog", "houses", "zzz unknown"]
@@ -393,7 +328,7 @@ def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
     (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
                                                 for i, text in enumerate(queries)))
     (beir / "qrels" / "test.tsv").write_text("".join(f"q{i}\td{i}\t1\n" for i in range(4)))
-    result = evaluate("retrieval", Recipe(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
+    result = evaluate("retrieval", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
                       fit_corpus="corpus", modes=["dense", "lexical", "hybrid"], stores=["faiss", "lancedb"])
     for kind in ("faiss", "lancedb"):
         # q0..q2 find their document by a shared stem, first; q3 shares no term: reciprocal rank 0

@@ -138,6 +138,7 @@ def test_faiss_index_is_memory_mapped_until_written(tmp_path, small_threshold):
     reopened.close()
 
 
+@pytest.mark.slow
 def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(index_plan, "EXACT_BELOW", 2000)
     data, queries = draw(3000, 9), draw(50, 10)

@@ -17,6 +17,7 @@ import pytest
 from conftest import make_sentences
 
 from isotrope.demo import stdlib_docstrings
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker
 from isotrope.ingest.loaders import iter_documents
@@ -150,7 +151,7 @@ def test_bad_files_are_reported_by_name_and_the_rest_is_indexed(tmp_path, encode
 def test_a_new_store_fits_its_encoder_on_the_corpus(tmp_path, encoder, tiny_bert_path):
     corpus = write_corpus(tmp_path / "corpus")
     uri = f"faiss:{tmp_path / 'store'}"
-    report = index(corpus, uri, encoder_options={"model": tiny_bert_path, "shape": "center", "device": "cpu"})
+    report = index(corpus, uri, config=EncoderConfig(model=tiny_bert_path, shape="center"))
     chunks = expected_chunks(corpus, encoder)
     texts = [chunks[i].text for i in sorted(chunks)]
     reference = ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu")
@@ -165,7 +166,7 @@ def test_a_new_store_fits_its_encoder_on_the_corpus(tmp_path, encoder, tiny_bert
 def test_without_a_shape_the_default_is_chosen_by_backbone_family(tmp_path, tiny_bert_path, family):
     model = tiny_bert_path if family == "transformer" else f"static:{tiny_bert_path}"
     uri = f"faiss:{tmp_path / 'store'}"
-    index(write_corpus(tmp_path / "corpus"), uri, encoder_options={"model": model, "device": "cpu"})
+    index(write_corpus(tmp_path / "corpus"), uri, config=EncoderConfig(model=model))
     with Collection.open(uri) as collection:
         expected = ShapedEncoder.create(model, shape="center" if family == "transformer" else "whiten-partial")
         assert collection.encoder.shape == expected.shape
@@ -176,7 +177,7 @@ def test_an_empty_corpus_is_an_error_and_creates_nothing(tmp_path, tiny_bert_pat
     (tmp_path / "corpus" / "empty.txt").write_bytes(b"")
     with pytest.raises(ValueError, match="no text to index"):
         index(tmp_path / "corpus", f"faiss:{tmp_path / 'store'}",
-              encoder_options={"model": tiny_bert_path, "shape": "center", "device": "cpu"})
+              config=EncoderConfig(model=tiny_bert_path, shape="center"))
     assert not Collection.exists(f"faiss:{tmp_path / 'store'}")
 
 
@@ -220,6 +221,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 def test_a_killed_ingestion_keeps_its_commits_and_resumes_without_duplicates(tmp_path, encoder):
     assert CHUNKING == {"chunk_tokens": 32, "overlap_tokens": 8}  # as in CHILD

@@ -155,7 +155,7 @@ def test_corrupt_spec(copy, content, message):
 @pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 0, "1", None])
 def test_wrong_format_version(copy, version):
     edit_spec(copy, lambda d: d.update(format_version=version))
-    message = f"format_version {version!r}; this isotrope .* reads version {FORMAT_VERSION}"
+    message = f"format_version {version!r}; this isotrope .* reads versions 1, {FORMAT_VERSION}"
     with pytest.raises(EncoderFormatError, match=message):
         ShapedEncoder.load(copy)
 

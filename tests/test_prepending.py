@@ -15,6 +15,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.prepending import SLOT_TOKEN, find_layer_list, parse_tp_layers, slot_template
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.pooling import pool
@@ -277,8 +278,8 @@ def test_index_and_search_a_store_with_token_prepending(decoder_path, tmp_path):
     for number, sentence in enumerate(sentences):  # one chunk per file
         (source / f"{number:02d}.txt").write_text(sentence + "\n")
     store = f"faiss:{tmp_path / 'store'}"
-    index_documents(source, store, encoder_options={"model": decoder_path, "shape": "center", "pooling": "last_token",
-                                                    "token_prepending": True, "tp_layers": "1:3"},
+    index_documents(source, store, config=EncoderConfig(model=decoder_path, shape="center", pooling="last_token",
+                                                token_prepending=True, tp_layers="1:3"),
                     chunk_tokens=64, overlap_tokens=8, show_progress=False)
     with Collection.open(store) as collection:
         assert collection.encoder.backbone.get_config()["tp_layers"] == [1, 3]
@@ -323,7 +324,7 @@ def test_eval_cli_on_an_encoder_only_model_prints_one_line(tiny_bert_path, tmp_p
 def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path):
     """`--shape auto` chooses over TP token states; TP and plain recipes never share a backbone or cached states."""
     from isotrope.evaluate.commands import evaluate
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.evaluate.harness import Evaluator
 
     corpus = tmp_path / "corpus.txt"
     documents = [" ".join(s.rstrip(".!?").capitalize() + "." for s in make_sentences(4, seed=i)) for i in range(80)]
@@ -332,12 +333,12 @@ def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path
     pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
     evaluator = Evaluator(cache_dir=tmp_path / "cache")
     base = dict(model=decoder_path, prompt=PROMPT, pooling="last_token")
-    tp = Recipe(**base, shape="auto", token_prepending=True, tp_layers="1:3")
+    tp = EncoderConfig(**base, shape="auto", token_prepending=True, tp_layers="1:3")
     result = evaluate("sts", tp, evaluator, pairs=[pairs], fit_corpus=str(corpus))
     assert "auto chose" in result["fitted_on"] and result["auto_shape"]["candidates"]
     assert "tp=1:3" in tp.label()
-    plain = evaluator.build(Recipe(**base))
-    with_tp = evaluator.build(Recipe(**base, token_prepending=True, tp_layers="1:3"))
+    plain = evaluator.build(EncoderConfig(**base))
+    with_tp = evaluator.build(EncoderConfig(**base, token_prepending=True, tp_layers="1:3"))
     assert plain.backbone is not with_tp.backbone
     assert with_tp.backbone.get_config()["tp_layers"] == [1, 3] and "tp_layers" not in plain.backbone.get_config()
     assert not np.allclose(plain.embed_raw(TEXTS[:2]), with_tp.embed_raw(TEXTS[:2]), atol=1e-3)

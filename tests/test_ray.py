@@ -8,6 +8,7 @@ and search results equal to the single-process store's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,10 +21,13 @@ pytest.importorskip("ray.data")
 pytest.importorskip("lancedb")
 pytest.importorskip("faiss")
 
+pytestmark = pytest.mark.slow  # the module starts a local Ray cluster: over a minute on two busy cores
+
 from conftest import make_sentences  # noqa: E402
 
+from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
-from isotrope.encoder import fair_sample  # noqa: E402
+from isotrope.encoder import ShapedEncoder, fair_sample  # noqa: E402
 from isotrope.ingest.chunking import TokenChunker  # noqa: E402
 from isotrope.ingest.loaders import iter_documents  # noqa: E402
 from isotrope.ingest.pipeline import index_documents  # noqa: E402
@@ -71,7 +75,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def options(tiny_bert_path):
     """BERT+Avg: the context-averaged table is fitted on the driver, everything else on Ray."""
-    return {"model": f"{tiny_bert_path}+context:{tiny_bert_path}", "shape": SHAPE, "weights": "idf"}
+    return EncoderConfig(model=f"{tiny_bert_path}+context:{tiny_bert_path}", shape=SHAPE, weights="idf")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,7 @@ def single_process_sample(chunks: list) -> list:
 @pytest.fixture(scope="module")
 def indexed(ray_runtime, corpus, options, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray-stores")
-    common = {"encoder_options": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
+    common = {"config": options, "fit_samples": FIT_SAMPLES, "show_progress": False, **CHUNKING}
     single = index_documents(corpus, f"lancedb:{folder / 'single'}", **common)
     distributed = index_with_ray(corpus, f"lancedb:{folder / 'ray'}", num_actors=2, **common)
     with Collection.open(f"lancedb:{folder / 'single'}") as reference, Collection.open(f"lancedb:{folder / 'ray'}") as store:
@@ -221,3 +225,54 @@ def test_updating_a_faiss_store_embeds_new_chunks_and_syncs(ray_runtime, indexed
             assert [hit.id for hit in mine] == [hit.id for hit in theirs]
             assert [hit.metadata for hit in mine] == [hit.metadata for hit in theirs]
 
+
+
+def _documents():
+    """Documents given as a function (a fresh pass each call), with an empty one and a repeated one."""
+    from isotrope.ingest.loaders import Document
+
+    sentences = make_sentences(400, seed=5)
+    documents = [Document(f"doc{i}.txt", " ".join(sentences[i * 10 : i * 10 + 10]), {"part": i % 3}) for i in range(40)]
+    return [*documents, Document("blank.txt", "  \n "), Document("doc0.txt", documents[0].text, {"part": 0})]
+
+
+def _store_rows(uri: str) -> tuple[list[str], list, np.ndarray, ShapedEncoder]:
+    with Collection.open(uri) as collection:
+        ids = collection.store.ids()
+        hits = collection.store.get(ids)
+        return ids, [(hit.text, hit.metadata) for hit in hits], collection.store.vectors(ids), collection.encoder
+
+
+@pytest.mark.parametrize(("kind", "model", "shape"), [("faiss", "{}", "center,l2"), ("lancedb", "{}", "center,l2"),
+                                                      ("faiss", "fast:{}", None)])
+def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_path, tmp_path, kind, model, shape):
+    """One IngestPlan executed by the local engine and by Ray: same ids in the same order, same texts and
+    metadata, vectors within 1e-6, same report; executing it again adds nothing on either engine.
+    ``fast``: the table is distilled on the driver and folded with its chain, as the local engine folds it."""
+    from isotrope.connectors.ray import RayOptions, run_on_ray
+    from isotrope.ingest.pipeline import run_local
+    from isotrope.ingest.plan import IngestPlan
+
+    config = EncoderConfig(model=model.format(tiny_bert_path), shape=shape, distill_samples=None if shape else 40)
+    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", config=config, chunk_tokens=20, overlap_tokens=4,
+                      fit_samples=60, batch_size=16, commit_every=32, show_progress=False)
+    on_ray = dataclasses.replace(plan, store=f"{kind}:{tmp_path / 'ray'}")
+    local_report = run_local(plan)
+    ray_report = run_on_ray(on_ray, RayOptions(num_actors=1))
+    for field in ("documents", "chunks", "added", "unchanged", "deleted", "empty"):
+        assert getattr(ray_report, field) == getattr(local_report, field), field
+    assert local_report.empty == 1 and local_report.documents == 41 and local_report.added > 60
+    local_ids, local_rows, local_vectors, local_encoder = _store_rows(plan.store)
+    ray_ids, ray_rows, ray_vectors, ray_encoder = _store_rows(on_ray.store)
+    assert ray_ids == local_ids and len(local_ids) == local_report.added
+    assert ray_rows == local_rows
+    assert np.abs(ray_vectors - local_vectors).max() < 1e-6
+    assert ray_encoder.spec == local_encoder.spec
+    assert ray_encoder.metadata["fit"] == local_encoder.metadata["fit"]
+    assert ("distill" in local_encoder.metadata) == (shape is None) == ("distill" in ray_encoder.metadata)
+    assert (ray_encoder.spec["backbone"]["type"] == "folded") == (shape is None)  # fast: folded on both engines
+    # the vectors are the stored encoder's own, computed independently of both engines
+    texts = [text for text, _ in local_rows]
+    assert np.abs(local_vectors - local_encoder.encode(texts)).max() < 1e-5
+    # resume: the plan executed again skips every stored chunk
+    assert run_local(plan).added == run_on_ray(on_ray, RayOptions(num_actors=1)).added == 0

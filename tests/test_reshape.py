@@ -13,6 +13,7 @@ import pytest
 from conftest import make_sentences
 
 from isotrope.cli import main
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.pipeline import index_documents
 import isotrope.reshape
@@ -43,7 +44,7 @@ def base_store(tmp_path_factory, tiny_bert_path) -> Path:
     for seed in range(3):
         write_paragraphs(root / "corpus" / f"doc{seed}.md", 3, seed=30 + seed)
     index_documents(root / "corpus", f"lancedb:{root / 'store'}", show_progress=False, **CHUNKING,
-                    encoder_options={"model": tiny_bert_path, "shape": "none", "device": "cpu"})
+                    config=EncoderConfig(model=tiny_bert_path, shape="none"))
     return root / "store"
 
 
@@ -90,6 +91,7 @@ def leftovers(path: Path) -> set[str]:
     return {name for name in (MARKER, STAGED, RETIRED) if (path / name).exists()}
 
 
+@pytest.mark.slow
 def test_reshape_refits_on_the_raw_vectors_and_rewrites_every_vector(store, base_store, tmp_path):
     uri = f"lancedb:{store}"
     before = snapshot(store)

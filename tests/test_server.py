@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -219,9 +220,24 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     captured = {}
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
-    get_command(app).main(["serve", store_uri, "--port", "9"], standalone_mode=False)
+    get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64"],
+                          standalone_mode=False)
     assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
-                        "threads": 1}
+                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {"ef": 64}}
+
+
+def test_demo_ends_with_the_serve_command_for_its_store(collection, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    hits = collection.search(QUERY, k=2)
+    report = SimpleNamespace(summary=lambda: "60 chunks")
+    info = {"model": "tiny", "shape": "whiten", "fingerprint": "f" * 64}
+    monkeypatch.setattr("isotrope.demo.run_demo", lambda store: ([(QUERY, hits)], report, {"index": 1.0}, info))
+    monkeypatch.setattr(sys, "argv", ["isotrope", "demo", "--store", "lancedb:/tmp/where-the-demo-is"])
+    main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert f"Q: {QUERY}" in lines and any(f"{hits[0].score:.3f}" in line for line in lines)
+    assert "isotrope serve lancedb:/tmp/where-the-demo-is" in lines[-2] and "curl -X POST localhost:8000/search" in lines[-1]
 
 
 # ----------------------------------------------------------------------------- page and docs
@@ -235,6 +251,17 @@ def test_page_and_static_files_are_served_and_offline(client):
     for path in STATIC_DIR.iterdir():
         assert not re.search(r"(src|href)=\"(https?:)?//", path.read_text()), f"{path.name} loads an external asset"
         assert "http://" not in path.read_text() and "https://" not in path.read_text()
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_api_docs_pages_load_their_assets_from_the_server(client, path):
+    page = client.get(path)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assets = re.findall(r'(?:src|href|spec-url|url)\s*[=:]\s*["\']([^"\']+)["\']', page.text)
+    assert any(asset.endswith(".js") for asset in assets) and "/openapi.json" in assets
+    assert not re.search(r"https?://|(src|href)=[\"']//", page.text), "the docs page names an external URL"
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
 
 
 def test_openapi_lists_every_route(client):
@@ -336,6 +363,9 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
     if kind == "faiss":  # SQLite objects belong to the thread that opened the store: startup must use it too
         store_uri = f"faiss:{tmp_path / 'f'}"
         build_store(store_uri, encoder)
+    queries = make_sentences(16, seed=41)
+    with Collection.open(store_uri) as opened:  # what each concurrent request must get back
+        expected = [[hit.id for hit in opened.search(query, k=1 + i % 4)] for i, query in enumerate(queries)]
     port = free_port()
     command = [str(Path(sys.executable).parent / "isotrope"), "serve", store_uri, "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, env={**os.environ, "ISOTROPE_API_KEY": "k1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -354,6 +384,17 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
         response = httpx.post(url + "/search", content=json.dumps({"query": QUERY, "k": 3}),
                                headers={"Authorization": "Bearer k1", "content-type": "application/x-www-form-urlencoded"})
         assert response.status_code == 200 and len(response.json()["hits"]) == 3
+
+        def ask(i: int) -> httpx.Response:  # 16 requests from 8 threads: batched; one has a bad filter
+            body = {"query": queries[i], "k": 1 + i % 4, **({"where": "colour = 'red'"} if i == 5 else {})}
+            return httpx.post(url + "/search", json=body, headers={"Authorization": "Bearer k1"}, timeout=60)
+
+        with ThreadPoolExecutor(max_workers=8) as clients:
+            answers = list(clients.map(ask, range(16)))
+        assert answers[5].status_code == 400 and "colour" in answers[5].json()["detail"]
+        for i, answer in enumerate(answers):
+            if i != 5:
+                assert answer.status_code == 200 and [hit["id"] for hit in answer.json()["hits"]] == expected[i], i
     finally:
         process.terminate()
         process.wait(timeout=30)

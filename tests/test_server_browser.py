@@ -104,3 +104,15 @@ def test_the_page_asks_for_the_api_key(collection, page):
         page.fill("#query", QUERY)
         page.press("#query", "Enter")
         sync_api.expect(page.locator("#results .card")).to_have_count(10)
+
+
+def test_the_api_docs_render_without_the_network(collection, page):
+    """Swagger UI at /docs draws the API from the server's own copy of its scripts: no request
+    leaves the server's origin, and the routes show up."""
+    with live_server(create_app(collection)) as url:
+        outside: list[str] = []
+        page.on("request", lambda request: None if request.url.startswith(url) else outside.append(request.url))
+        page.goto(url + "/docs")
+        sync_api.expect(page.locator(".swagger-ui .info .title")).to_contain_text("isotrope")
+        sync_api.expect(page.locator(".opblock-summary-path", has_text="/search/batch")).to_be_visible()
+        assert outside == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.search import Collection
 
@@ -38,7 +39,7 @@ def test_a_store_that_fails_to_build_leaves_no_half_made_folder(kind, glove_enco
 def index(source, store, model, **options):
     from isotrope.ingest.pipeline import index_documents
 
-    return index_documents(source, store, encoder_options={"model": model, "shape": "center"}, show_progress=False, **options)
+    return index_documents(source, store, config=EncoderConfig(model=model, shape="center"), show_progress=False, **options)
 
 
 @pytest.fixture

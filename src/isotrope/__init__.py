@@ -1,6 +1,6 @@
 """isotrope: shaped sentence encoders and the vector stores that keep them.
 
-    from isotrope import ShapedEncoder, Collection, index_documents
+    from isotrope import EncoderConfig, ShapedEncoder, Collection, index_documents
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "EncoderConfig": "isotrope.config",
     "ShapedEncoder": "isotrope.encoder",
     "Collection": "isotrope.search",
-    "EncoderMismatchError": "isotrope.search",
+    "EncoderMismatchError": "isotrope.errors",
+    "IsotropeError": "isotrope.errors",
     "index_documents": "isotrope.ingest.pipeline",
+    "IngestPlan": "isotrope.ingest.plan",
     "choose_shape": "isotrope.autoshape",
     "Hit": "isotrope.stores.base",
 }

@@ -34,7 +34,8 @@ import numpy as np
 from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
-from isotrope.encoder import ShapedEncoder
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder, build_backbone
 from isotrope.sentences import split_sentences
 
 logger = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ def _group_key(candidate: dict[str, Any]) -> str:
 
 def gather_evidence(
     texts: Sequence[str],
-    base: dict[str, Any],
+    base: EncoderConfig,
     candidates: Sequence[dict[str, Any]],
     backbone: Any,
     *,
@@ -243,7 +244,7 @@ def gather_evidence(
         key = _group_key(candidate)
         if key not in raw:
             tick = time.perf_counter()
-            unshaped = ShapedEncoder.create(**{**base, **candidate, "shape": "none"}, backbone=backbone)
+            unshaped = ShapedEncoder.create(base.replace(**{**candidate, "shape": "none"}), backbone=backbone)
             unshaped.fit_sample(texts)
             raw[key] = (unshaped, unshaped.embed_raw(texts))
             sample_seconds += time.perf_counter() - tick
@@ -254,7 +255,7 @@ def gather_evidence(
         query_raw, document_raw = new_raw[key]
         scores, query_at, document_at = [], 0, 0
         for fit_index, held_index, queries in splits:
-            encoder = ShapedEncoder.create(**{**base, **candidate}, backbone=unshaped.backbone)
+            encoder = ShapedEncoder.create(base.replace(**candidate), backbone=unshaped.backbone)
             encoder.fit_transforms(sample_raw[fit_index])
             documents = sample_raw[held_index].copy()
             for query in queries:
@@ -271,7 +272,7 @@ def gather_evidence(
 
 def choose_shape(
     texts: Sequence[str],
-    options: dict[str, Any],
+    config: EncoderConfig,
     *,
     candidates: Sequence[dict[str, Any]] | None = None,
     proxy: str = DEFAULT_PROXY,
@@ -282,7 +283,7 @@ def choose_shape(
     fitted_on: str | None = None,
     backbone: Any = None,
 ) -> ShapedEncoder:
-    """Score ``candidates`` (dicts of ``ShapedEncoder.create`` options overriding ``options``; the
+    """Score ``candidates`` (dicts of :class:`EncoderConfig` fields overriding ``config``; the
     first is the baseline) on label-free pseudo-queries and return an encoder with the candidate the
     conservative rule picks (:func:`conservative_choice`), fitted on all of ``texts``.
 
@@ -291,14 +292,13 @@ def choose_shape(
     evidence is kept in ``encoder.metadata["auto_shape"]``.
     """
     texts = list(texts)
-    model = options.get("model", "all-MiniLM-L6-v2")
-    static = is_static_source(model)
+    static = is_static_source(config.model)
     if candidates is None:
         candidates = STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES
     if margin is None:
         margin = STATIC_MARGIN if static else TRANSFORMER_MARGIN
-    base = {key: value for key, value in options.items() if key != "shape"}
-    backbone = backbone or ShapedEncoder.create(**{**base, "shape": "none"}).backbone
+    base = config.replace(shape=None)
+    backbone = backbone or build_backbone(base)
     raw: dict[str, Any] = {}
     wanted = n_queries or number_of_queries(len(texts))
     try:
@@ -315,7 +315,7 @@ def choose_shape(
     chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
     choice = dict(candidates[chosen])
     unshaped, sample_raw = raw[_group_key(choice)]
-    encoder = ShapedEncoder.create(**{**base, **choice}, backbone=unshaped.backbone)
+    encoder = ShapedEncoder.create(base.replace(**choice), backbone=unshaped.backbone)
     encoder.weighting = unshaped.weighting
     if encoder.needs_corpus:
         encoder.fit_transforms(sample_raw)

@@ -6,9 +6,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 import typer
+
+if TYPE_CHECKING:
+    from isotrope.backbones.base import TextKind
+    from isotrope.config import EncoderConfig
+    from isotrope.encoder import ShapedEncoder
 
 app = typer.Typer(
     name="isotrope",
@@ -20,7 +25,6 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
-Model = Annotated[str, typer.Option("--model", "-m", help="HF name/path, fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
 OptionalModel = Annotated[Optional[str], typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
 DistillSamples = Annotated[Optional[int], typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
 EncoderDir = Annotated[Optional[Path], typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
@@ -30,12 +34,17 @@ Layers = Annotated[str, typer.Option(help="last, first_last, an index or a comma
 Prompt = Annotated[Optional[str], typer.Option(help="template with {text}; its [MASK] (or last token) is pooled with --pooling mask")]
 Weights = Annotated[str, typer.Option(help="uniform, idf, sif, usif")]
 Frequencies = Annotated[str, typer.Option(help="corpus, wordfreq or a 'word count' file")]
+DropTop = Annotated[int, typer.Option(help="drop the N most frequent tokens")]
+ExcludeSpecial = Annotated[Optional[bool], typer.Option("--exclude-special/--include-special",
+                                                        help="weigh special tokens 0 (default: yes for a static table)")]
+ExcludePunctuation = Annotated[bool, typer.Option("--exclude-punctuation")]
+MaxLength = Annotated[Optional[int], typer.Option(help="max tokens per text")]
 TextField = Annotated[str, typer.Option(help="field holding the text in .jsonl files")]
 TokenPrepending = Annotated[bool, typer.Option(
     "--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers")]
 TPLayers = Annotated[Optional[str], typer.Option(
     "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)")]
-Backend = Annotated[str, typer.Option(help="torch, onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]')")]
+Backend = Annotated[Optional[str], typer.Option(help="torch (default), onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]'); with --encoder or an existing store: runs it (default: as saved)")]
 SavedBackend = Annotated[Optional[str], typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
 
 
@@ -49,81 +58,83 @@ def _main(
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-def encoder_options(
-    model: str,
-    shape: str,
-    pooling: str,
-    layers: str,
-    prompt: str | None,
-    weights: str,
-    frequencies: str,
-    drop_top: int,
-    exclude_special: bool | None,
-    exclude_punctuation: bool,
-    max_length: int | None,
-    token_prepending: bool = False,
-    tp_layers: str | None = None,
-    distill_samples: int | None = None,
-) -> dict:
-    """Keyword arguments of ShapedEncoder.create from the shared CLI options."""
-    return {
-        "model": model, "shape": shape, "pooling": pooling, "layers": layers, "prompt": prompt,
-        "weights": weights, "frequencies": frequencies, "drop_top": drop_top,
-        "exclude_special": exclude_special, "exclude_punctuation": exclude_punctuation, "max_length": max_length,
-        "token_prepending": token_prepending, "tp_layers": tp_layers, "distill_samples": distill_samples,
-    }
+def encoder_config(ctx: typer.Context) -> EncoderConfig:
+    """The recipe of a command's encoder options: the one place the CLI builds an EncoderConfig
+    (``fit``, ``index`` and ``eval`` name their options as its fields; an option left out keeps
+    the field's default)."""
+    from isotrope.config import FIELDS, EncoderConfig
+    from isotrope.errors import ConfigError
+
+    options = {name: value for name, value in ctx.params.items() if name in FIELDS and value is not None}
+    try:
+        return EncoderConfig.from_dict(options)
+    except ConfigError as error:
+        flag = _flags(ctx).get(error.field or "")
+        raise ValueError(f"{flag}: {error}" if flag else str(error)) from None
 
 
-def load_saved_encoder(encoder_dir: Path | None, model: str | None, shape: str | None) -> object | None:
-    """The encoder of ``--encoder DIR`` (None without it); it cannot be combined with --model/--shape."""
+def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder | None:
+    """The encoder of ``--encoder DIR`` (None without it), run with ``--backend`` when given. A saved
+    encoder fixes its recipe: any other encoder option given with it is a one-line error."""
     if encoder_dir is None:
         return None
-    if model is not None or shape is not None:
-        given = " and ".join(name for name, value in (("--model", model), ("--shape", shape)) if value is not None)
-        raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes the model and shaping; drop {given}")
+    from isotrope.config import FIELDS
     from isotrope.encoder import ShapedEncoder
 
-    return ShapedEncoder.load(encoder_dir)
+    flags = _flags(ctx)
+    given = [flags[name] for name in flags if name in FIELDS and name != "backend"
+             and _given(ctx, name)]
+    if given:
+        raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes its recipe; drop {' and '.join(given)}")
+    return ShapedEncoder.load(encoder_dir, backend=ctx.params.get("backend"))
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given (on the command line or by its environment variable)."""
+    source = ctx.get_parameter_source(name)  # typer's own copy of click's ParameterSource: compared by name
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _flags(ctx: typer.Context) -> dict[str, str]:
+    """Parameter name -> its command-line flag (``drop_top`` -> ``--drop-top``)."""
+    return {param.name: param.opts[0] for param in ctx.command.params if param.name and param.opts}
 
 
 @app.command()
 def fit(
+    ctx: typer.Context,
     corpus: Annotated[Path, typer.Argument(help="text file (one text a line) or .jsonl with a text field; .gz allowed")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
-    model: Model = "all-MiniLM-L6-v2",
+    model: OptionalModel = None,
     shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
     weights: Weights = "uniform",
     frequencies: Frequencies = "corpus",
-    drop_top: Annotated[int, typer.Option(help="drop the N most frequent tokens")] = 0,
-    exclude_special: Annotated[Optional[bool], typer.Option("--exclude-special/--include-special")] = None,
-    exclude_punctuation: Annotated[bool, typer.Option("--exclude-punctuation")] = False,
-    max_length: Annotated[Optional[int], typer.Option(help="max tokens per text")] = None,
+    drop_top: DropTop = 0,
+    exclude_special: ExcludeSpecial = None,
+    exclude_punctuation: ExcludePunctuation = False,
+    max_length: MaxLength = None,
     max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
     text_field: TextField = "text",
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
     distill_samples: DistillSamples = None,
-    backend: Backend = "torch",
+    backend: Backend = None,
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
     from isotrope.corpus import iter_texts
-    from isotrope.encoder import ShapedEncoder, resolve_shape
+    from isotrope.encoder import ShapedEncoder
 
-    shape = resolve_shape(model, shape)
-    options = encoder_options(model, shape, pooling, layers, prompt, weights, frequencies, drop_top,
-                              exclude_special, exclude_punctuation, max_length,
-                              token_prepending, tp_layers, distill_samples)
-    options["backend"] = backend
-    if shape == "auto":
+    config = encoder_config(ctx)
+    if config.shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.encoder import reservoir_sample
 
-        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), options, fitted_on=str(corpus))
+        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), config, fitted_on=str(corpus))
     else:
-        encoder = ShapedEncoder.create(**options)
+        encoder = ShapedEncoder.create(config)
         encoder.fit(iter_texts(corpus, text_field), max_samples=max_samples, fitted_on=str(corpus), show_progress=True)
     encoder.save(out)
     typer.echo(f"saved {encoder!r} to {out}\nfingerprint {encoder.fingerprint}")
@@ -146,7 +157,10 @@ def encode(
     from isotrope.encoder import ShapedEncoder
 
     encoder = ShapedEncoder.load(encoder_dir, backend=backend)
-    vectors = encoder.encode(list(iter_texts(input, text_field)), kind=kind, batch_size=batch_size, show_progress=True)
+    if kind not in ("document", "query"):
+        raise typer.BadParameter(f"choose document or query; got {kind!r}", param_hint="--kind")
+    vectors = encoder.encode(list(iter_texts(input, text_field)), kind=cast("TextKind", kind), batch_size=batch_size,
+                             show_progress=True)
     np.save(out, vectors)
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
 
@@ -170,6 +184,7 @@ def _print_hits(hits: list, as_json: bool) -> None:
 
 @app.command()
 def index(
+    ctx: typer.Context,
     source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
     store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
     model: OptionalModel = None,
@@ -177,7 +192,14 @@ def index(
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
+    layers: Layers = "last",
+    prompt: Prompt = None,
     weights: Weights = "uniform",
+    frequencies: Frequencies = "corpus",
+    drop_top: DropTop = 0,
+    exclude_special: ExcludeSpecial = None,
+    exclude_punctuation: ExcludePunctuation = False,
+    max_length: MaxLength = None,
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
@@ -191,35 +213,29 @@ def index(
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
-    backend: SavedBackend = None,
+    backend: Backend = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
-    from isotrope.encoder import DEFAULT_MODEL
-    from isotrope.ingest.pipeline import index_documents
+    from isotrope.ingest.plan import IngestPlan
 
     if factory and not store.startswith("faiss:"):
         raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
     store_options = _index_options(store, index_kind, factory)
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
-    saved = load_saved_encoder(encoder_dir, model, shape)
-    wanted = {"model": model or DEFAULT_MODEL, "shape": shape, "pooling": pooling, "weights": weights}
-    if distill_samples is not None:
-        wanted["distill_samples"] = distill_samples
-    if token_prepending or tp_layers:
-        wanted.update(token_prepending=token_prepending, tp_layers=tp_layers)
-    if backend is not None:  # a new store's encoder runs on it; an existing store's is reopened with it
-        wanted["backend"] = backend
-    options = dict(encoder=saved, encoder_options={} if saved else wanted,
-                   store_options=store_options, loader_options={"text_field": text_field},
-                   chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
+    saved = saved_encoder(ctx, encoder_dir)
+    # --backend: a new store's encoder runs on it; an existing store's is reopened with it
+    plan = IngestPlan(source, store, encoder=saved, config=None if saved else encoder_config(ctx),
+                      store_options=store_options, loader_options={"text_field": text_field},
+                      chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
     if engine == "ray":
-        from isotrope.connectors.ray import index_with_ray
+        from isotrope.connectors.ray import RayOptions, run_on_ray
 
-        report = index_with_ray(source, store, address=address, num_actors=num_actors,
-                                gpus_per_actor=gpus_per_actor, **options)
+        report = run_on_ray(plan, RayOptions(address, num_actors, gpus_per_actor))
     else:
-        report = index_documents(source, store, **options)
+        from isotrope.ingest.pipeline import run_local
+
+        report = run_local(plan)
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped}", err=True)
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
@@ -240,7 +256,7 @@ def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str
     return {"index_type": choices[index_kind]}
 
 
-def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, int]:
+def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, Any]:
     """``--nprobe`` / ``--ef`` under the store's own option names."""
     from isotrope.search import parse_store_uri
 
@@ -303,6 +319,10 @@ def serve(
                                                    help="require 'Authorization: Bearer KEY' on the API routes")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
     threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
+    max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
+    batch_wait_ms: Annotated[float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")] = 0.0,
+    nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
+    ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
@@ -310,7 +330,8 @@ def serve(
     except ImportError as error:
         raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
     typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
-    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads)
+    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads,
+               max_batch=max_batch, batch_wait_ms=batch_wait_ms, store_options=_search_options(store, nprobe, ef))
 
 
 @app.command()
@@ -367,6 +388,7 @@ def demo(
 
 @app.command("eval")
 def evaluate(
+    ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
     model: OptionalModel = None,
     shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
@@ -377,9 +399,10 @@ def evaluate(
     prompt: Prompt = None,
     weights: Weights = "uniform",
     frequencies: Frequencies = "corpus",
-    drop_top: Annotated[int, typer.Option(help="drop the N most frequent tokens")] = 0,
-    exclude_special: Annotated[Optional[bool], typer.Option("--exclude-special/--include-special")] = None,
-    exclude_punctuation: Annotated[bool, typer.Option("--exclude-punctuation")] = False,
+    drop_top: DropTop = 0,
+    exclude_special: ExcludeSpecial = None,
+    exclude_punctuation: ExcludePunctuation = False,
+    max_length: MaxLength = None,
     fit_corpus: Annotated[Optional[str], typer.Option(
         help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
     )] = None,
@@ -403,24 +426,17 @@ def evaluate(
     store_kind: Annotated[Optional[str], typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
     alpha: Annotated[Optional[float], typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
     fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",
-    backend: Backend = "torch",
+    backend: Backend = None,
 ) -> None:
     """Evaluate one encoder recipe on a task; the result records what the shaping was fitted on."""
-    from isotrope.encoder import DEFAULT_MODEL, resolve_shape
     from isotrope.evaluate.commands import evaluate as run_evaluation
     from isotrope.evaluate.commands import write_json
-    from isotrope.evaluate.harness import Evaluator, Recipe
+    from isotrope.evaluate.harness import Evaluator
 
-    saved = load_saved_encoder(encoder_dir, model, shape)
-    if saved is not None:
-        model, shape = f"saved encoder {encoder_dir}", saved.shape
-    model = model or DEFAULT_MODEL
-    recipe = Recipe(model=model, shape=resolve_shape(model, shape), pooling=pooling, layers=layers, prompt=prompt,
-                    weights=weights, frequencies=frequencies, drop_top=drop_top, exclude_special=exclude_special,
-                    exclude_punctuation=exclude_punctuation, distill_samples=distill_samples,
-                    token_prepending=token_prepending, tp_layers=tp_layers, backend=backend)
+    saved = saved_encoder(ctx, encoder_dir)
+    config = saved.config if saved is not None else encoder_config(ctx)
     result = run_evaluation(
-        task, recipe, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
+        task, config, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
         tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
         limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
         modes=_comma_list(mode), stores=_comma_list(store_kind), alpha=alpha, fusion=fusion,
@@ -497,6 +513,8 @@ def main() -> None:
     except Exception as error:  # the CLI's last line of defence: one line, not a traceback
         import click
 
+        from isotrope.errors import one_line
+
         if isinstance(error, click.exceptions.Exit):
             sys.exit(error.exit_code)
         if isinstance(error, click.ClickException):
@@ -504,7 +522,7 @@ def main() -> None:
             sys.exit(error.exit_code)
         if _state["debug"]:
             raise
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
 
 

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from isotrope.errors import DataFormatError
+
 
 def _open_text(path: Path) -> IO[str]:
     if path.suffix == ".gz":
@@ -38,11 +40,11 @@ def iter_texts(path: str | Path, text_field: str = "text") -> Iterator[str]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
+                    raise DataFormatError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
                 value = record.get(text_field) if isinstance(record, dict) else None
                 if not isinstance(value, str):
-                    raise ValueError(f"{path}:{line_number}: no string field {text_field!r}")
+                    raise DataFormatError(f"{path}:{line_number}: no string field {text_field!r}")
                 if value.strip():
                     yield value
         except UnicodeDecodeError:
-            raise ValueError(f"{path}:{line_number + 1}: not valid UTF-8 text") from None
+            raise DataFormatError(f"{path}:{line_number + 1}: not valid UTF-8 text") from None

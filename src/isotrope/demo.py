@@ -43,7 +43,7 @@ def _module_name(relative: Path) -> str:
     return ".".join(parts)
 
 
-def _walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, ast.AST]]:
+def _walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]]:
     """Public classes and functions under ``node`` with their qualified names."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, _DEFINITIONS[1:]) and not child.name.startswith("_"):
@@ -69,7 +69,9 @@ def stdlib_docstrings(root: Path | None = None, max_chars: int = 400) -> Iterato
                 logger.debug("skipping %s: %s", path, error)
                 continue
             module = _module_name(relative)
-            for qualname, node in [("", tree), *_walk(tree, "")]:
+            nodes: list[tuple[str, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]] = [
+                ("", tree), *_walk(tree, "")]
+            for qualname, node in nodes:
                 docstring = ast.get_docstring(node)
                 if not docstring:
                     continue

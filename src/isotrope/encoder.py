@@ -12,21 +12,22 @@ from typing import Any, TypeVar
 import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
-from isotrope.backbones.backends import with_backend
+from isotrope.backbones.backends import DEFAULT_BACKEND, with_backend
+from isotrope.config import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the default backbone
+from isotrope.config import EncoderConfig
 from isotrope.distill import fast_source
 from isotrope.fingerprint import fingerprint
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.shapes import format_shape, parse_shape
-from isotrope.transforms import TRANSFORMS, Transform
+from isotrope.transforms import TRANSFORMS, Transform, apply_chain
 from isotrope.transforms.base import NotFittedError
 from isotrope.weighting import TokenCounts, TokenWeighting
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 #: default shapings of `isotrope index` and the demo, by backbone family (measured in docs/RESULTS.md)
 DEFAULT_SHAPE = "center"
 STATIC_DEFAULT_SHAPE = "whiten-partial"
@@ -40,12 +41,69 @@ def default_shape(model: str) -> str:
     return STATIC_DEFAULT_SHAPE if is_static_source(model) else DEFAULT_SHAPE
 
 
-def resolve_shape(model: str, shape: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]]:
-    """The shaping asked for; when none is, ``none`` except for ``fast``, whose recipe includes
-    ``whiten-partial``."""
-    if shape is not None:
-        return shape
-    return STATIC_DEFAULT_SHAPE if fast_source(model) else "none"
+def resolve_config(config: EncoderConfig) -> EncoderConfig:
+    """``config`` with the defaults it leaves open filled in as :meth:`ShapedEncoder.create` fills
+    them: the shaping (``none``, except for ``fast``, whose recipe includes ``whiten-partial``) and
+    the backend (torch)."""
+    shape = config.shape
+    if shape is None:
+        shape = STATIC_DEFAULT_SHAPE if fast_source(config.model) else "none"
+    return config.replace(shape=shape, backend=config.backend or DEFAULT_BACKEND)
+
+
+def shape_value(config: EncoderConfig) -> str | list[dict[str, Any]]:
+    """The recipe's shaping as :func:`~isotrope.shapes.parse_shape` reads it (``none`` when unset)."""
+    shape = config.shape or "none"
+    return shape if isinstance(shape, str) else list(shape)
+
+
+def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, Any]:
+    """The backbone config (as ``make_backbone`` reads it) of a recipe, or a one-line ValueError
+    for options that do not go together.
+
+    ``exclude_special`` defaults to True for static tables (their [CLS]/[SEP] rows carry no
+    meaning) and False for transformers. ``token_prepending`` (causal LMs) adds Token Prepending
+    over decoder layers ``tp_layers`` (default 1 to a quarter of the depth). ``fast`` /
+    ``fast:<teacher>``: a static table distilled from the transformer (default all-MiniLM-L6-v2)
+    on a sample of at most ``distill_samples`` fit texts. ``backend``: ``torch``, ``onnx``,
+    ``onnx-int8`` or ``onnx-int8-per-channel`` (transformers only).
+    """
+    model = fast_source(config.model) or config.model
+    backend = config.backend or DEFAULT_BACKEND
+    static = is_static_source(model)
+    if config.distill_samples is not None and not model.startswith("fast:"):
+        raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
+    if static and backend != "torch":
+        raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use --backend torch)")
+    if config.prompt is not None and static:
+        raise ValueError("prompt templates need a transformer backbone, not a static table")
+    if config.tp_layers is not None and not config.token_prepending:
+        raise ValueError("tp_layers (--tp-layers) applies only with token_prepending (--token-prepending)")
+    if config.token_prepending and static:
+        raise ValueError("token prepending needs a causal language model backbone, not a static table")
+    if static:
+        backbone: dict[str, Any] = {"type": "static", "source": model}
+        if config.max_length:
+            backbone["max_length"] = config.max_length
+        if config.distill_samples is not None:
+            backbone["distill_samples"] = config.distill_samples
+        return backbone
+    name, _, extra = model.partition("+")
+    if extra and extra != f"context:{name}":
+        raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
+    layers = list(config.layers) if isinstance(config.layers, tuple) else config.layers
+    backbone = {"type": "hf", "model": name, "layers": layers, "prompt": config.prompt,
+                "max_length": config.max_length, "device": device, "context": bool(extra)}
+    if config.token_prepending:
+        backbone.update(token_prepending=True, tp_layers=config.tp_layers)
+    if backend != "torch":
+        backbone["backend"] = backend
+    return backbone
+
+
+def build_backbone(config: EncoderConfig, device: str = "auto") -> Backbone:
+    """The backbone of a recipe (without its weighting and shaping)."""
+    return make_backbone(backbone_config(config, device))
 
 
 def check_texts(texts: Any, what: str = "texts") -> list[str]:
@@ -156,8 +214,9 @@ def fair_sample(items: Iterable[tuple[Hashable, T]], size: int, seed: int = 0) -
 class ShapedEncoder:
     """One fitted, immutable-once-fitted sentence encoder.
 
-    Build with :meth:`create`, fit with :meth:`fit`, then :meth:`encode`;
-    :meth:`save`/:meth:`load` keep it as ``isotrope.json`` + ``state.safetensors``.
+    Build with :meth:`create` from an :class:`~isotrope.config.EncoderConfig`, fit with
+    :meth:`fit`, then :meth:`encode`; :meth:`save`/:meth:`load` keep it as ``isotrope.json`` (the
+    recipe, the spec, the fingerprint) + ``state.safetensors``.
     """
 
     def __init__(
@@ -169,6 +228,7 @@ class ShapedEncoder:
         batch_size: int = 64,
         metadata: dict[str, Any] | None = None,
         max_batch_tokens: int | None = 16384,
+        config: EncoderConfig | None = None,
     ) -> None:
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
@@ -180,90 +240,57 @@ class ShapedEncoder:
         #: padded tokens per batch: short texts go in big batches, long ones in small
         self.max_batch_tokens = max_batch_tokens
         self.metadata: dict[str, Any] = dict(metadata or {})
+        #: the recipe this encoder was built from (None: read back from its spec when asked)
+        self._config = config
         if not hasattr(self.weighting, "weights_") and not self.weighting.needs_corpus:
             self.weighting.fit(backbone.vocabulary(), backbone.special_ids())
 
     @classmethod
     def create(
         cls,
-        model: str = DEFAULT_MODEL,
+        config: EncoderConfig | str | None = None,
         *,
-        shape: str | list[dict[str, Any]] | None = None,
-        pooling: str = "mean",
-        layers: Any = "last",
-        prompt: str | None = None,
-        max_length: int | None = None,
-        weights: str = "uniform",
-        frequencies: str = "corpus",
-        drop_top: int = 0,
-        exclude_special: bool | None = None,
-        exclude_punctuation: bool = False,
         device: str = "auto",
         batch_size: int = 64,
         backbone: Backbone | None = None,
-        token_prepending: bool = False,
-        tp_layers: Any = None,
-        distill_samples: int | None = None,
-        backend: str = "torch",
+        **fields: Any,
     ) -> ShapedEncoder:
-        """An unfitted encoder from readable options.
+        """An unfitted encoder from its recipe: ``create(EncoderConfig(...))``.
 
-        ``model``: a Hugging Face name or path, ``static:<model>``, ``random:<model>``,
-        ``glove-6b-50d`` or a word-vector file. ``exclude_special`` defaults to True for
-        static tables (their [CLS]/[SEP] rows carry no meaning) and False for transformers.
-        ``token_prepending`` (causal LMs) adds Token Prepending over decoder layers
-        ``tp_layers`` (``"START:END"`` or a pair; default 1 to a quarter of the depth).
-        ``fast`` / ``fast:<teacher>``: a static table distilled from the transformer (default
-        all-MiniLM-L6-v2) on a sample of at most ``distill_samples`` fit texts; its shaping
-        defaults to ``whiten-partial``, every other model's to ``none``.
-        ``backend``: ``torch``, ``onnx``, ``onnx-int8`` or ``onnx-int8-per-channel`` (transformers only).
+        ``create("all-MiniLM-L6-v2", shape="center")`` and ``create(model=..., shape=...)`` build the
+        :class:`~isotrope.config.EncoderConfig` from its fields (``fields`` also override those of a
+        given config). ``device`` and ``batch_size`` say where and how it runs; ``backbone`` reuses an
+        already built backbone of the same recipe.
         """
-        shape = resolve_shape(model, shape)
-        model = fast_source(model) or model
-        static = is_static_source(model)
-        if distill_samples is not None and not model.startswith("fast:"):
-            raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
-        if static and backend != "torch":
-            raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use --backend torch)")
-        if static:
-            backbone_config: dict[str, Any] = {"type": "static", "source": model}
-            if max_length:
-                backbone_config["max_length"] = max_length
-            if distill_samples is not None:
-                if distill_samples < 1:
-                    raise ValueError(f"distill_samples must be at least 1, got {distill_samples}")
-                backbone_config["distill_samples"] = distill_samples
+        if isinstance(config, EncoderConfig):
+            config = config.replace(**fields) if fields else config
         else:
-            name, _, extra = model.partition("+")
-            if extra and extra != f"context:{name}":
-                raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
-            backbone_config = {"type": "hf", "model": name, "layers": layers, "prompt": prompt,
-                               "max_length": max_length, "device": device, "context": bool(extra)}
-            if token_prepending:
-                backbone_config.update(token_prepending=True, tp_layers=tp_layers)
-            if backend != "torch":
-                backbone_config["backend"] = backend
-        if prompt is not None and static:
-            raise ValueError("prompt templates need a transformer backbone, not a static table")
-        if tp_layers is not None and not token_prepending:
-            raise ValueError("tp_layers (--tp-layers) applies only with token_prepending (--token-prepending)")
-        if token_prepending and static:
-            raise ValueError("token prepending needs a causal language model backbone, not a static table")
+            config = EncoderConfig.from_dict({**({"model": config} if config is not None else {}), **fields})
+        config = resolve_config(config)
+        static = is_static_source(config.model)
+        settings = backbone_config(config, device)  # checks the options even when a backbone is reused
+        backbone = backbone or make_backbone(settings)
         weighting = TokenWeighting(
-            scheme=weights,
-            frequencies=frequencies,
-            drop_top=drop_top,
-            exclude_special=static if exclude_special is None else exclude_special,
-            exclude_punctuation=exclude_punctuation,
+            scheme=config.weights,
+            frequencies=config.frequencies,
+            drop_top=config.drop_top,
+            exclude_special=static if config.exclude_special is None else config.exclude_special,
+            exclude_punctuation=config.exclude_punctuation,
         )
-        steps = parse_shape(shape)
-        transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in steps]
-        return cls(backbone or make_backbone(backbone_config), pooling, weighting, transforms, batch_size)
+        transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape_value(config))]
+        return cls(backbone, config.pooling, weighting, transforms, batch_size, config=config)
 
     # -- description ----------------------------------------------------------------
     @property
+    def config(self) -> EncoderConfig:
+        """The recipe this encoder was built from (read back from its spec for an encoder assembled
+        from parts, or loaded from a folder saved before recipes were stored)."""
+        return self._config if self._config is not None else EncoderConfig.from_spec(self.spec)
+
+    @property
     def spec(self) -> dict[str, Any]:
-        """Everything that defines the encoder except its arrays (canonical JSON form)."""
+        """Everything that defines the fitted encoder except its arrays (canonical JSON form; the
+        fingerprint covers it): the recipe resolved for this backbone, with the fitted chain's settings."""
         return {
             "backbone": self.backbone.get_config(),
             "weighting": self.weighting.get_config(),
@@ -350,12 +377,19 @@ class ShapedEncoder:
         if any(transform.requires_fit for transform in self.transforms):
             raw = self.embed_raw(sample, show_progress=show_progress)
             self.fit_transforms(raw)
-        self.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(sample)}
+        if self.finish_fit(fitted_on or "texts passed to fit()", len(sample)):
+            return None  # raw vectors of the unfolded chain do not apply to the folded encoder
+        return raw
+
+    def finish_fit(self, fitted_on: str, n_texts: int) -> bool:
+        """Record the fit in the metadata once every part is fitted; ``--model fast`` also folds the
+        chain into its table. Returns whether it did (the raw vectors of the unfolded chain then no
+        longer apply)."""
+        self.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": n_texts}
         if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
             self.metadata["distill"] = self.backbone.distill_report
-            if self._fold_in_place():
-                return None  # raw vectors of the unfolded chain do not apply to the folded encoder
-        return raw
+            return self._fold_in_place()
+        return False
 
     def _fold_in_place(self) -> bool:
         """``--model fast``: become the folded encoder (one table: tokenize, gather, mean, L2), when the
@@ -416,10 +450,7 @@ class ShapedEncoder:
 
     def apply_transforms(self, raw: np.ndarray) -> np.ndarray:
         """Shape raw vectors with the fitted chain."""
-        vectors = np.asarray(raw, dtype=np.float32)
-        for transform in self.transforms:
-            vectors = transform.transform(vectors)
-        return vectors
+        return apply_chain(self.transforms, raw)
 
     def encode(
         self,
@@ -435,7 +466,8 @@ class ShapedEncoder:
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the encoder folder (``isotrope.json`` + ``state.safetensors``) atomically."""
-        return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None))
+        return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None),
+                             config=self.config.to_dict())
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
@@ -444,8 +476,9 @@ class ShapedEncoder:
         Its recomputed fingerprint (with the saved backend) must equal the saved one.
         """
         parts = read_encoder(path, device=device, backend=backend)
+        config = parts.config if backend is None else parts.config.replace(backend=backend)
         encoder = cls(parts.backbone, parts.pooling, parts.weighting, parts.transforms,
-                      metadata=parts.document.get("metadata"))
+                      metadata=parts.document.get("metadata"), config=config)
         check_fingerprint(path, parts.document, encoder.fingerprint_as(parts.saved_backend))
         return encoder
 

@@ -13,11 +13,13 @@ import json
 import shutil
 import uuid
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from isotrope import __version__
+from isotrope.backbones.folded import FoldedBackbone
 from isotrope.encoder import ShapedEncoder
 from isotrope.fold import FoldError, fold_encoder
 
@@ -36,7 +38,7 @@ def _exportable(encoder: ShapedEncoder) -> ShapedEncoder:
 
 def _nonzero_special_rows(encoder: ShapedEncoder, table: np.ndarray) -> list[str]:
     """Special tokens the encoder adds or keeps whose rows carry weight (the exporters drop or never add them)."""
-    tokenizer = encoder.backbone.core_tokenizer
+    tokenizer = cast(FoldedBackbone, encoder.backbone).core_tokenizer
     added = set(tokenizer.encode("x").ids) - set(tokenizer.encode("x", add_special_tokens=False).ids)
     ids = sorted(added | set(encoder.backbone.special_ids().tolist()))
     return [tokenizer.id_to_token(i) or str(i) for i in ids if i < len(table) and np.abs(table[i]).max() > 0]
@@ -51,7 +53,7 @@ def export_encoder(encoder: ShapedEncoder, out: str | Path, format: str) -> Path
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")
     encoder = _exportable(encoder)
-    backbone = encoder.backbone
+    backbone = cast(FoldedBackbone, encoder.backbone)
     table = backbone.table
     if backbone.get_state()["table"].dtype == np.float16:
         table = table.astype(np.float16)
@@ -82,7 +84,7 @@ def _write_json(path: Path, document: object) -> None:
 
 
 def _write_model2vec(encoder: ShapedEncoder, table: np.ndarray, folder: Path) -> None:
-    backbone = encoder.backbone
+    backbone = cast(FoldedBackbone, encoder.backbone)
     save_file({"embeddings": np.ascontiguousarray(table)}, folder / "model.safetensors")
     (folder / "tokenizer.json").write_text(backbone.tokenizer_json(), encoding="utf-8")
     _write_json(folder / "config.json", {
@@ -98,7 +100,7 @@ def _write_model2vec(encoder: ShapedEncoder, table: np.ndarray, folder: Path) ->
 
 
 def _write_sentence_transformers(encoder: ShapedEncoder, table: np.ndarray, folder: Path) -> None:
-    backbone = encoder.backbone
+    backbone = cast(FoldedBackbone, encoder.backbone)
     (folder / "0_StaticEmbedding").mkdir()
     (folder / "1_Normalize").mkdir()
     save_file({"embedding.weight": np.ascontiguousarray(table, dtype=np.float32)},

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from isotrope.backbones.folded import DTYPES, FoldedBackbone, quantize
+from isotrope.errors import FoldError
 from isotrope.transforms.l2 import L2
 from isotrope.weighting import TokenWeighting
 
@@ -66,10 +67,6 @@ LINEAR_KINDS = ("center", "zscore", "abtt", "sif_removal", "whiten", "pca")
 ORDERED_KINDS = ("whiten", "pca")
 #: table rows sent through the chain at once
 FOLD_ROWS = 4096
-
-
-class FoldError(ValueError):
-    """An encoder whose chain cannot be folded into one table."""
 
 
 def check_foldable(encoder: Foldable) -> None:

@@ -16,6 +16,8 @@ from safetensors.numpy import load_file, save_file
 from isotrope import __version__
 from isotrope.backbones import make_backbone
 from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
+from isotrope.config import EncoderConfig
+from isotrope.errors import EncoderFormatError
 from isotrope.fingerprint import fingerprint
 from isotrope.pooling import POOLING_MODES
 from isotrope.transforms import TRANSFORMS
@@ -23,15 +25,14 @@ from isotrope.weighting import TokenWeighting
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+#: 2 adds ``config`` (the recipe); folders of version 1 are read, their recipe read back from the spec
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SPEC_FILE = "isotrope.json"
-#: keys of isotrope.json that are not part of the spec the fingerprint covers
-_NOT_FINGERPRINTED = ("format_version", "isotrope_version", "fingerprint", "metadata")
+#: keys of isotrope.json that are not part of the spec the fingerprint covers (the recipe is not: the
+#: fingerprint names what the encoder computes, the same however it was asked for)
+_NOT_FINGERPRINTED = ("format_version", "isotrope_version", "fingerprint", "config", "metadata")
 STATE_FILE = "state.safetensors"
-
-
-class EncoderFormatError(ValueError):
-    """A saved encoder that cannot be read: corrupt, incomplete or of another format version."""
 
 
 class EncoderParts(NamedTuple):
@@ -44,6 +45,8 @@ class EncoderParts(NamedTuple):
     transforms: list[Any]
     #: the runtime the encoder was saved with (its fingerprint names it)
     saved_backend: str
+    #: the recipe it was built from
+    config: EncoderConfig
 
 
 def write_encoder(
@@ -52,10 +55,12 @@ def write_encoder(
     state: dict[str, np.ndarray],
     metadata: dict[str, Any],
     save_files: Callable[[Path], None] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """Write the encoder folder atomically: a complete new folder replaces the old one.
 
-    ``save_files`` writes files the backbone keeps beside its arrays (a folded table's tokenizer.json).
+    ``save_files`` writes files the backbone keeps beside its arrays (a folded table's tokenizer.json);
+    ``config`` is the recipe (``EncoderConfig.to_dict()``), kept under ``"config"``.
     """
     path = Path(path)
     document = {
@@ -63,6 +68,7 @@ def write_encoder(
         "isotrope_version": __version__,
         "fingerprint": fingerprint(spec, state),
         **spec,
+        **({"config": config} if config is not None else {}),
         "metadata": metadata,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,9 +104,10 @@ def read_spec(path: str | Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise EncoderFormatError(f"{spec_file} is corrupt: expected a JSON object")
     version = document.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise EncoderFormatError(
-            f"{spec_file} has format_version {version!r}; this isotrope ({__version__}) reads version {FORMAT_VERSION}"
+            f"{spec_file} has format_version {version!r}; this isotrope ({__version__}) reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     missing = [key for key in ("fingerprint", "backbone", "weighting", "pooling", "transforms") if key not in document]
     if missing:
@@ -138,6 +145,7 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         pooling = document["pooling"]["mode"]
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
+        config = read_config(document)
     except (TypeError, KeyError, ValueError) as error:
         if isinstance(error, EncoderFormatError):
             raise
@@ -162,7 +170,15 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend)
+    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend, config)
+
+
+def read_config(document: dict[str, Any]) -> EncoderConfig:
+    """The recipe of a parsed ``isotrope.json``; a folder of format version 1 has none stored, and
+    gets the one its spec describes."""
+    if "config" not in document:
+        return EncoderConfig.from_spec(document)
+    return EncoderConfig.from_dict(document["config"])
 
 
 def check_fingerprint(path: str | Path, document: dict[str, Any], actual: str) -> None:

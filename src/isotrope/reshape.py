@@ -18,15 +18,18 @@ from collections.abc import Iterator
 import numpy as np
 
 from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.errors import StoreCapabilityError
 from isotrope.search import Collection, describe_encoder, parse_store_uri
 from isotrope.shapes import parse_shape
+from isotrope.stores.base import ReshapableStore
 from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, reshape_lock
 from isotrope.stores.lock import writer_lock
 from isotrope.transforms import TRANSFORMS
 
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
     transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
-    return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size)
+    return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size,
+                         config=encoder.config.replace(shape=shape))
 
 
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
@@ -34,8 +37,8 @@ def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 
     kind, path = parse_store_uri(uri)
     with writer_lock(path, "reshaped"), Collection.open(uri) as collection, reshape_lock(path):
         store = collection.store
-        if not store.stores_raw_vectors:
-            raise ValueError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")
+        if not store.stores_raw_vectors or not isinstance(store, ReshapableStore):
+            raise StoreCapabilityError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")
         rows = (vector for _, vectors in store.iter_raw(batch_size) for vector in vectors)
         sample = np.stack(reservoir_sample(rows, fit_samples, seed))
         encoder = _reshaped_encoder(collection.encoder, shape)

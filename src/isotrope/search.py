@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
+from isotrope.errors import EncoderMismatchError, EncoderMissingError
 from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
@@ -25,14 +26,6 @@ STORE_KINDS = {
 }
 #: store kind -> the store option naming its index type
 INDEX_OPTION = {"faiss": "factory", "lancedb": "index_type"}
-
-
-class EncoderMismatchError(ValueError):
-    """A store opened with an encoder other than the one that wrote it."""
-
-
-class EncoderMissingError(FileNotFoundError):
-    """A store folder holds vectors but not the encoder that shaped them."""
 
 
 def holds_vectors(path: Path) -> bool:
@@ -145,7 +138,7 @@ class Collection:
         except BaseException:
             store.close()
             raise
-        recorded = store.properties.get("fingerprint")
+        recorded = store.encoder_fingerprint
         try:
             loaded = encoder is None
             if encoder is None:

@@ -148,11 +148,14 @@ class TokenWeighting:
         elif self.frequencies != "corpus":
             probs = _table_probabilities(vocabulary, self.frequencies)
         if self.scheme == "idf":
+            assert counts is not None  # needs_corpus was checked above
             weights = np.log((1 + counts.n_texts) / (1 + counts.doc_freq)) + 1.0
         elif self.scheme == "sif":
+            assert probs is not None  # sif and usif always need frequencies
             weights = self.sif_a / (self.sif_a + probs)
         elif self.scheme == "usif":
             mean_length = counts.n_tokens / counts.n_texts if counts is not None and counts.n_texts else 20.0
+            assert probs is not None
             a = usif_a(probs, mean_length)
             weights = a / (0.5 * a + probs)
         if self.drop_top > 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from isotrope.config import EncoderConfig
 from isotrope.ingest.pipeline import index_documents
 from isotrope.reshape import reshape_store
 
@@ -16,7 +17,7 @@ if __name__ == "__main__":
     print("ready", flush=True)
     if command == "index":
         source, store, model = args
-        index_documents(source, store, encoder_options={"model": model, "shape": "center"},
+        index_documents(source, store, config=EncoderConfig(model=model, shape="center"),
                         batch_size=16, commit_every=32, show_progress=False)
     elif command == "reshape":
         store, shape = args

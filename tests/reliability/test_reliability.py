@@ -22,6 +22,8 @@ from harness import Tally, env, kill_at, record, run, snapshot, start, write_cor
 FULL = os.environ.get("ISOTROPE_RELIABILITY_FULL") == "1"
 full_only = pytest.mark.skipif(not FULL, reason="set ISOTROPE_RELIABILITY_FULL=1 for the full series")
 KINDS = ["faiss", "lancedb"]
+#: every case runs the CLI in subprocesses and kills them: 5 to 40 s each
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

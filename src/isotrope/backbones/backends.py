@@ -20,16 +20,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from isotrope.errors import BackendMismatchError
+
 logger = logging.getLogger(__name__)
 
 #: backend name -> numeric class of the vectors it computes
 NUMERIC_CLASS = {"torch": "fp32", "onnx": "fp32", "onnx-int8": "int8", "onnx-int8-per-channel": "int8-per-channel"}
 BACKENDS = tuple(NUMERIC_CLASS)
 DEFAULT_BACKEND = "torch"
-
-
-class BackendMismatchError(ValueError):
-    """A store's vectors and the query/append vectors come from incompatible numeric classes."""
 
 
 def check_backend(backend: str) -> str:

@@ -28,11 +28,21 @@ class TokenBatch:
 class Backbone(Protocol):
     """A tokenizer plus a map from token ids to token states."""
 
-    dim: int
-    tokenizer: Any
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def needs_fit(self) -> bool:
+        """True while the backbone has statistics to compute from the fit corpus (context tables)."""
+
+    def fit(self, texts: Sequence[str], *, show_progress: bool = False) -> Any:
+        """Compute the corpus statistics the backbone needs (a no-op for most backbones)."""
 
     def vocabulary(self) -> list[str]:
         """Token string of every id, index = id."""
@@ -80,8 +90,31 @@ class TokenizedBackbone:
     """
 
     tokenizer: Any
-    #: True while the backbone has statistics to compute from the fit corpus (context tables)
-    needs_fit = False
+    dim: int
+
+    @property
+    def needs_fit(self) -> bool:
+        """True while the backbone has statistics to compute from the fit corpus (context tables)."""
+        return False
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def vocabulary(self) -> list[str]:
+        raise NotImplementedError
+
+    def special_ids(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
 
     def fit(self, texts: Sequence[str], show_progress: bool = False) -> TokenizedBackbone:
         """Compute corpus statistics the backbone needs; nothing by default."""

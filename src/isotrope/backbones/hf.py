@@ -220,7 +220,7 @@ class HFBackbone(TokenizedBackbone):
         states = self._torch_states(input_ids, attention_mask) if self.model is not None else \
             self.onnx.states(input_ids, attention_mask, self.layers)
         if self.context and not getattr(self, "_fitting", False):
-            if self.context_table_ is None:
+            if self.context_table_ is None or self.context_scale_ is None:
                 raise NotFittedError(f"{self.model_name}+context: the context table is computed by fit(texts) first")
             states = np.concatenate([states * self.context_scale_[0], self.context_table_[input_ids]], axis=2)
         return TokenBatch(
@@ -260,6 +260,7 @@ class HFBackbone(TokenizedBackbone):
     # -- prompts ------------------------------------------------------------------
     def _apply_prompt(self, text: str) -> str:
         """Fill the template, truncating the text (not the template) to fit max_length."""
+        assert self._template is not None, "prompts are applied only when a template is set"
         template = self._template.replace("[MASK]", self.tokenizer.mask_token or "[MASK]")
         overhead = len(self.tokenizer(template.replace("{text}", ""))["input_ids"])
         budget = max(self.max_length - overhead, 1)
@@ -270,7 +271,7 @@ class HFBackbone(TokenizedBackbone):
 
     def _target_index(self, input_ids: np.ndarray, attention: np.ndarray) -> np.ndarray:
         mask_id = self.tokenizer.mask_token_id
-        if mask_id is not None and "[MASK]" in self.prompt:
+        if mask_id is not None and "[MASK]" in (self.prompt or ""):
             is_mask = input_ids == mask_id
             if not is_mask.any(axis=1).all():
                 raise ValueError("the prompt's mask token was truncated away; raise max_length")

@@ -39,12 +39,13 @@ def default_tp_layers(num_layers: int) -> tuple[int, int]:
 
 def parse_tp_layers(layers: TPLayers, num_layers: int) -> tuple[int, int]:
     """``"START:END"`` or a ``(start, end)`` pair -> a checked half-open range of decoder layers."""
+    span: tuple[int, ...]
     if layers is None:
         span = default_tp_layers(num_layers)
     elif isinstance(layers, str):
-        start, sep, end = layers.partition(":")
+        first, sep, last = layers.partition(":")
         try:
-            span = (int(start), int(end)) if sep else ()
+            span = (int(first), int(last)) if sep else ()
         except ValueError:
             span = ()
         if not span:
@@ -166,5 +167,6 @@ class TokenPrepending:
         """The slot's state at this layer's input <- the last token's (in place, so the model's
         ``hidden_states`` show the replaced slot, as in the reference implementation)."""
         hidden = args[0] if args else kwargs["hidden_states"]
+        assert self._positions is not None, "the hook runs only inside a forward pass with positions set"
         rows, slot, last = self._positions
         hidden[rows, slot] = hidden[rows, last]

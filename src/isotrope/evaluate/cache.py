@@ -86,14 +86,14 @@ class CachedBackbone(TokenizedBackbone):
         self.backbone_texts += len(missing)
         logger.info("token-state cache: running the backbone on %d of %d texts", len(missing), len(texts))
         for index, batch in self.backbone.iter_batches([text for _, text in missing], kind, batch_size, max_tokens):
-            rows = []
+            records = []
             for row, i in enumerate(index):
                 n = int(batch.attention_mask[row].sum())
                 target = -1 if batch.target_index is None else int(batch.target_index[row])
-                rows.append((missing[i][0], n, target, batch.input_ids[row, :n].astype(np.int64).tobytes(),
+                records.append((missing[i][0], n, target, batch.input_ids[row, :n].astype(np.int64).tobytes(),
                              batch.special_mask[row, :n].astype(np.bool_).tobytes(),
                              np.ascontiguousarray(batch.states[row, :n], dtype=np.float32).tobytes()))
-            self._db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?, ?, ?)", records)
             self._db.commit()
 
     def iter_batches(

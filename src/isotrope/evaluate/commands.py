@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from isotrope.evaluate.harness import Evaluator, Recipe, encode_function, isotropy_of
+from isotrope.config import EncoderConfig
+from isotrope.encoder import resolve_config
+from isotrope.evaluate.harness import Evaluator, encode_function, isotropy_of
 
 TASKS = ("sts", "retrieval", "clustering", "classification", "isotropy")
 
 
-def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
+def run_sts(evaluator: Evaluator, config: EncoderConfig, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
             pairs: Sequence[Path] = (), fit_corpus: str | None = None, transductive: bool = False,
             context_corpus: str | None = None, **_: Any) -> dict:
     """Spearman x100 per STS task (each task's pairs pooled and scored once: the "all" setting) and their mean."""
@@ -31,7 +33,7 @@ def run_sts(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), 
     if not sets:
         raise ValueError("nothing to evaluate: pass --task stsb/sickr with --data-dir, or --pairs FILE")
     eval_texts = [s for _, p in sets for s in (*p.sentences1, *p.sentences2)]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive, context_corpus)
+    encoder, fitted_on = evaluator.fit(config, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
     return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on),
@@ -45,7 +47,7 @@ def fit_report(encoder: Any, fitted_on: str) -> dict:
     return {"fitted_on": fitted_on, **auto, **distill}
 
 
-def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = None, fit_corpus: str | None = None,
+def run_retrieval(evaluator: Evaluator, config: EncoderConfig, *, beir: Path | None = None, fit_corpus: str | None = None,
                   transductive: bool = False, split: str | None = None,
                   context_corpus: str | None = None, modes: Sequence[str] = (), stores: Sequence[str] = (),
                   alpha: float | None = None, fusion: str = "convex", **_: Any) -> dict:
@@ -64,7 +66,7 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
     corpus = documents if fit_corpus == "corpus" else fit_corpus
     if transductive and corpus is None:
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
-    encoder, fitted_on = evaluator.fit(recipe, corpus, context_corpus=context_corpus)
+    encoder, fitted_on = evaluator.fit(config, corpus, context_corpus=context_corpus)
     if modes:
         from isotrope.evaluate.store_retrieval import eval_through_store
 
@@ -80,7 +82,7 @@ def run_retrieval(evaluator: Evaluator, recipe: Recipe, *, beir: Path | None = N
             "empty_queries": result["empty_queries"], "empty_documents": result["empty_documents"]}
 
 
-def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None = None, split: str | None = None,
+def run_clustering(evaluator: Evaluator, config: EncoderConfig, *, jsonl: Path | None = None, split: str | None = None,
                    limit: int | None = None, fit_corpus: str | None = None, transductive: bool = False,
                    context_corpus: str | None = None, **_: Any) -> dict:
     """V-measure x100 of mini-batch k-means over 5 seeds (MTEB).
@@ -106,30 +108,33 @@ def run_clustering(evaluator: Evaluator, recipe: Recipe, *, jsonl: Path | None =
         other = fit_corpus.removeprefix("split:")
         if other == (split or ""):
             raise ValueError(f"--fit-corpus {fit_corpus} is the evaluated split: pass --transductive to fit on it")
-        fit_corpus, corpus_name = load_clustering(jsonl, split=other).texts, f"{Path(jsonl).name} split {other}"
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus, corpus_name)
+        fit_texts: str | list[str] | None = load_clustering(jsonl, split=other).texts
+        corpus_name = f"{Path(jsonl).name} split {other}"
+    else:
+        fit_texts = fit_corpus
+    encoder, fitted_on = evaluator.fit(config, fit_texts, texts, transductive, context_corpus, corpus_name)
     result = eval_clustering(encode_function(encoder), texts, labels)
     return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
             "texts": len(texts), "labels": len(set(labels)), **fit_report(encoder, fitted_on)}
 
 
-def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
+def run_classification(evaluator: Evaluator, config: EncoderConfig, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
                        fit_corpus: str | None = None, transductive: bool = False,
                        context_corpus: str | None = None, **_: Any) -> dict:
     """SentEval accuracy x100 (logistic regression; 10-fold CV, or the fixed split where one exists)."""
-    from isotrope.evaluate.data import load_senteval
+    from isotrope.evaluate.data import LabelledTexts, load_senteval
     from isotrope.evaluate.tasks import eval_classification
 
     if data_dir is None or not tasks:
         raise ValueError("classification needs --data-dir and --task (MR, CR, SUBJ, MPQA, TREC, SST2, SST5)")
-    sets = {}
+    sets: dict[str, tuple[LabelledTexts, LabelledTexts | None]] = {}
     for task in tasks:
         if task in ("TREC", "SST2", "SST5"):
             sets[task] = (load_senteval(data_dir, task, "train"), load_senteval(data_dir, task, "test"))
         else:
             sets[task] = (load_senteval(data_dir, task), None)
     eval_texts = [t for train, test in sets.values() for t in train.texts + (test.texts if test else [])]
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, eval_texts, transductive, context_corpus)
+    encoder, fitted_on = evaluator.fit(config, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {}
     for task, (train, test) in sets.items():
@@ -141,7 +146,7 @@ def run_classification(evaluator: Evaluator, recipe: Recipe, *, tasks: Sequence[
     return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on)}
 
 
-def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | None = None, limit: int | None = 5000,
+def run_isotropy(evaluator: Evaluator, config: EncoderConfig, *, texts_file: Path | None = None, limit: int | None = 5000,
                  fit_corpus: str | None = None, transductive: bool = False,
                  context_corpus: str | None = None, **_: Any) -> dict:
     """Mean pairwise cosine, partition ratio I(W) and effective rank of the encoder's vectors for a text file."""
@@ -151,26 +156,30 @@ def run_isotropy(evaluator: Evaluator, recipe: Recipe, *, texts_file: Path | Non
     if texts_file is None:
         raise ValueError("isotropy needs --texts FILE")
     texts = reservoir_sample(iter_texts(texts_file), limit or 5000)
-    encoder, fitted_on = evaluator.fit(recipe, fit_corpus, texts, transductive, context_corpus)
+    encoder, fitted_on = evaluator.fit(config, fit_corpus, texts, transductive, context_corpus)
     scores = {key: round(value, 4) for key, value in isotropy_of(encoder, texts).items()}
     return {"scores": scores, **fit_report(encoder, fitted_on)}
 
 
-RUNNERS = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
+RUNNERS: dict[str, Callable[..., dict]] = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
            "classification": run_classification, "isotropy": run_isotropy}
 
 
-def evaluate(task: str, recipe: Recipe, evaluator: Evaluator | None = None, **options: Any) -> dict:
-    """Run one task for one recipe; the result names the recipe and what the shaping was fitted on."""
+def evaluate(task: str, config: EncoderConfig, evaluator: Evaluator | None = None, **options: Any) -> dict:
+    """Run one task for one recipe; the result names the recipe (``saved encoder: ...`` for the
+    evaluator's saved encoder, whose recipe ``config`` then is) and what the shaping was fitted on."""
     if task not in RUNNERS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(RUNNERS)}")
     import time
 
     evaluator = evaluator or Evaluator()
     tick = time.perf_counter()
-    result = RUNNERS[task](evaluator, recipe, **options)
+    result = RUNNERS[task](evaluator, config, **options)
     transductive = result["fitted_on"].startswith("TRANSDUCTIVE")
-    return {"task": task, "recipe": recipe.label(), **result, "transductive": transductive,
+    label = resolve_config(config).label()
+    if evaluator.encoder is not None:
+        label = f"saved encoder: {label}"
+    return {"task": task, "recipe": label, **result, "transductive": transductive,
             "seconds": round(time.perf_counter() - tick, 1)}
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from isotrope.errors import DataFormatError
+
 logger = logging.getLogger(__name__)
 
 STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
@@ -32,10 +34,6 @@ SENTEVAL_BINARY = {
 TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 SST_FILES = {"SST2": ("stsa.binary", ("negative", "positive")),
              "SST5": ("stsa.fine", ("very negative", "negative", "neutral", "positive", "very positive"))}
-
-
-class DataFormatError(ValueError):
-    """A data file does not have the expected layout (the message names file and line)."""
 
 
 @dataclass(frozen=True)
@@ -297,11 +295,12 @@ def load_senteval(data_dir: str | Path, task: str, split: str | None = None) -> 
         negatives, positives = _sentences(root / "raw" / neg_file), _sentences(root / "raw" / pos_file)
         return LabelledTexts(task, negatives + positives, [0] * len(negatives) + [1] * len(positives), names)
     if task == "TREC":
-        return _load_trec(root / "raw" / f"TREC.{_check_split(task, split, ('train', 'test'))}", split)
+        trec_split = _check_split(task, split, ("train", "test"))
+        return _load_trec(root / "raw" / f"TREC.{trec_split}", trec_split)
     if task in SST_FILES:
-        stem, names = SST_FILES[task]
+        stem, sst_names = SST_FILES[task]
         return _load_sst(root / "sst" / f"{stem}.{_check_split(task, split, ('train', 'dev', 'test'))}",
-                         f"{task}-{split}", names)
+                         f"{task}-{split}", sst_names)
     raise ValueError(f"unknown SentEval task {task!r}; expected one of {list(SENTEVAL_TASKS)}")
 
 

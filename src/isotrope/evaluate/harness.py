@@ -11,14 +11,17 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from isotrope.backbones import is_static_source
+from isotrope.backbones.base import TextKind, TokenizedBackbone
+from isotrope.backbones.static import StaticBackbone
+from isotrope.config import EncoderConfig
 from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
-from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.encoder import ShapedEncoder, build_backbone, reservoir_sample, resolve_config
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.isotropy import isotropy_report
 
@@ -29,52 +32,9 @@ FitCorpus = str | Path | Sequence[str] | None
 
 
 @dataclass
-class Recipe:
-    """Everything ``ShapedEncoder.create`` takes, as the CLI and sweeps spell it."""
-
-    model: str = "all-MiniLM-L6-v2"
-    shape: str = "none"
-    pooling: str = "mean"
-    layers: Any = "last"
-    prompt: str | None = None
-    weights: str = "uniform"
-    frequencies: str = "corpus"
-    drop_top: int = 0
-    exclude_special: bool | None = None
-    exclude_punctuation: bool = False
-    max_length: int | None = None
-    token_prepending: bool = False
-    tp_layers: Any = None
-    distill_samples: int | None = None
-    backend: str = "torch"
-
-    def label(self) -> str:
-        parts = [self.model, f"pool={self.pooling}"]
-        if self.distill_samples:
-            parts.append(f"distill_samples={self.distill_samples}")
-        if self.layers != "last":
-            parts.append(f"layers={self.layers}")
-        if self.prompt:
-            parts.append("prompt")
-        if self.token_prepending:
-            parts.append("tp" + (f"={self.tp_layers}" if self.tp_layers is not None else ""))
-        if self.weights != "uniform":
-            parts.append(f"w={self.weights}" + (f"[{Path(self.frequencies).name}]" if self.frequencies != "corpus" else ""))
-        if self.drop_top:
-            parts.append(f"drop_top={self.drop_top}")
-        if self.exclude_special:
-            parts.append("no-special")
-        if self.exclude_punctuation:
-            parts.append("no-punct")
-        parts.append(f"shape={self.shape}")
-        if self.backend != "torch":
-            parts.append(f"backend={self.backend}")
-        return " ".join(parts)
-
-
-@dataclass
 class Evaluator:
-    """Builds and fits encoders for recipes, sharing loaded backbones and a token-state cache.
+    """Builds and fits encoders for recipes (:class:`EncoderConfig`), sharing loaded backbones and a
+    token-state cache.
 
     Transformer backbones are wrapped in :class:`CachedBackbone` when ``cache_dir`` is
     set (static tables are cheap lookups and are not cached). A backbone with fitted
@@ -89,7 +49,7 @@ class Evaluator:
     _backbones: dict[str, Any] = field(default_factory=dict)
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
-    def fit(self, recipe: Recipe, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False,
+    def fit(self, config: EncoderConfig, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False,
             context_corpus: str | Path | None = None,
             corpus_name: str = "the retrieval corpus") -> tuple[ShapedEncoder, str]:
         """A fitted encoder and a description of what it was fitted on (``corpus_name`` names a list of texts).
@@ -107,44 +67,45 @@ class Evaluator:
             texts, fitted_on = self._sample_file(corpus), str(corpus)
         else:
             texts, fitted_on = reservoir_sample(corpus, self.fit_samples, self.seed), corpus_name
-        if recipe.shape == "auto":
-            return self._auto(recipe, texts, fitted_on)
+        config = resolve_config(config)
+        if config.shape == "auto":
+            return self._auto(config, texts, fitted_on)
         table_on = ""
         if context_corpus is not None:
-            if "context:" not in recipe.model:
-                raise ValueError(f"a context corpus is for context tables; model {recipe.model!r} has none")
+            if "context:" not in config.model:
+                raise ValueError(f"a context corpus is for context tables; model {config.model!r} has none")
             table_texts = self._sample_file(context_corpus)
-            encoder = self.build(recipe, table_texts)
+            encoder = self.build(config, table_texts)
             if encoder.backbone.needs_fit:
                 encoder.backbone.fit(table_texts)
             table_on = f"; context table: {context_corpus} ({len(table_texts)} texts)"
         else:
-            encoder = self.build(recipe, texts)
-        tables_from_corpus = ("context:" in recipe.model or bool(fast_source(recipe.model))) and context_corpus is None
+            encoder = self.build(config, texts)
+        tables_from_corpus = ("context:" in config.model or bool(fast_source(config.model))) and context_corpus is None
         if not encoder.needs_corpus and not tables_from_corpus:
             return encoder, table_on.removeprefix("; ") or "nothing (no fitted statistics)"
         if texts is None:
-            raise ValueError(f"model {recipe.model!r} / shaping {recipe.shape!r} / weights {recipe.weights!r} needs a "
+            raise ValueError(f"model {config.model!r} / shaping {config.shape!r} / weights {config.weights!r} needs a "
                              "fit corpus: pass --fit-corpus FILE (or --transductive to fit on the evaluation texts, "
                              "labelled as such)")
         fitted_on = f"{fitted_on} ({len(texts)} texts){table_on}"
         encoder.fit_sample(texts, fitted_on=fitted_on)
         return encoder, fitted_on
 
-    def _auto(self, recipe: Recipe, texts: Sequence[str] | None, fitted_on: str) -> tuple[ShapedEncoder, str]:
+    def _auto(self, config: EncoderConfig, texts: Sequence[str] | None, fitted_on: str) -> tuple[ShapedEncoder, str]:
         """``--shape auto``: pick the shaping by pseudo-query MRR on the fit corpus (never on labels)."""
         from isotrope.autoshape import choose_shape
 
         if texts is None:
             raise ValueError("--shape auto chooses from a corpus: pass --fit-corpus FILE (or 'corpus' for retrieval)")
         fitted_on = f"{fitted_on} ({len(texts)} texts)"
-        encoder = choose_shape(texts, vars(recipe), fitted_on=fitted_on, seed=self.seed,
-                               backbone=self._backbone(recipe, texts))
+        encoder = choose_shape(texts, config, fitted_on=fitted_on, seed=self.seed,
+                               backbone=self._backbone(config, texts))
         return encoder, f"{fitted_on}; auto chose {encoder.metadata['auto_shape']['chosen']}"
 
-    def build(self, recipe: Recipe, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:
+    def build(self, config: EncoderConfig, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:
         """``ShapedEncoder.create`` with the backbone reused across recipes (and cached on disk)."""
-        return ShapedEncoder.create(**vars(recipe), backbone=self._backbone(recipe, fit_texts))
+        return ShapedEncoder.create(config, backbone=self._backbone(config, fit_texts))
 
     def _sample_file(self, path: str | Path) -> list[str]:
         key = str(Path(path).resolve())
@@ -152,26 +113,23 @@ class Evaluator:
             self._samples[key] = reservoir_sample(iter_texts(path), self.fit_samples, self.seed)
         return self._samples[key]
 
-    def _backbone(self, recipe: Recipe, fit_texts: Sequence[str] | None) -> Any:
-        key = repr((recipe.model, recipe.layers, recipe.prompt, recipe.max_length, recipe.token_prepending, recipe.tp_layers,
-                    recipe.backend))
-        if "context:" in recipe.model or fast_source(recipe.model):  # tables from the fit texts: one per sample
-            key += repr(recipe.distill_samples) + hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
+    def _backbone(self, config: EncoderConfig, fit_texts: Sequence[str] | None) -> Any:
+        key = repr(resolve_config(config).backbone_key())
+        if "context:" in config.model or fast_source(config.model):  # tables from the fit texts: one per sample
+            key += hashlib.sha256("\0".join(fit_texts or ()).encode()).hexdigest()
         if key not in self._backbones:
-            backbone = ShapedEncoder.create(model=recipe.model, layers=recipe.layers, prompt=recipe.prompt,
-                                            max_length=recipe.max_length, distill_samples=recipe.distill_samples,
-                                            token_prepending=recipe.token_prepending, tp_layers=recipe.tp_layers,
-                                            backend=recipe.backend).backbone
-            if self.cache_dir and not is_static_source(recipe.model):
-                backbone = CachedBackbone(backbone, self.cache_dir)
+            backbone = build_backbone(config)
+            if self.cache_dir and not is_static_source(config.model):
+                backbone = CachedBackbone(cast(TokenizedBackbone, backbone), self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
                 # context and distilled tables computed through the cached transformer (its token states are reused)
-                backbone.fit(fit_texts, teacher=lambda name: self._backbone(Recipe(model=name), None), show_progress=True)
+                cast(StaticBackbone, backbone).fit(fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None),
+                             show_progress=True)
             self._backbones[key] = backbone
         return self._backbones[key]
 
 
-def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], str], np.ndarray]:
+def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], TextKind], np.ndarray]:
     return lambda texts, kind: encoder.encode(texts, kind=kind)
 
 

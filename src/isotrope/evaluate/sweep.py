@@ -25,16 +25,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from isotrope.config import FIELDS, EncoderConfig
+from isotrope.errors import ConfigError
 from isotrope.evaluate.commands import evaluate
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.harness import Evaluator
 
 logger = logging.getLogger(__name__)
 
-_RECIPE_FIELDS = {field.name for field in fields(Recipe)}
 _PATH_OPTIONS = ("beir", "jsonl", "texts_file", "pairs")
 _RECIPE_PATHS = ("model", "frequencies")
 _FIT_KEYS = {"fit_corpus", "context_corpus"}
@@ -48,9 +48,9 @@ def _points(config: dict[str, Any]) -> list[dict[str, Any]]:
         points += [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))] if keys else []
     points += list(config.get("recipes", []))
     for point in points:
-        unknown = set(point) - _RECIPE_FIELDS - _FIT_KEYS
+        unknown = set(point) - FIELDS - _FIT_KEYS
         if unknown:
-            raise ValueError(f"unknown recipe keys {sorted(unknown)}; use {sorted(_RECIPE_FIELDS | _FIT_KEYS)}")
+            raise ValueError(f"unknown recipe keys {sorted(unknown)}; use {sorted(FIELDS | _FIT_KEYS)}")
     return points
 
 
@@ -80,8 +80,7 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
     done = _finished_rows(Path(out), config.get("fit_samples", 20_000))
     rows = []
     for point in _points(config):
-        recipe = Recipe(**{key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS else value
-                           for key, value in point.items() if key in _RECIPE_FIELDS})
+        recipe = _config(point, data_dir)
         for task, options in config.get("tasks", {}).items():
             key = _row_key(point, task, options, config.get("fit_samples", 20_000))
             if key in done:
@@ -100,6 +99,15 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
             rows.append(_relative_to(data_dir, row))
             _write(rows, Path(out))  # partial results survive an interrupted sweep
     return rows
+
+
+def _config(point: dict[str, Any], data_dir: Path | None) -> EncoderConfig:
+    """The recipe of a sweep point, its file names resolved against ``data_dir``."""
+    try:
+        return EncoderConfig.from_dict({key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS
+                                        else value for key, value in point.items() if key in FIELDS})
+    except ConfigError as error:
+        raise ConfigError(f"sweep point {json.dumps(point)}: {error}", error.field) from None
 
 
 def _row_key(point: dict[str, Any], task: str, options: dict[str, Any], fit_samples: int) -> str:

@@ -24,18 +24,19 @@ from sklearn.cluster import MiniBatchKMeans
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
+from isotrope.backbones.base import TextKind
 from isotrope.evaluate.data import BeirDataset, STSPairs
 from isotrope.evaluate.metrics import mrr_at_k, ndcg_at_k, recall_at_k, spearman, v_measure
 
 logger = logging.getLogger(__name__)
 
-Encode = Callable[[list[str], str], np.ndarray]
+Encode = Callable[[list[str], TextKind], np.ndarray]
 
 #: SentEval's grid of logistic-regression C values (sklearn back-end).
 SENTEVAL_CS = tuple(2.0**t for t in range(-2, 4))
 
 
-def _encode(encode: Encode, texts: Sequence[str], kind: str) -> np.ndarray:
+def _encode(encode: Encode, texts: Sequence[str], kind: TextKind) -> np.ndarray:
     """Call ``encode`` and check the result: float32, one finite row per text."""
     vectors = np.asarray(encode(list(texts), kind), dtype=np.float32)
     if vectors.ndim != 2 or vectors.shape[0] != len(texts):
@@ -54,7 +55,7 @@ def _unit_rows(vectors: np.ndarray) -> np.ndarray:
 
 
 # -- STS ---------------------------------------------------------------------------
-def eval_sts(encode: Encode, pairs: STSPairs, kind: str = "document") -> float:
+def eval_sts(encode: Encode, pairs: STSPairs, kind: TextKind = "document") -> float:
     """Spearman x100 between the cosine of each sentence pair and the gold score."""
     if len(pairs) < 2:
         raise ValueError(f"{pairs.name}: need at least 2 pairs")
@@ -134,7 +135,7 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
     if queries.shape[1] != documents.shape[1]:
         raise ValueError(f"query dim {queries.shape[1]} differs from document dim {documents.shape[1]}")
     indices, scores = top_k(queries, documents, depth, query_block, document_block)
-    run = {qid: {} for qid in dataset.queries}
+    run: dict[str, dict[str, float]] = {qid: {} for qid in dataset.queries}
     run.update({qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
                 for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())})
     result: dict = dict(empty)
@@ -148,7 +149,7 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
 
 # -- clustering --------------------------------------------------------------------
 def eval_clustering(encode: Encode, texts: Sequence[str], labels: Sequence, seeds: Sequence[int] = (0, 1, 2, 3, 4),
-                    kind: str = "document", batch_size: int = 500) -> dict:
+                    kind: TextKind = "document", batch_size: int = 500) -> dict:
     """MTEB-style clustering: V-measure x100 of MiniBatchKMeans, mean and std over seeds."""
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
@@ -171,7 +172,7 @@ def _classifier(inner_folds: int, seed: int, Cs: Sequence[float]) -> GridSearchC
 
 def eval_classification(encode: Encode, texts: Sequence[str], labels: Sequence[int], folds: int = 10,
                         seed: int = 0, test_texts: Sequence[str] | None = None,
-                        test_labels: Sequence[int] | None = None, kind: str = "document",
+                        test_labels: Sequence[int] | None = None, kind: TextKind = "document",
                         inner_folds: int = 5, Cs: Sequence[float] = SENTEVAL_CS) -> dict:
     """SentEval-style accuracy x100 of logistic regression on the encoded texts.
 
@@ -185,7 +186,7 @@ def eval_classification(encode: Encode, texts: Sequence[str], labels: Sequence[i
     if (test_texts is None) != (test_labels is None):
         raise ValueError("pass both test_texts and test_labels, or neither")
     X, y = _encode(encode, texts, kind), np.asarray(labels)
-    if test_texts is not None:
+    if test_texts is not None and test_labels is not None:
         if len(test_texts) != len(test_labels):
             raise ValueError(f"{len(test_texts)} test texts but {len(test_labels)} test labels")
         model = _classifier(inner_folds, seed, Cs).fit(X, y)

@@ -18,19 +18,18 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from isotrope.errors import StoreCapabilityError
+from isotrope.errors import StoreFormatError as StoreFormatError  # its old home: still importable from here
+
 #: metric names every store understands (``"dot"`` is accepted for ``"ip"``)
 METRICS = ("ip", "cosine", "l2")
-
-
-class StoreFormatError(ValueError):
-    """Raised when a path does not hold a valid store of the expected kind, or mismatches its arguments."""
 
 
 @dataclass(frozen=True)
@@ -45,42 +44,73 @@ class Hit:
 
 @runtime_checkable
 class VectorStore(Protocol):
-    """What every isotrope vector store provides.
+    """What every isotrope vector store provides (memory, FAISS and LanceDB; tests/test_store_contract.py
+    runs the same cases on each).
+
+    Writing
 
     ``add(ids, vectors, texts=None, metadata=None)``
-        Insert a batch; an id already stored is replaced (no duplicates).
+        Insert a batch; an id already stored is replaced (no duplicates). A store that keeps raw
+        vectors (``stores_raw_vectors``) also takes ``raw_vectors=`` (the pre-shaping vectors).
     ``delete(ids)``
-        Remove the given ids; unknown ids are ignored.
+        Remove the given ids from dense and lexical search; unknown ids are ignored.
+    ``commit()``
+        Durable, atomic checkpoint: a process killed before it leaves the previous
+        committed state readable; the lexical index is exact after it.
+    ``properties`` / ``set_properties(**kv)``
+        A persisted ``dict[str, str]``, committed with the data.
+    ``close()``
+        Release resources; uncommitted changes are discarded (with a warning).
+        As a context manager a store commits on a clean exit, then closes.
+
+    Searching
+
     ``search(queries, k, where=None)``
         For each query row, the ``k`` closest hits, best first, restricted to rows
         whose metadata matches ``where`` (see :mod:`isotrope.stores.filters`).
     ``lexical_search(texts, k, where=None)``
         For each query text, the ``k`` best hits by BM25 over the stored texts analyzed by
-        :mod:`isotrope.lexical` (only hits sharing a term; scores higher is better).
+        :mod:`isotrope.lexical` (only hits sharing a term; scores higher is better). Hybrid
+        search fuses the two lists (:func:`isotrope.fusion.search_store`, any store).
     ``metadata_fields()``
-        The metadata keys some stored row has (filters naming others are errors).
+        The metadata keys some stored row has (a filter naming another is an error:
+        :func:`isotrope.stores.filters.check_fields`).
+
+    Reading
+
+    ``len(store)``
+        The number of stored rows.
     ``get(ids)``
         A ``Hit`` (score ``nan``) or ``None`` for each id, in order.
     ``contains(ids)``
         The subset of ``ids`` that is stored.
     ``ids(where=None)``
         All stored ids (matching ``where``).
-    ``commit()``
-        Durable, atomic checkpoint: a process killed before it leaves the previous
-        committed state readable.
-    ``properties`` / ``set_properties(**kv)``
-        A persisted ``dict[str, str]``, committed with the data.
-    ``close()``
-        Release resources; uncommitted changes are discarded (with a warning).
-        As a context manager a store commits on a clean exit, then closes.
+    ``vectors(ids)`` / ``iter_vectors(batch_size)``
+        The stored vectors of ids (a cosine store may keep them normalised); all of them in
+        ``(ids, vectors)`` batches.
+    ``raw_vectors(ids)`` / ``iter_raw(batch_size)``
+        The same for the pre-shaping vectors, where ``stores_raw_vectors``
+        (else :class:`~isotrope.errors.StoreCapabilityError`).
+
+    Describing
+
+    ``encoder_fingerprint``
+        The fingerprint of the encoder that shaped the stored vectors (the ``fingerprint``
+        property a :class:`~isotrope.search.Collection` records; ``None`` for a bare store). The
+        encoder itself lives beside the store's files (:mod:`isotrope.stores.layout`).
     ``index_info()``
         The index type as asked and as built, and its search settings (``{}``: no index to describe).
+    ``has_lexical_index`` / ``build_lexical_index()``
+        Whether the lexical index exists (a store written before it had none); build it.
+    ``optimize()``
+        Rebuild or compact the store's indexes for its current size (nothing to do by default).
 
     Capabilities are declared attributes (each store sets its own; the defaults are the minimal store):
 
     ``stores_raw_vectors``
-        ``add`` takes ``raw_vectors`` (the pre-shaping vectors, kept so a reshape can refit) and
-        ``raw_vectors(ids)`` returns them.
+        ``add`` takes ``raw_vectors`` and ``raw_vectors``/``iter_raw`` return them; the store
+        is then also a :class:`ReshapableStore` (its shaping can be refitted in place).
     ``concurrent_queries``
         A vector query and a full-text query may run at the same time (hybrid search overlaps them).
     ``appends_new_ids``
@@ -118,12 +148,45 @@ class VectorStore(Protocol):
 
     def ids(self, where: Mapping[str, Any] | None = None) -> list[str]: ...
 
+    def vectors(self, ids: Sequence[str]) -> np.ndarray: ...
+
+    def iter_vectors(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
+        """All stored ``(ids, vectors)`` in batches of at most ``batch_size`` rows."""
+        all_ids = self.ids()
+        for start in range(0, len(all_ids), batch_size):
+            chunk = all_ids[start : start + batch_size]
+            yield chunk, self.vectors(chunk)
+
+    def raw_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored pre-shaping vectors of ``ids`` (only where ``stores_raw_vectors``)."""
+        raise StoreCapabilityError(f"{type(self).__name__} keeps no raw vectors")
+
+    def iter_raw(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
+        """All stored ``(ids, raw_vectors)`` in batches (only where ``stores_raw_vectors``)."""
+        raise StoreCapabilityError(f"{type(self).__name__} keeps no raw vectors")
+
     def commit(self) -> None: ...
 
     @property
     def properties(self) -> dict[str, str]: ...
 
     def set_properties(self, **kv: str) -> None: ...
+
+    @property
+    def encoder_fingerprint(self) -> str | None:
+        """The fingerprint of the encoder whose vectors the store holds (``None``: not recorded)."""
+        return self.properties.get("fingerprint")
+
+    @property
+    def has_lexical_index(self) -> bool:
+        """Whether lexical search is served by an index already (a store that analyzes on write always is)."""
+        return True
+
+    def build_lexical_index(self) -> None:
+        """Build the lexical index of a store written before it had one (nothing to do by default)."""
+
+    def optimize(self) -> None:
+        """Rebuild or compact the indexes for the store's current size (nothing to do by default)."""
 
     def close(self) -> None: ...
 
@@ -144,6 +207,30 @@ class VectorStore(Protocol):
         if exc_type is None:
             self.commit()
         self.close()
+
+
+@runtime_checkable
+class ReshapableStore(VectorStore, Protocol):
+    """A store that keeps raw vectors (``stores_raw_vectors``) and can rewrite its shaped vectors
+    in one atomic version (:func:`isotrope.reshape.reshape_store`), rolled back if a reshape is killed.
+
+    ``version`` / ``restore(version)``
+        The current table version; make an earlier one the latest again.
+    ``update_vectors(ids, vectors)`` / ``rewrite_vectors(batches)``
+        Replace the shaped vectors of stored ids (texts, metadata and raw vectors stay);
+        ``rewrite_vectors`` streams ``(ids, vectors)`` batches into ONE new version.
+    """
+
+    raw_dim: int | None
+
+    @property
+    def version(self) -> int: ...
+
+    def restore(self, version: int) -> None: ...
+
+    def update_vectors(self, ids: Sequence[str], vectors: Any) -> None: ...
+
+    def rewrite_vectors(self, batches: Iterable[tuple[Sequence[str], Any]]) -> None: ...
 
 
 def check_metric(metric: str) -> str:
@@ -238,7 +325,7 @@ def check_batch(
     if len(set(id_list)) != n:
         duplicate = next(i for i, count in Counter(id_list).items() if count > 1)
         raise ValueError(f"id {duplicate!r} appears more than once in one batch")
-    text_list = [None] * n if texts is None else list(texts)
+    text_list: list[str | None] = [None] * n if texts is None else list(texts)
     if len(text_list) != n:
         raise ValueError(f"got {n} ids but {len(text_list)} texts")
     for i, text in zip(id_list, text_list):

@@ -180,6 +180,7 @@ def _sqlite_cond(cond: _Cond, column: str, params: list[Any]) -> str:
     path = f"$.{cond.field}"
     if cond.op in _ORDERING:
         kind = _kind(cond.values[0])
+        assert kind is not None, "ordering operators take numbers or strings (checked when the filter is parsed)"
         params.extend([path, path, cond.values[0]])
         return f"(json_type({column}, ?) IN {_SQLITE_TYPES[kind]} AND json_extract({column}, ?) {_ORDERING[cond.op]} ?)"
     parts = []

@@ -17,16 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from isotrope.errors import ReshapeInProgressError
+
 logger = logging.getLogger(__name__)
 
 ENCODER_DIR = "encoder"
 MARKER = "reshape.json"
 STAGED = "encoder.next"
 RETIRED = "encoder.old"
-
-
-class ReshapeInProgressError(RuntimeError):
-    """The store is being reshaped by another process (or another handle in this one)."""
 
 
 @contextmanager

@@ -16,11 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from isotrope.errors import StoreLockedError
+
 logger = logging.getLogger(__name__)
-
-
-class StoreLockedError(RuntimeError):
-    """Another process is writing to the store."""
 
 
 def lock_path(store_path: str | Path) -> Path:
@@ -51,6 +49,11 @@ def writer_lock(store_path: str | Path, what: str = "written") -> Iterator[None]
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder(handle)
+            for _ in range(20):  # the holder writes its record just after it takes the lock: wait for it a moment
+                if holder.get("pid"):
+                    break
+                time.sleep(0.05)
+                holder = _holder(handle)
             os.close(handle)
             raise StoreLockedError(
                 f"{store_path} is being {holder.get('what', 'written')} by process {holder.get('pid', '?')} "

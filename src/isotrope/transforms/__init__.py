@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from isotrope.transforms.base import NotFittedError, Transform
+from isotrope.transforms.base import NotFittedError, Transform, apply_chain
 
 #: kind -> "module:class"; the module is imported when the kind is first looked up
 _REGISTRY = {
@@ -87,5 +87,6 @@ __all__ = [
     "Transform",
     "Whiten",
     "ZScore",
+    "apply_chain",
     "make_transform",
 ]

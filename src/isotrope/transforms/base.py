@@ -15,18 +15,18 @@ Statistics are accumulated in float64; outputs are float32.
 from __future__ import annotations
 
 import inspect
+import sys
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-try:  # Python 3.11+
+from isotrope.errors import NotFittedError
+
+if sys.version_info >= (3, 11):
     from typing import Self
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     from typing_extensions import Self
-
-
-class NotFittedError(RuntimeError):
-    """Raised when a transform (or encoder) is used before it was fitted."""
 
 
 def check_matrix(X: Any, name: str = "X") -> np.ndarray:
@@ -115,3 +115,11 @@ class Transform:
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+def apply_chain(transforms: Sequence[Transform], vectors: Any) -> np.ndarray:
+    """``vectors`` shaped by the fitted ``transforms`` in order, float32: the one place a chain is applied."""
+    output = np.asarray(vectors, dtype=np.float32)
+    for transform in transforms:
+        output = transform.transform(output)
+    return output

@@ -235,7 +235,7 @@ class FlowTransform(Transform):
         check_state_array(cls.kind, "scale_", transform.scale_, transform.mean_.shape)
         if transform.mean_.shape[0] < 2 or not (transform.scale_ > 0).all():
             raise ValueError("flow transform state: mean_ needs at least 2 features and scale_ must be positive")
-        flow = transform._build_flow(transform.n_features_in)
+        flow = transform._build_flow(int(transform.mean_.shape[0]))
         loaded = {}
         for key, tensor in flow.state_dict().items():
             name = _state_name(key)

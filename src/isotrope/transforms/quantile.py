@@ -22,6 +22,7 @@ class Quantile(Transform):
 
     kind = "quantile"
     state_names = ("quantiles_", "references_")
+    _estimator: QuantileTransformer
 
     def __init__(
         self,
