@@ -6,6 +6,8 @@ Passages are windows of consecutive sentences of ``corpus/general_english_senten
 of 2, 4, 5, 6, ... sentences (stride 1) until N passages exist; past 52k, passages overlap.
 
     python -m benchmarks.scale --chunks 100000 --data-dir ../shared/data --out benchmarks/results/scale-100k.json
+    python -m benchmarks.scale --table RESULT.json ...        # the docs tables
+    python -m benchmarks.scale --plot OUT.png RESULT.json ... # time, memory, disk against size (matplotlib)
 
 Indexing runs in a child process per store (its peak RSS is the store's), through
 ``index_documents`` with the encoder given by ``--encoder DIR`` (a saved, e.g. ``--model fast``,
@@ -176,13 +178,53 @@ def collection_p50_ms(uri: str, texts: list[str], count: int) -> float:
     return 1000 * float(np.median(times))
 
 
+def save_partial(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The index types searched so far, beside the store (kept with ``--keep``): a long run cut short
+    still leaves them."""
+    Path(f"{args.path}.search.json").write_text(json.dumps(result, indent=2))
+
+
 # -- child: search FAISS ----------------------------------------------------------------
+#: candidates per hit that FaissStore re-ranks from its stored float32 vectors (``refine``), per index type
+REFINE = {"ivf_sq8_refine": 4, "ivf_sq4_refine": 8}
+
+
 def faiss_types(n: int) -> dict[str, str]:
     from isotrope.stores.index_plan import nlist_for
 
     nlist = nlist_for(n)
     return {"flat": "Flat", "ivf": f"IVF{nlist},Flat", "hnsw": "HNSW32", "ivf_sq8": f"IVF{nlist},SQ8",
-            "ivf_pq_refine": f"IVF{nlist},PQ48,RFlat"}
+            "ivf_pq_refine": f"IVF{nlist},PQ48,RFlat", "ivf_sq8_refine": f"IVF{nlist},SQ8",
+            "ivf_sq4_refine": f"IVF{nlist},SQ4"}
+
+
+def bare_refined(store: Any, factory: str, refine: int) -> tuple[Any, Callable[[np.ndarray], Any]]:
+    """faiss's own refinement as the peer of FaissStore ``refine``: the same quantised index with an
+    in-RAM float32 copy (``RFlat``, k_factor ``refine``, same nprobe), over the store's vectors in key
+    order; returns the index and a search giving store keys."""
+    import faiss
+
+    keys, parts = [], []
+    for k, v in store._iter_vectors():
+        keys.append(k)
+        parts.append(v)
+    key_array, vectors = np.concatenate(keys), np.concatenate(parts)
+    del parts
+    index = faiss.index_factory(store.dim, factory + ",RFlat", faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.try_extract_index_ivf(index)
+    sample = np.random.default_rng(0).choice(len(vectors), min(len(vectors), 64 * ivf.nlist), replace=False)
+    index.train(vectors[np.sort(sample)])
+    index.add(vectors)
+    del vectors
+    base = faiss.SearchParametersIVF(nprobe=store.nprobe)
+    params = faiss.IndexRefineSearchParameters(k_factor=float(refine), base_index_params=base)
+    params.referenced_objects = [base]
+
+    def search(q: np.ndarray) -> Any:
+        distances, labels = index.search(q, K, params=params)
+        return distances, np.where(labels >= 0, key_array[np.maximum(labels, 0)], -1)
+
+    return index, search
 
 
 def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
@@ -206,7 +248,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.types.split(","):
         factory = faiss_types(len(store))[name]
         tick = time.perf_counter()
-        store.optimize(factory)
+        store.optimize(factory, refine=REFINE.get(name, 0))
         build_s = time.perf_counter() - tick
         bare_index = faiss.read_index(str(path / "index.faiss"))
         params = _params_for(bare_index, None, store.nprobe, store.ef_search)
@@ -217,9 +259,16 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
         def bare(q: np.ndarray) -> Any:
             return bare_index.search(q, K, params=params)
 
+        extra: dict[str, Any] = {}
+        if name in REFINE:  # the peer is faiss's RFlat refinement, which keeps a float32 copy in RAM
+            bare_index, bare = bare_refined(store, factory, REFINE[name])
+            extra["bare"] = f"{factory},RFlat k_factor={REFINE[name]} (float32 copy in RAM)"
+            extra["bare_index_bytes"] = (path / "index.faiss").stat().st_size + 4 * store.dim * len(store)
         found = [[key_of[hit.id] for hit in hits] for hits in ours(queries)]
-        row: dict[str, Any] = {"factory": factory, "build_s": build_s, **store.index_info(),
-                               "index_bytes": (path / "index.faiss").stat().st_size,
+        index_bytes = (path / "index.faiss").stat().st_size
+        row: dict[str, Any] = {"factory": factory, "build_s": build_s, **store.index_info(), **extra,
+                               "index_bytes": index_bytes,
+                               "index_fraction_of_flat": index_bytes / (len(store) * (4 * store.dim + 8)),
                                "recall_at_10": recall_at_10(found, truth),
                                "bare_recall_at_10": recall_at_10(bare(queries)[1].tolist(), truth),
                                **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
@@ -232,6 +281,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
                 lambda q: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
                 queries, args.single)
         result[name] = row
+        save_partial(args, result)
         logger.warning("faiss %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
                                                                    "overhead_pct_single", "overhead_pct_batch")})
     store.close()
@@ -295,6 +345,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
         row = {"build_s": build_s, **store.index_info(), "recall_at_10": recall_at_10(found, truth),
                **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
         result[name] = row
+        save_partial(args, result)
         logger.warning("lancedb %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
                                                                      "overhead_pct_single", "overhead_pct_batch")})
     store.close()
@@ -303,7 +354,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- driver ---------------------------------------------------------------------------------
 CHILDREN = {"index": index_child, "search-faiss": search_faiss_child, "search-lancedb": search_lancedb_child}
-DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_pq_refine", "lancedb": "flat,ivf_pq,ivf_hnsw_sq"}
+DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_sq8_refine,ivf_sq4_refine", "lancedb": "flat,ivf_pq,ivf_hnsw_sq"}
 
 
 def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: list[str], threads: int,
@@ -361,11 +412,41 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 settings = ", ".join(f"{key}={row[key]}" for key in ("nlist", "nprobe", "ef_search", "num_partitions",
                                                                       "num_sub_vectors", "nprobes") if key in row)
                 llama = row.get("llama_index_p50_ms_single")
-                lines.append(f"| {result['chunks']:,} | {kind} | {row.get('factory', name)} | {settings} | "
+                index = row.get("factory", name) + (f" + refine x{row['refine']} (bare: RFlat)" if row.get("refine") else "")
+                lines.append(f"| {result['chunks']:,} | {kind} | {index} | {settings} | "
                              f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
                              f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
                              f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |")
     return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], out: Path) -> None:
+    """Indexing time, peak RSS and disk per chunk against the number of chunks, per store (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("index_wall_s", "indexing wall time (s)"), ("peak_rss_mb", "peak RSS while indexing (MB)"),
+              ("disk_bytes_per_chunk", "disk per chunk (bytes)"))
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for axis, (key, label) in zip(axes, panels):
+        for kind in ("faiss", "lancedb"):
+            points = sorted((r["chunks"], r["stores"][kind]["indexing"][key]) for r in results if kind in r["stores"])
+            if points:
+                axis.plot(*zip(*points), marker="o", label=kind)
+        axis.set_xscale("log")
+        if key == "disk_bytes_per_chunk":
+            axis.set_ylim(bottom=0)
+        else:
+            axis.set_yscale("log")
+        axis.set_xlabel("chunks")
+        axis.set_title(label, fontsize=10)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    figure.suptitle("isotrope scale benchmark (2 shared cores, load average 15-30)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
 
 
 def main() -> None:
@@ -373,6 +454,9 @@ def main() -> None:
 
     if sys.argv[1:2] == ["--table"]:
         print(markdown([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
+        return
+    if sys.argv[1:2] == ["--plot"]:  # --plot OUT.png RESULT.json ...
+        plot([json.loads(Path(p).read_text()) for p in sys.argv[3:]], Path(sys.argv[2]))
         return
     if "--child" in sys.argv:
         parser = child_parser("one step of the scale benchmark")

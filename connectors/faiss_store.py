@@ -6,6 +6,8 @@ Directory layout::
                    per item: int64 key, string id, text, metadata JSON, float32 vector blob;
                    items_fts, an FTS5 table of each item's analyzed text (rowid = key), written
                    in the same transaction as the items (lexical search, BM25)
+                   metadata_fields: each top-level metadata key and how many rows have it, kept
+                   in the same transaction (filters naming an unknown field are refused in O(1))
     index.faiss    the faiss index over the stored vectors, keyed by the int64 keys
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
@@ -25,7 +27,8 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,8 @@ INDEX_NAME = "index.faiss"
 _CHUNK = 900  # SQLite variables per statement
 _ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
+#: queries re-ranked together (their candidates' vectors are gathered into one array)
+_REFINE_QUERIES = 256
 _TRAIN_PER_LIST = 64  # k-means sample points per IVF list (faiss asks for at least 39)
 _AUTO = "auto"
 _READ_BLOCK = 1 << 22
@@ -79,6 +84,11 @@ CREATE TABLE IF NOT EXISTS items (
 #: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
 #: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
 _FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
+#: the metadata keys of the stored rows, with the number of rows having each
+_FIELDS_SCHEMA = "CREATE TABLE IF NOT EXISTS metadata_fields (name TEXT PRIMARY KEY, rows INTEGER NOT NULL)"
+#: the key counts of some stored rows' metadata (``{placeholders}`` filled with their keys)
+_COUNT_FIELDS = ("SELECT j.key, COUNT(*) FROM items, json_each(items.metadata) AS j "
+                 "WHERE items.key IN ({placeholders}) GROUP BY j.key")
 
 
 def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -86,9 +96,19 @@ def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]
         yield values[start : start + size]
 
 
+_decode_json = json.JSONDecoder().raw_decode
+
+
 def _load_metadata(value: str) -> dict[str, Any]:
-    """A stored metadata JSON object; the common empty one is not parsed."""
-    return {} if value == "{}" else json.loads(value)
+    """A stored metadata JSON object (written compact by this store: ``raw_decode`` parses it without
+    ``json.loads``'s whitespace passes, at under half the cost); the common empty one is not parsed."""
+    return {} if value == "{}" else _decode_json(value)[0]
+
+
+#: the SELECT of the rows hits show (key, id, text, metadata) for 1 to 900 keys: one statement text per
+#: count, built once (sqlite3 prepares each once and finds it again by the string)
+_ROWS_SQL = [f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * count)})"
+             for count in range(_CHUNK + 1)]
 
 
 def _inner(index: faiss.Index) -> faiss.Index:
@@ -162,6 +182,10 @@ class FaissStore(VectorStore):
     exact_filter_limit: a filtered search over at most this many rows of an approximate index
         is done exactly on the stored vectors instead.
     use_gpu: search on all GPUs (None: when faiss sees any); filtered search stays on the CPU.
+    refine: re-rank ``refine * k`` candidates of an approximate index by their exact scores, from the
+        float32 vectors SQLite keeps (no second copy in RAM, unlike faiss's ``RFlat``): a quantised
+        index (``IVF...,SQ8``, ``SQ4``, ``PQ``) then ranks as precisely as a flat one. 0: off. Saved
+        with a new store; given for an existing one, it holds for this handle (``optimize`` saves it).
     mmap_index: memory-map the committed index on open (read-only, where faiss can: IVF lists,
         flat codes) instead of reading it; it is read into memory before the first write. Off by
         default: measured 2 to 5 times slower per single query (faiss's OnDiskInvertedLists), so
@@ -172,6 +196,8 @@ class FaissStore(VectorStore):
     stores_raw_vectors = False
     #: one SQLite connection: queries run one at a time
     concurrent_queries = False
+    #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
+    appends_new_ids = True
 
     def __init__(
         self,
@@ -186,6 +212,7 @@ class FaissStore(VectorStore):
         exact_filter_limit: int = 10_000,
         use_gpu: bool | None = None,
         mmap_index: bool = False,
+        refine: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.mmap_index = mmap_index
@@ -196,13 +223,16 @@ class FaissStore(VectorStore):
         self._dirty = False
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
-        self._conn = self._connect(dim, factory, metric)
+        self._conn = self._connect(dim, factory, metric, refine)
+        self._has_fields_table = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
         self.factory = meta["factory"]
         self.metric = meta["metric"]
         self.nprobe = nprobe or int(meta.get("nprobe", 16))
         self.ef_search = ef_search or int(meta.get("ef_search", 128))
+        self.refine = _check_refine(refine) if refine is not None else int(meta.get("refine", 0))
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
         self._train_min_given = train_min
         self._built_rows = int(meta.get("index_rows", 0))
@@ -219,7 +249,7 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ opening
 
-    def _connect(self, dim: int | None, factory: str | None, metric: str | None) -> sqlite3.Connection:
+    def _connect(self, dim: int | None, factory: str | None, metric: str | None, refine: int | None) -> sqlite3.Connection:
         db_path = self.path / DB_NAME
         if self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
@@ -239,7 +269,8 @@ class FaissStore(VectorStore):
             except RuntimeError as error:
                 raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
             self.path.mkdir(parents=True, exist_ok=True)
-            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric})
+            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric,
+                                 "refine": str(_check_refine(refine or 0))})
         try:
             # WAL: readers see the last commit while a writer writes; the busy timeout waits out
             # the short moments (checkpoints, switching the mode) when SQLite must lock the file
@@ -415,8 +446,13 @@ class FaissStore(VectorStore):
         vectors: Any,
         texts: Sequence[str | None] | None = None,
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        new_ids: bool = False,
     ) -> None:
-        """Upsert a batch: one SQLite statement per row kind and one faiss call for the batch."""
+        """Upsert a batch: one SQLite statement per row kind and one faiss call for the batch.
+
+        ``new_ids``: the caller knows none of the ids is stored; they are not looked up first.
+        """
         batch = check_batch(ids, vectors, texts, metadata, self.dim)
         if not batch.ids:
             return
@@ -430,9 +466,13 @@ class FaissStore(VectorStore):
         terms = [index_text(text) for text in batch.texts]
         self._begin()
         self._ensure_lexical_index()
+        self._ensure_fields_table()
         self._conn.execute("SAVEPOINT isotrope_add")
         try:
-            existing = self._keys(batch.ids)
+            existing = {} if new_ids else self._keys(batch.ids)
+            fields = Counter(name for meta in batch.metadata for name in meta)
+            fields.subtract(self._field_counts(list(existing.values())))
+            self._update_fields(fields)
             self._conn.executemany(
                 "UPDATE items SET text = ?, metadata = ?, vector = ? WHERE id = ?",
                 [row for row in rows if row[3] in existing],
@@ -471,6 +511,10 @@ class FaissStore(VectorStore):
             return
         self._begin()
         self._ensure_lexical_index()
+        self._ensure_fields_table()
+        removed = Counter()
+        removed.subtract(self._field_counts(list(keys.values())))
+        self._update_fields(removed)
         for part in _chunks(list(keys.values())):
             self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
         self._delete_terms(list(keys.values()))
@@ -480,6 +524,42 @@ class FaissStore(VectorStore):
             self._index = self._refill()
         self._gpu_index = None
         self._dirty = True
+
+    # ------------------------------------------------------------------ the metadata field set
+
+    def _field_counts(self, keys: Sequence[int]) -> Counter[str]:
+        """How many of the given rows have each metadata key."""
+        counts: Counter[str] = Counter()
+        for part in _chunks(keys):
+            counts.update(dict(self._conn.execute(_COUNT_FIELDS.format(placeholders=",".join("?" * len(part))), part)))
+        return counts
+
+    def _update_fields(self, delta: Counter[str]) -> None:
+        """Add ``delta`` to the field counts (inside the open transaction); fields left on no row go."""
+        changes = [(name, count) for name, count in delta.items() if count]
+        if not changes:
+            return
+        self._conn.executemany(
+            "INSERT INTO metadata_fields (name, rows) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET rows = rows + excluded.rows", changes)
+        self._conn.execute("DELETE FROM metadata_fields WHERE rows <= 0")
+
+    def _ensure_fields_table(self) -> None:
+        """Create and fill the field counts of a store written before they existed (inside the open transaction)."""
+        if self._has_fields_table:
+            return
+        logger.info("%s: counting the metadata fields of its %d rows", self.path, len(self))
+        self._conn.execute(_FIELDS_SCHEMA)
+        self._conn.execute("INSERT INTO metadata_fields (name, rows) SELECT j.key, COUNT(*) "
+                           "FROM items, json_each(items.metadata) AS j GROUP BY j.key")
+        self._has_fields_table = True
+
+    def metadata_fields(self) -> set[str]:
+        """The metadata keys of the stored rows (kept on write: no pass over the rows)."""
+        if self._has_fields_table:
+            return {name for (name,) in self._conn.execute("SELECT name FROM metadata_fields")}
+        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"  # a store from before the counts
+        return {key for (key,) in self._conn.execute(query)}
 
     # ------------------------------------------------------------------ the lexical index
 
@@ -598,18 +678,24 @@ class FaissStore(VectorStore):
 
         def search(value: int) -> np.ndarray:
             setattr(self, name, value)
-            return self._index.search(queries, k, params=self._search_params(None))[1]
+            return self._refined(queries, k, lambda fetch: self._index.search(
+                queries, fetch, params=self._search_params(None)))[1]
 
         value, reached = index_plan.calibrate(ladder, search, truth, target)
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
         return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
 
-    def optimize(self, factory: str | None = None) -> None:
+    def optimize(self, factory: str | None = None, refine: int | None = None) -> None:
         """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
 
-        ``factory`` (an index_factory string or "auto") replaces the store's index type for good.
+        ``factory`` (an index_factory string or "auto") replaces the store's index type for good, as
+        ``refine`` (see the class) replaces its refinement.
         """
+        if refine is not None:
+            self.refine = _check_refine(refine)
+            self._begin()
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('refine', ?)", (str(self.refine),))
         if factory is not None and factory != self.factory:
             try:
                 if factory != _AUTO:
@@ -634,6 +720,8 @@ class FaissStore(VectorStore):
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
         if isinstance(_inner(self._index), faiss.IndexHNSW):
             info.update(hnsw_m=_inner(self._index).hnsw.nb_neighbors(1), ef_search=self.ef_search)
+        if self.refine and not self.is_exact:
+            info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
             info["calibrated_recall_at_10"] = float(meta["calibrated_recall"])
         return info
@@ -651,23 +739,32 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _rows(self, keys: Iterable[int]) -> dict[int, tuple[int, str, str | None, str]]:
-        """``key -> (key, id, text, metadata JSON)`` of the given keys, in one SELECT per 900 keys."""
+    def _rows(self, keys: list[int]) -> dict[int, tuple[str, str | None, str]]:
+        """``key -> (id, text, metadata JSON)`` of the given distinct keys: one SELECT per 900 keys, by rowid."""
         rows = {}
-        for part in _chunks(sorted(keys)):
-            query = f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * len(part))})"
-            rows.update((row[0], row) for row in self._conn.execute(query, part))
+        for part in _chunks(keys):
+            for key, id_, text, metadata in self._conn.execute(_ROWS_SQL[len(part)], part):
+                rows[key] = (id_, text, metadata)
         return rows
 
     def _hits(self, keys: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
-        """One list of hits per row of faiss results; a key of -1 (no result) is skipped."""
+        """One list of hits per row of faiss results; a key of -1 (no result) is skipped. Each stored row is
+        read once; every hit parses its own metadata dict."""
         key_rows, score_rows = keys.tolist(), scores.tolist()
-        rows = self._rows({key for row in key_rows for key in row if key >= 0})
-        return [
-            [Hit(rows[key][1], score, rows[key][2], _load_metadata(rows[key][3]))
-             for key, score in zip(key_row, score_row) if key >= 0]
-            for key_row, score_row in zip(key_rows, score_rows)
-        ]
+        if len(key_rows) == 1:  # a single query: its keys are distinct
+            wanted = [key for key in key_rows[0] if key >= 0]
+        else:
+            wanted = list({key for row in key_rows for key in row if key >= 0})
+        rows = self._rows(wanted)
+        out = []
+        for key_row, score_row in zip(key_rows, score_rows):
+            hits = []
+            for key, score in zip(key_row, score_row):
+                if key >= 0:
+                    id_, text, metadata = rows[key]
+                    hits.append(Hit(id_, score, text, _load_metadata(metadata)))
+            out.append(hits)
+        return out
 
     def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:
         sql, params = to_sqlite(where)
@@ -687,9 +784,9 @@ class FaissStore(VectorStore):
                 return [[] for _ in range(len(q))]
             if not self.is_exact and len(keys) <= self.exact_filter_limit:
                 return self._exact_search(q, k, keys)
-            distances, labels = self._selector_search(q, k, keys)
+            distances, labels = self._refined(q, k, lambda fetch: self._selector_search(q, fetch, keys))
         else:
-            distances, labels = self._unfiltered_search(q, k)
+            distances, labels = self._refined(q, k, lambda fetch: self._unfiltered_search(q, fetch))
         scores = -distances if self.metric == "l2" else distances
         return self._hits(labels, scores)
 
@@ -715,11 +812,6 @@ class FaissStore(VectorStore):
             out.append(self._hits(keys, scores)[0])
         return out
 
-    def metadata_fields(self) -> set[str]:
-        """The metadata keys of the stored rows (one pass over the metadata JSON)."""
-        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"
-        return {key for (key,) in self._conn.execute(query)}
-
     def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> list[list[Hit]]:
         found_keys, vectors = [], []
         for part in _chunks(np.sort(keys).tolist()):
@@ -731,6 +823,36 @@ class FaissStore(VectorStore):
         best = top_k(scores, k)
         rows = np.arange(len(q))[:, None]
         return self._hits(all_keys[best], scores[rows, best])
+
+    def _refined(self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """``search(k)``'s (distances, labels); with ``refine``, the best ``k`` of ``refine * k`` candidates
+        by exact scores on the stored vectors (faiss's conventions: squared distances for l2)."""
+        if not self.refine or self.is_exact:
+            return search(k)
+        _, labels = search(self.refine * k)
+        wanted = np.unique(labels[labels >= 0])
+        if len(wanted) == 0:
+            return search(k)
+        stored = np.empty((len(wanted), self.dim), dtype=np.float32)
+        for part in _chunks(wanted.tolist()):
+            for keys, vectors in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
+                stored[np.searchsorted(wanted, keys)] = vectors
+        better = np.empty(labels.shape, dtype=np.float32)  # exact scores, higher is better
+        for start in range(0, len(q), _REFINE_QUERIES):
+            part = slice(start, start + _REFINE_QUERIES)
+            candidates = stored[np.searchsorted(wanted, np.maximum(labels[part], 0))]  # (queries, refine * k, dim)
+            if self.metric == "l2":
+                difference = candidates - q[part, None, :]
+                better[part] = -np.einsum("qcd,qcd->qc", difference, difference)
+            else:
+                better[part] = np.einsum("qcd,qd->qc", candidates, q[part])
+        better[labels < 0] = -np.inf
+        best = np.argsort(-better, axis=1, kind="stable")[:, :k]
+        rows = np.arange(len(q))[:, None]
+        out_labels = np.where(np.isfinite(better[rows, best]), labels[rows, best], -1)
+        out_scores = (-better if self.metric == "l2" else better)[rows, best].astype(np.float32)
+        return out_scores, out_labels
 
     def _selector_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         selector = faiss.IDSelectorBatch(keys)
@@ -796,6 +918,12 @@ class FaissStore(VectorStore):
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
 
 
+def _check_refine(refine: int) -> int:
+    if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
+        raise ValueError(f"refine must be a non-negative integer (candidates per hit to re-rank); got {refine!r}")
+    return int(refine)
+
+
 def _process_alive(pid: str) -> bool:
     """Whether ``pid`` (as written in a temporary file's name) is a running process."""
     try:
@@ -815,6 +943,7 @@ def _create_db(db_path: Path, settings: dict[str, str]) -> None:
     try:
         conn.executescript(_SCHEMA)
         conn.execute(_FTS_SCHEMA)
+        conn.execute(_FIELDS_SCHEMA)
         rows = {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings}
         conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
         conn.commit()

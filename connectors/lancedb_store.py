@@ -11,7 +11,10 @@ Table columns::
     raw_vector  fixed_size_list<float32>[raw_dim], optional: the pre-shaping vector, so the shaping
                 can be refitted (iter_raw) and the vectors rewritten (update_vectors) without the backbone
 
-The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``).
+The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``),
+as does the set of metadata field names (filters naming another field are refused without a
+scan), stamped with the table version it describes: a set written before a later write (a
+process killed before ``commit()``) is not trusted, and the metadata column is scanned once.
 Every Lance write (add, delete, property update) commits a new table version atomically, so a
 process killed mid-write leaves the previous version readable, and ``commit()`` has no data to
 flush: it brings the full-text index up to date (new rows added to it; rebuilt after deletes
@@ -69,10 +72,19 @@ _META_INDEX = "isotrope.index"
 _META_NPROBES = "isotrope.nprobes"
 _META_RECALL = "isotrope.calibrated_recall"
 _META_PARAMS = "isotrope.index_params"
+#: the metadata field names (a JSON list) and the table version they describe
+_META_FIELDS = "isotrope.metadata_fields"
+_META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 _AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
 _FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
                    ascii_folding=False, max_token_length=None, with_position=False)
+
+
+def _is_uri(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an object-storage URI (``scheme://...``) rather than a local path."""
+    scheme, sep, _ = str(path).partition("://")
+    return bool(sep) and scheme.isalnum() and len(scheme) > 1
 
 
 def _id_filter(ids: Sequence[str]) -> str:
@@ -99,9 +111,15 @@ def _table_names(db: Any) -> list[str]:
             return names
 
 
+_decode_json = json.JSONDecoder().raw_decode
+
+
 def _load_metadata(value: str | bytes | None) -> dict[str, Any]:
-    """A stored metadata JSON object; the common empty one is not parsed."""
-    return {} if not value or value == "{}" else json.loads(value)
+    """A stored metadata JSON object (written compact by this store: ``raw_decode`` skips ``json.loads``'s
+    whitespace passes); the common empty one is not parsed."""
+    if not value or value == "{}":
+        return {}
+    return _decode_json(value if isinstance(value, str) else value.decode())[0]
 
 
 class LanceDBStore(ReshapableStore):
@@ -109,7 +127,9 @@ class LanceDBStore(ReshapableStore):
 
     Parameters
     ----------
-    path: the LanceDB database directory.
+    path: the LanceDB database directory, or an object-storage URI (``s3://bucket/prefix``, ``gs://``,
+        ``az://``: opened by LanceDB itself; credentials and endpoint from ``storage_options`` or the
+        environment, e.g. ``AWS_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
     table: the table name.
     dim: vector dimension; required for a new table, checked against an existing one.
     metric: "cosine" (default for a new table), "ip" or "l2"; read from an existing table.
@@ -121,10 +141,14 @@ class LanceDBStore(ReshapableStore):
         table was created with, else "ivf_pq".
     nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
         nprobes: the calibrated one of an auto index, else 20).
+    storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
+        "allow_http": "true"}`` for an S3-compatible server).
     """
 
     #: a vector and a full-text query may run at the same time (hybrid search does)
     concurrent_queries = True
+    #: add(new_ids=True) appends instead of merging on id
+    appends_new_ids = True
 
     def __init__(
         self,
@@ -139,19 +163,23 @@ class LanceDBStore(ReshapableStore):
         nprobes: int | None = None,
         refine_factor: int | None = 10,
         ef: int | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         if index_type is not None and index_type not in (*_INDEX_TYPES, _AUTO):
             raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted([*_INDEX_TYPES, _AUTO])}")
-        self.path = Path(path)
+        #: a local directory, or the object-storage URI as given (a Path would fold its "//")
+        self.path: Path | str = str(path) if _is_uri(path) else Path(path)
         self.table_name = table
         self.index_threshold = index_threshold
         self.refine_factor = refine_factor
         self.ef = ef
         self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
-        if self.path.exists() and not self.path.is_dir():
+        self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
+        self._fields_exact = True  # False after deletes and updates: a superset until rescanned
+        if isinstance(self.path, Path) and self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
-        self._db = lancedb.connect(self.path)
+        self._db = lancedb.connect(self.path, storage_options=storage_options)
         if table in _table_names(self._db):
             self._table = self._db.open_table(table)
             self._check_existing(dim, metric, raw_dim)
@@ -173,7 +201,7 @@ class LanceDBStore(ReshapableStore):
     # ------------------------------------------------------------------ opening
 
     def _create(self, dim: int | None, metric: str | None, raw_dim: int | None) -> Any:
-        if self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
+        if isinstance(self.path, Path) and self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
             raise StoreFormatError(f"{self.path} is not empty and holds no Lance tables: not a LanceDB directory")
         if dim is None:
             raise ValueError(f"creating table {self.table_name!r} in {self.path} needs dim")
@@ -231,11 +259,16 @@ class LanceDBStore(ReshapableStore):
         texts: Sequence[str | None] | None = None,
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
         raw_vectors: Any = None,
+        *,
+        new_ids: bool = False,
     ) -> None:
-        """Upsert a batch in one ``merge_insert`` (one new table version).
+        """Upsert a batch in one ``merge_insert`` on id (one new table version).
 
         ``raw_vectors`` fills the ``raw_vector`` column (the table must have been created with
-        ``raw_dim``); rows added without one have a null raw vector.
+        ``raw_dim``); rows added without one have a null raw vector. ``new_ids``: the caller knows
+        none of the ids is stored (e.g. ingestion, which read the stored ids first), so the batch is
+        appended: a ``merge_insert`` joins the batch against the whole id column, O(n) per batch.
+        An empty table is always appended to.
         """
         batch = check_batch(ids, vectors, texts, metadata, self.dim)
         if not batch.ids:
@@ -258,14 +291,21 @@ class LanceDBStore(ReshapableStore):
             columns["raw_vector"] = _vector_array(raw)
         elif self.raw_dim is not None:
             columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
-        result = (
-            self._table.merge_insert("id")
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
-        )
-        if getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0):
+        fields = self._known_fields()  # before the write: while the saved set describes the table
+        appended = new_ids or self._table.count_rows() == 0
+        if appended:
+            self._table.add(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
+        else:
+            result = (
+                self._table.merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(pa.table(columns), on_bad_vectors="null")
+            )
+        if not appended and (getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0)):
             self._lexical_state = "stale"
+            self._fields_exact = False  # the replaced rows' fields may have gone
+        fields.update(name for meta in batch.metadata for name in meta)
         self._maybe_index()
 
     def update_vectors(self, ids: Sequence[str], vectors: Any) -> None:
@@ -310,12 +350,15 @@ class LanceDBStore(ReshapableStore):
         self._table.restore(version)
         self._index_type = False
         self._lexical_state = "stale"
+        self._fields = None
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
         wanted = as_ids(ids)
         if wanted:
             self._note_write(stale=True)
+            self._known_fields()
+            self._fields_exact = False
         for part in _chunks(wanted):
             self._table.delete(_id_filter(part))
 
@@ -339,6 +382,7 @@ class LanceDBStore(ReshapableStore):
         self._maybe_index()
         if self._lexical_state is not None and self._lexical_state != "exact":
             self._refresh_lexical_index()
+        self._save_fields()
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
@@ -592,11 +636,45 @@ class LanceDBStore(ReshapableStore):
         return out
 
     def metadata_fields(self) -> set[str]:
-        """The metadata keys of the stored rows (one scan of the metadata column)."""
+        """The metadata keys of the stored rows: the set saved at the last commit (no scan), kept
+        up to date by this process's writes; scanned after deletes and updates, or when the saved
+        set is older than the table."""
+        return set(self._known_fields(exact=True))
+
+    def _known_fields(self, exact: bool = False) -> set[str]:
+        """The field set this process keeps (mutable): read or scanned if not known yet (or, with
+        ``exact``, when deletes or updates may have made it a superset)."""
+        if self._fields is None or (exact and not self._fields_exact):
+            meta = self._table.schema.metadata or {}
+            saved = meta.get(_META_FIELDS.encode())
+            if saved is not None and meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode():
+                self._fields = set(json.loads(saved))
+            else:
+                self._fields = self._scan_fields()
+            self._fields_exact = True
+        return self._fields
+
+    def _scan_fields(self) -> set[str]:
+        """The metadata keys of the stored rows, from one scan of the metadata column."""
         fields: set[str] = set()
-        for value in set(self._scan(["metadata"], None).column("metadata").to_pylist()):
-            fields.update(_load_metadata(value))
+        for batch in self._table.to_lance().to_batches(columns=["metadata"], batch_size=65_536):
+            for value in set(batch.column("metadata").to_pylist()):
+                fields.update(_load_metadata(value))
         return fields
+
+    def _save_fields(self) -> None:
+        """Save the field set (exact: rescanned after deletes and updates) stamped with the version it
+        describes, unless the saved one is current; a table this process has not written is left alone."""
+        if self._fields is None or self._lexical_state is None:
+            return
+        if not self._fields_exact:
+            self._known_fields(exact=True)
+        meta = self._table.schema.metadata or {}
+        if meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode() and \
+                meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode():
+            return
+        # one schema-metadata update is one new version: the stamp names it
+        self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_VERSION: str(self.version + 1)})
 
     def _scan(self, columns: list[str], filter: str | None) -> pa.Table:
         return self._table.to_lance().to_table(columns=columns, filter=filter)

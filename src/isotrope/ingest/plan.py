@@ -257,6 +257,8 @@ class ChunkWriter:
             raw: np.ndarray) -> None:
         tick = time.perf_counter()
         extra = {"raw_vectors": raw} if self.store.stores_raw_vectors else {}
+        if getattr(self.store, "appends_new_ids", False):
+            extra["new_ids"] = True  # both callers drop stored (resume) and repeated chunk ids first
         self.store.add(list(ids), vectors, list(texts), list(metadata), **extra)
         self.added += len(ids)
         self.since_commit += len(ids)

@@ -113,12 +113,16 @@ class VectorStore(Protocol):
         is then also a :class:`ReshapableStore` (its shaping can be refitted in place).
     ``concurrent_queries``
         A vector query and a full-text query may run at the same time (hybrid search overlaps them).
+    ``appends_new_ids``
+        ``add`` takes ``new_ids=True``: the caller knows no id of the batch is stored, and the rows
+        are appended without the upsert's lookup (LanceDB: no ``merge_insert`` join over the table).
     """
 
     dim: int
     metric: str
     stores_raw_vectors: bool = False
     concurrent_queries: bool = False
+    appends_new_ids: bool = False
 
     def add(
         self,
@@ -244,7 +248,7 @@ def as_vectors(vectors: Any, dim: int, name: str = "vectors") -> np.ndarray:
         array = array[None, :]
     if array.ndim != 2 or array.shape[1] != dim:
         raise ValueError(f"{name} must have shape (n, {dim}); got {np.shape(vectors)}")
-    if not np.issubdtype(array.dtype, np.number):
+    if array.dtype.kind not in "iufc":  # np.number's kinds, tested without issubdtype (on every search)
         raise ValueError(f"{name} must be numeric; got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float32)
     if not np.isfinite(array).all():
