@@ -22,7 +22,7 @@ import argparse
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,41 +51,37 @@ RRF_KS = (1, 5, 10, 20, 40, 60, 100)
 Lists = dict[str, tuple[list[Hit], list[Hit]]]
 
 
-def normaliser(name: str) -> Callable[[np.ndarray], tuple[np.ndarray, float]]:
-    """Scores -> (normalised scores, the value a hit missing from the list gets)."""
-    def minmax(s):
-        span = s.max() - s.min()
-        return (np.ones_like(s) if span == 0 else (s - s.min()) / span), 0.0
-
-    def zscore(s):
-        std = s.std()
-        z = np.zeros_like(s) if std == 0 else (s - s.mean()) / std
+def normalised(scores: np.ndarray, norm: str) -> tuple[np.ndarray, float]:
+    """One list's scores normalised by ``norm``, and the value a hit missing from the list gets."""
+    if norm == "minmax":
+        span = scores.max() - scores.min()
+        return (np.ones_like(scores) if span == 0 else (scores - scores.min()) / span), 0.0
+    std = scores.std()
+    if norm == "zscore":
+        z = np.zeros_like(scores) if std == 0 else (scores - scores.mean()) / std
         return z, float(z.min())
-
-    def dbsf(s):
-        std = s.std()
-        return (np.ones_like(s) if std == 0 else np.clip((s - s.mean() + 3 * std) / (6 * std), 0, 1)), 0.0
-
-    def by_max(s):
-        top = s.max()
-        return (np.ones_like(s) if top == 0 else s / top), 0.0
-
-    return {"minmax": minmax, "zscore": zscore, "dbsf": dbsf, "max": by_max}[name]
+    if norm == "dbsf":
+        return (np.ones_like(scores) if std == 0 else np.clip((scores - scores.mean() + 3 * std) / (6 * std), 0, 1)), 0.0
+    top = scores.max()  # "max"
+    return (np.ones_like(scores) if top == 0 else scores / top), 0.0
 
 
-def convex(dense: Sequence[Hit], lexical: Sequence[Hit], alpha: float, norm: str, k: int = 100) -> dict[str, float]:
-    function = normaliser(norm)
+def convex_runs(dense: Sequence[Hit], lexical: Sequence[Hit], norm: str, k: int = 10) -> list[dict[str, float]]:
+    """For each alpha of ALPHAS, the best ``k`` of ``alpha * norm(dense) + (1 - alpha) * norm(lexical)``."""
+    ids = list(dict.fromkeys([h.id for h in dense] + [h.id for h in lexical]))
+    position = {i: n for n, i in enumerate(ids)}
     sides = []
     for hits in (dense, lexical):
-        if not hits:
-            sides.append(({}, 0.0))
-            continue
-        values, missing = function(np.array([h.score for h in hits], dtype=np.float64))
-        sides.append(({h.id: float(v) for h, v in zip(hits, values)}, missing))
-    (d, d_missing), (t, t_missing) = sides
-    ids = list(dict.fromkeys([h.id for h in dense] + [h.id for h in lexical]))
-    scores = {i: alpha * d.get(i, d_missing) + (1 - alpha) * t.get(i, t_missing) for i in ids}
-    return dict(sorted(scores.items(), key=lambda kv: -kv[1])[:k])
+        column = np.zeros(len(ids))
+        if hits:
+            values, missing = normalised(np.array([h.score for h in hits], dtype=np.float64), norm)
+            column[:] = missing
+            column[[position[h.id] for h in hits]] = values
+        sides.append(column)
+    alphas = np.array(ALPHAS)[:, None]
+    fused = alphas * sides[0][None, :] + (1 - alphas) * sides[1][None, :]
+    order = np.argsort(-fused, axis=1, kind="stable")[:, :k]
+    return [{ids[j]: float(fused[a, j]) for j in order[a]} for a in range(len(ALPHAS))]
 
 
 def candidate_lists(encoder, dataset: BeirDataset, query_ids: list[str], depth: int = 200) -> Lists:
@@ -109,18 +105,19 @@ def variants(lists: Lists, splits: dict[str, BeirDataset]) -> dict[str, dict[str
     """``variant label -> split -> nDCG@10``."""
     out: dict[str, dict[str, float]] = {}
 
-    def score(label: str, fuse: Callable[[list[Hit], list[Hit]], dict[str, float]]) -> None:
-        run = {q: fuse(d, t) for q, (d, t) in lists.items()}
+    def record(label: str, run: dict[str, dict[str, float]]) -> None:
         out[label] = {name: ndcg(run, data) for name, data in splits.items()}
 
-    score("dense", lambda d, t: {h.id: h.score for h in d[:100]})
-    score("lexical", lambda d, t: {h.id: h.score for h in t[:100]})
+    record("dense", {q: {h.id: h.score for h in d[:100]} for q, (d, _) in lists.items()})
+    record("lexical", {q: {h.id: h.score for h in t[:100]} for q, (_, t) in lists.items()})
     for norm in NORMS:
         for depth in DEPTHS:
-            for alpha in ALPHAS:
-                score(f"convex/{norm}/{depth}@{alpha}", lambda d, t: convex(d[:depth], t[:depth], alpha, norm))
+            per_query = {q: convex_runs(d[:depth], t[:depth], norm) for q, (d, t) in lists.items()}
+            for n, alpha in enumerate(ALPHAS):
+                record(f"convex/{norm}/{depth}@{alpha}", {q: runs[n] for q, runs in per_query.items()})
     for rrf_k in RRF_KS:
-        score(f"rrf/{rrf_k}", lambda d, t: {h.id: h.score for h in reciprocal_rank_fusion([d[:100], t[:100]], 100, rrf_k)})
+        record(f"rrf/{rrf_k}", {q: {h.id: h.score for h in reciprocal_rank_fusion([d[:100], t[:100]], 10, rrf_k)}
+                                for q, (d, t) in lists.items()})
     return out
 
 
@@ -138,7 +135,14 @@ def main() -> None:
     for family, encoders in FAMILIES.items():
         for name, recipe in encoders.items():
             tick = time.perf_counter()
-            lists = candidate_lists(fitted(evaluator, recipe, splits["train"]), splits["train"], query_ids)
+            saved = args.cache_dir / f"hybrid_lists_{name.replace(' ', '_').replace(':', '_')}.json"
+            if saved.is_file():  # the lists of an earlier run (ids and scores; the fusion needs nothing else)
+                rows = json.loads(saved.read_text())
+                lists = {q: tuple([Hit(i, s, "", {}) for i, s in side] for side in pair) for q, pair in rows.items()}
+            else:
+                lists = candidate_lists(fitted(evaluator, recipe, splits["train"]), splits["train"], query_ids)
+                saved.write_text(json.dumps({q: [[(h.id, h.score) for h in side] for side in pair]
+                                             for q, pair in lists.items()}))
             result["encoders"][name] = {"family": family, "variants": variants(lists, splits),
                                         "seconds": round(time.perf_counter() - tick, 1)}
             print(json.dumps({name: result["encoders"][name]["seconds"]}), flush=True)
