@@ -84,10 +84,10 @@ def convex_runs(dense: Sequence[Hit], lexical: Sequence[Hit], norm: str, k: int 
     return [{ids[j]: float(fused[a, j]) for j in order[a]} for a in range(len(ALPHAS))]
 
 
-def candidate_lists(encoder, dataset: BeirDataset, query_ids: list[str], depth: int = 200) -> Lists:
+def candidate_lists(encoder, dataset: BeirDataset, queries: dict[str, str], depth: int = 200) -> Lists:
     ids, texts = beir_documents(dataset)
     vectors = encoder.encode(texts, kind="document")
-    query_texts = [dataset.queries[q] for q in query_ids]
+    query_ids, query_texts = list(queries), list(queries.values())
     with tempfile.TemporaryDirectory(prefix="isotrope-variants-") as tmp:
         with Collection.create(f"faiss:{Path(tmp) / 's'}", encoder, metric="cosine") as collection:
             index_documents(collection, ids, texts, vectors)
@@ -129,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = args.data_dir / "retrieval" / "scifact"
     splits = {name: load_beir(folder, name) for name in ("train", "test")}
-    query_ids = [q for data in splits.values() for q in data.queries]
+    queries = {q: text for data in splits.values() for q, text in data.queries.items()}
     evaluator = Evaluator(cache_dir=args.cache_dir)
     result: dict = {"queries": {name: len(data.queries) for name, data in splits.items()}, "encoders": {}}
     for family, encoders in FAMILIES.items():
@@ -140,7 +140,7 @@ def main() -> None:
                 rows = json.loads(saved.read_text())
                 lists = {q: tuple([Hit(i, s, "", {}) for i, s in side] for side in pair) for q, pair in rows.items()}
             else:
-                lists = candidate_lists(fitted(evaluator, recipe, splits["train"]), splits["train"], query_ids)
+                lists = candidate_lists(fitted(evaluator, recipe, splits["train"]), splits["train"], queries)
                 saved.write_text(json.dumps({q: [[(h.id, h.score) for h in side] for side in pair]
                                              for q, pair in lists.items()}))
             result["encoders"][name] = {"family": family, "variants": variants(lists, splits),
