@@ -51,7 +51,7 @@ from llama_index.core.vector_stores.types import (
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
-from isotrope.fusion import default_alpha, search_store
+from isotrope.fusion import search_store
 from isotrope.persist import read_spec
 from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
 from isotrope.stores.layout import ENCODER_DIR
@@ -547,17 +547,13 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
         hits = search_store(self._collection.store, [query.query_str or ""], vector, query.similarity_top_k,
-                            where=where, mode=mode, alpha=self._hybrid_alpha(query) if mode == "hybrid" else None,
+                            where=where, mode=mode, alpha=query.alpha if mode == "hybrid" else None,
                             group_by=kwargs.get("group_by"))[0]
         return VectorStoreQueryResult(
             nodes=[metadata_dict_to_node(hit.metadata, hit.text) for hit in hits],
             similarities=[hit.score for hit in hits],
             ids=[hit.id for hit in hits],
         )
-
-    def _hybrid_alpha(self, query: VectorStoreQuery) -> float:
-        """The query's ``alpha``, else the frozen default of the store's encoder family."""
-        return default_alpha(self._collection.encoder) if query.alpha is None else query.alpha
 
     def get_nodes(
         self,

@@ -12,16 +12,7 @@ import numpy as np
 import pytest
 from test_stores import make_data, run_child
 
-from isotrope.fusion import (
-    DEFAULT_ALPHA,
-    FAMILY_ALPHAS,
-    best_per_group,
-    convex_fusion,
-    default_alpha,
-    encoder_family,
-    reciprocal_rank_fusion,
-    search_store,
-)
+from isotrope.fusion import DEFAULT_ALPHA, best_per_group, convex_fusion, reciprocal_rank_fusion, search_store
 from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
 from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields, matches
@@ -337,23 +328,6 @@ def test_collection_modes_group_by_and_unknown_fields(collection_uri):
                 collection.search("fox", mode=mode, where={"sorce": {"$ne": "x"}})
         with pytest.raises(ValueError, match="mode 'dense' takes none"):
             collection.search("fox", alpha=0.5)
-
-
-def test_hybrid_default_weight_follows_the_encoder_family(collection_uri, tiny_glove_path, tmp_path):
-    from isotrope.encoder import ShapedEncoder
-    from isotrope.search import Collection
-
-    static = ShapedEncoder.create(tiny_glove_path, shape="none")
-    assert encoder_family(static) == "static" and default_alpha(static) == FAMILY_ALPHAS["static"]
-    assert default_alpha() == DEFAULT_ALPHA
-    assert FAMILY_ALPHAS["transformer"] != FAMILY_ALPHAS["static"]  # else the case below proves nothing
-    with Collection.open(collection_uri) as collection:
-        assert encoder_family(collection.encoder) == "transformer"
-        queries = ["quick foxes", "proteins and cells", "banks of the river"]
-        default = collection.search(queries, k=10, mode="hybrid")
-        assert default == collection.search(queries, k=10, mode="hybrid", alpha=FAMILY_ALPHAS["transformer"])
-        static_weight = collection.search(queries, k=10, mode="hybrid", alpha=FAMILY_ALPHAS["static"])
-        assert [[h.score for h in row] for row in default] != [[h.score for h in row] for row in static_weight]
 
 
 def test_cli_search_modes(collection_uri, monkeypatch, capsys):

@@ -21,12 +21,8 @@ from isotrope.stores.base import Hit, check_k
 
 MODES = ("dense", "lexical", "hybrid")
 FUSIONS = ("convex", "rrf")
-#: weight of the dense scores in the convex combination when the encoder is not known (chosen on SciFact
-#: train as the best mean over a transformer and a static table, frozen)
+#: weight of the dense scores in the convex combination (chosen on SciFact train, frozen)
 DEFAULT_ALPHA = 0.3
-#: the weight by encoder family (each chosen on SciFact train for that family, frozen): a static table's
-#: vectors are weaker than a transformer's, so its fusion leans more on BM25
-FAMILY_ALPHAS = {"transformer": 0.4, "static": 0.2}
 #: each list contributes at least this many candidates to the fusion
 DEFAULT_CANDIDATES = 100
 RRF_K = 60
@@ -43,16 +39,6 @@ def check_alpha(alpha: float | None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"alpha must be a number in [0, 1]; got {alpha!r}")
     return float(value)
-
-
-def encoder_family(encoder: Any) -> str:
-    """``"transformer"`` for an encoder that runs a transformer at query time, else ``"static"`` (a table)."""
-    return "transformer" if encoder.backbone.get_config().get("type") == "hf" else "static"
-
-
-def default_alpha(encoder: Any | None = None) -> float:
-    """The frozen dense weight for ``encoder``'s family (:data:`DEFAULT_ALPHA` without an encoder)."""
-    return DEFAULT_ALPHA if encoder is None else FAMILY_ALPHAS[encoder_family(encoder)]
 
 
 def _normalised(hits: Sequence[Hit]) -> dict[str, float]:

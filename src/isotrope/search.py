@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.encoder import ShapedEncoder
-from isotrope.fusion import check_alpha, check_mode, default_alpha, search_store
+from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore
 from isotrope.stores.filters import check_fields, parse_where
@@ -182,7 +182,7 @@ class Collection:
 
         ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
         ``"hybrid"`` (both, fused by a convex combination of min-max-normalised scores with weight
-        ``alpha`` on the dense side; default: the encoder family's, :func:`isotrope.fusion.default_alpha`).
+        ``alpha`` on the dense side; default :data:`isotrope.fusion.DEFAULT_ALPHA`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
         """
@@ -190,7 +190,7 @@ class Collection:
         texts = [queries] if single else list(queries)
         check_mode(mode)
         if mode == "hybrid":
-            alpha = check_alpha(default_alpha(self.encoder) if alpha is None else alpha)
+            check_alpha(alpha)
         elif alpha is not None:
             raise ValueError(f"alpha weighs the two sides of hybrid search; mode {mode!r} takes none")
         for index, text in enumerate(texts):

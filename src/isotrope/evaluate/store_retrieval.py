@@ -17,7 +17,7 @@ from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.data import BeirDataset
 from isotrope.evaluate.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from isotrope.evaluate.tasks import document_text
-from isotrope.fusion import check_mode, default_alpha, search_store
+from isotrope.fusion import check_mode, search_store
 from isotrope.search import Collection
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ def run_modes(
     fusions: Sequence[str] = ("convex",),
     depth: int = 100,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``label -> run`` for each mode; hybrid once per fusion and (convex) alpha (None: the encoder
-    family's default), labelled ``hybrid``, ``hybrid@alpha`` or ``hybrid-rrf``."""
+    """``label -> run`` for each mode; hybrid once per fusion and (convex) alpha, labelled ``hybrid``,
+    ``hybrid@alpha`` or ``hybrid-rrf``."""
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
     vectors = None
@@ -71,8 +71,7 @@ def run_modes(
             else:
                 settings.extend((f"hybrid@{a}" if len(alphas) > 1 else "hybrid", mode, a, fusion) for a in alphas)
     for label, mode, alpha, fusion in settings:
-        weight = default_alpha(collection.encoder) if alpha is None else alpha
-        hits = search_store(collection.store, texts, vectors, depth, mode=mode, alpha=weight, fusion=fusion)
+        hits = search_store(collection.store, texts, vectors, depth, mode=mode, alpha=alpha, fusion=fusion)
         runs[label] = {q: {h.id: h.score for h in row} for q, row in zip(query_ids, hits)}
     return runs
 
