@@ -84,6 +84,11 @@ SET_ENCODERS = {
 }
 
 
+#: hybrid is also recorded at these weights (``hybrid@A``), to show how flat the optimum is; ``hybrid@None``
+#: is the frozen default of the encoder's family, the figure reported
+GRID = tuple(round(0.1 * i, 1) for i in range(1, 10))
+
+
 def held_out(folders: list[Path], evaluator: Evaluator, out: Path | None) -> dict:
     """Each set's test qrels, both encoders, both stores, the frozen defaults (written after every set)."""
     result: dict = {}
@@ -93,7 +98,8 @@ def held_out(folders: list[Path], evaluator: Evaluator, out: Path | None) -> dic
         for name, recipe in SET_ENCODERS.items():
             tick = time.perf_counter()
             encoder = fitted(evaluator, recipe, dataset)
-            scores = eval_through_store(encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"])
+            scores = eval_through_store(encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"],
+                                        alphas=(None, *GRID))
             row[name] = {kind: {label: s["ndcg@10"] for label, s in modes.items()} for kind, modes in scores.items()}
             row[name]["seconds"] = round(time.perf_counter() - tick, 1)
         result[folder.name] = row
