@@ -306,6 +306,7 @@ def serve(store: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | 
     worker = collection_worker()
     collection = worker.submit(Collection.open, store, **(store_options or {})).result()
     limit_threads(threads)
+    worker.submit(limit_threads, threads).result()  # OpenMP's thread count is per calling thread: set it where searches run
     try:
         if worker.submit(len, collection.store).result():
             for queries in ("warm up", ["warm up", "the batched path"]):
