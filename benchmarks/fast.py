@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (compare, machine_info, print_and_write, ratio, scifact_documents, set_threads,
-                               sts_sentences)
+from benchmarks.common import compare, machine_info, print_and_write, ratio, scifact_documents, set_threads, sts_sentences
 from benchmarks.encode import BATCH_SIZE, MAX_SEQ_LENGTH, load_sentence_transformer
 
 logger = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import print_and_write
 import isotrope.connectors.faiss_store as faiss_module
 import isotrope.connectors.lancedb_store as lance_module
+from benchmarks.common import print_and_write
 from isotrope.fusion import search_store
 from isotrope.lexical import index_text
 

@@ -40,7 +40,6 @@ from lancedb.query import FullTextOperator, MatchQuery
 
 from isotrope.lexical import index_text, query_terms
 from isotrope.stores import index_plan
-
 from isotrope.stores.base import (
     Hit,
     ReshapableStore,
@@ -173,7 +172,7 @@ class LanceDBStore(ReshapableStore):
         self.index_threshold = index_threshold
         self.refine_factor = refine_factor
         self.ef = ef
-        self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
+        self._index_type: str | bool | None = False  # the cached vector_index; False: not looked up yet
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned

@@ -54,9 +54,9 @@ from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
 from isotrope.fusion import search_store
 from isotrope.persist import read_spec
 from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
-from isotrope.stores.layout import ENCODER_DIR
 from isotrope.shapes import format_shape
 from isotrope.stores.filters import check_fields
+from isotrope.stores.layout import ENCODER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -570,4 +570,4 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         return [metadata_dict_to_node(hit.metadata, hit.text) for hit in store.get(ids) if hit is not None]
 
 
-__all__ = ["IsotropeEmbedding", "IsotropeVectorStore", "EncoderMismatchError", "to_where"]
+__all__ = ["EncoderMismatchError", "IsotropeEmbedding", "IsotropeVectorStore", "to_where"]

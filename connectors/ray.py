@@ -54,9 +54,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray
 import ray.data
 
+import ray
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import random
 import string
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
@@ -14,12 +13,7 @@ from isotrope.ingest import chunking
 from isotrope.ingest.chunking import Chunk, LlamaIndexChunker, TokenChunker, chunk_id, split_sentences
 from isotrope.ingest.loaders import Document
 
-WORDS = (
-    "the a of and to in is it that was for on are with as be at by this from or have an they which "
-    "one you had not but what all were when we there can been has more if no out so said who its "
-    "time only new some could these two may first then do any like my now over such our man me even "
-    "most made after also did many before must through back years where much your way well down"
-).split()
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "with", "as", "be", "at", "by", "this", "from", "or", "have", "an", "they", "which", "one", "you", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "been", "has", "more", "if", "no", "out", "so", "said", "who", "its", "time", "only", "new", "some", "could", "these", "two", "may", "first", "then", "do", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down"]
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 from safetensors.numpy import load_file
 from scipy import sparse
 from scipy.stats import spearmanr
 
 import isotrope.distill as distill
+from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
 from isotrope.cli import main

@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import make_sentences
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.shapes import PRESETS, format_shape, parse_shape

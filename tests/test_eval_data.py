@@ -145,7 +145,7 @@ def test_load_clustering_gzip_with_split(tmp_path):
 
 def test_load_senteval_binary_sets_decode_latin1_and_drop_blank_lines(tmp_path):
     raw = tmp_path / "classification/senteval/raw"
-    _write(raw / "rt-polarity.neg", "dull film .\n\nbad .\n".encode())
+    _write(raw / "rt-polarity.neg", b"dull film .\n\nbad .\n")
     _write(raw / "rt-polarity.pos", "a caf\xe9 delight . \n".encode("latin-1"))  # not valid UTF-8
     mr = load_senteval(tmp_path, "MR")
     assert mr.texts == ["dull film .", "bad .", "a caf\u00e9 delight ."]

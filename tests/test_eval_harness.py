@@ -12,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences, read_glove
 from scipy import stats
 
+from conftest import make_sentences, read_glove
 from isotrope.backbones import make_backbone
 from isotrope.backbones.hf import HFBackbone
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.evaluate.commands import evaluate
-from isotrope.config import EncoderConfig
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.sweep import run_sweep
 

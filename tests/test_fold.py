@@ -10,8 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import EncoderFormatError

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
-from isotrope.demo import stdlib_docstrings
+from conftest import make_sentences
 from isotrope.config import EncoderConfig
+from isotrope.demo import stdlib_docstrings
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker
 from isotrope.ingest.loaders import iter_documents

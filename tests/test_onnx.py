@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.backbones import backends
 from isotrope.encoder import ShapedEncoder
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 from safetensors.numpy import load_file, save_file
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.fingerprint import fingerprint
 from isotrope.persist import FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, read_spec

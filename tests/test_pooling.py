@@ -44,7 +44,7 @@ def reference(states, mask, mode, weights=None, target=None) -> np.ndarray:
             continue
         w = {t: 1.0 if weights is None else float(weights[b, t]) for t in real}
         if sum(w.values()) <= 0:
-            w = {t: 1.0 for t in real}
+            w = dict.fromkeys(real, 1.0)
         if mode == "max":
             kept = [t for t in real if w[t] > 0]
             for j in range(states.shape[2]):

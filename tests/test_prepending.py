@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PUNCTUATION, WORDS, make_sentences
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import PUNCTUATION, WORDS, make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.prepending import SLOT_TOKEN, find_layer_list, parse_tp_layers, slot_template
 from isotrope.config import EncoderConfig
@@ -378,8 +378,16 @@ def test_fit_and_index_commands_take_the_tp_options(decoder_path, tmp_path, monk
 
 
 def _other_family(name: str):
-    from transformers import (GPTNeoXConfig, GPTNeoXModel, MistralConfig, MistralModel, OPTConfig, OPTModel,
-                              Qwen2Config, Qwen2Model)
+    from transformers import (
+        GPTNeoXConfig,
+        GPTNeoXModel,
+        MistralConfig,
+        MistralModel,
+        OPTConfig,
+        OPTModel,
+        Qwen2Config,
+        Qwen2Model,
+    )
 
     size, common = len(DECODER_VOCAB), dict(num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=128,
                                             bos_token_id=1, eos_token_id=2)

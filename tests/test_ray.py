@@ -24,7 +24,6 @@ pytest.importorskip("faiss")
 pytestmark = pytest.mark.slow  # the module starts a local Ray cluster: over a minute on two busy cores
 
 from conftest import make_sentences  # noqa: E402
-
 from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
 from isotrope.encoder import ShapedEncoder, fair_sample  # noqa: E402
@@ -32,7 +31,6 @@ from isotrope.ingest.chunking import TokenChunker  # noqa: E402
 from isotrope.ingest.loaders import iter_documents  # noqa: E402
 from isotrope.ingest.pipeline import index_documents  # noqa: E402
 from isotrope.search import Collection  # noqa: E402
-from isotrope.transforms import Moments  # noqa: E402
 
 #: idf needs token counts; center and abtt are fitted from (diagonal, full) moments, the
 #: quantile map from the merged bounded sample; every step sees the previous one's output

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_sentences
 
 from benchmarks.scale import FIRST_WINDOW, passages
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.pipeline import index_documents

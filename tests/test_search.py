@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker

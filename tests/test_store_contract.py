@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_hybrid import IDF, QUERIES, assert_lexical_exact, make_texts
-from test_stores import assert_same_hits, ids_of, make_metadata, unit_rows
 
 from isotrope.errors import IsotropeError, StoreCapabilityError
 from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, convex_fusion, reciprocal_rank_fusion, search_store
@@ -17,11 +15,13 @@ from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import Hit, ReshapableStore, VectorStore
 from isotrope.stores.filters import check_fields, matches, parse_where
 from isotrope.stores.memory import MemoryStore
+from test_hybrid import IDF, QUERIES, assert_lexical_exact, make_texts
+from test_stores import assert_same_hits, ids_of, make_metadata, unit_rows
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
-from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
 
 KINDS = ["memory", "faiss", "lance"]
 DIM = 16

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import make_sentences
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.search import Collection
-
-from conftest import make_sentences
 
 
 @pytest.fixture

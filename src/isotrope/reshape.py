@@ -26,6 +26,7 @@ from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, reshape
 from isotrope.stores.lock import writer_lock
 from isotrope.transforms import TRANSFORMS
 
+
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
     transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
     return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size,

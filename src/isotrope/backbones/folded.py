@@ -176,9 +176,9 @@ class FoldedBackbone(TokenizedBackbone):
         """A transformers fast tokenizer over the same ``tokenizer.json``, for chunking (needs transformers);
         encoding itself uses the ``tokenizers`` object directly."""
         if self._hf_tokenizer is None:
-            from isotrope.backbones.resolve import require_transformers
-
             from tokenizers import Tokenizer
+
+            from isotrope.backbones.resolve import require_transformers
 
             transformers = require_transformers("chunking documents with a folded encoder's tokenizer")
             # its own copy: transformers resets truncation on the tokenizer it wraps at every call

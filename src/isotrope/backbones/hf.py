@@ -18,8 +18,8 @@ from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.prepending import TokenPrepending, TPLayers, slot_template
 from isotrope.backbones.resolve import resolve_model_path
-from isotrope.transforms.base import NotFittedError
 from isotrope.pooling import last_real_position
+from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
 
