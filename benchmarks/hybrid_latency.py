@@ -107,9 +107,9 @@ def main() -> None:
                 "write seconds, no lexical index": round(plain_seconds, 1),
                 "write seconds": round(seconds, 1),
                 "lexical share of the writes": round((seconds - plain_seconds) / seconds, 3),
-                "dense p50 ms": p50_ms(lambda q: store.search(q[1][None], 10), pairs),
-                "lexical p50 ms": p50_ms(lambda q: store.lexical_search([q[0]], 10), pairs),
-                "hybrid p50 ms": p50_ms(lambda q: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
+                "dense p50 ms": p50_ms(lambda q, store=store: store.search(q[1][None], 10), pairs),
+                "lexical p50 ms": p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs),
+                "hybrid p50 ms": p50_ms(lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
             }
             result[kind]["hybrid / dense"] = round(result[kind]["hybrid p50 ms"] / result[kind]["dense p50 ms"], 2)
             store.close()

@@ -871,8 +871,8 @@ class FaissStore(VectorStore):
         out_d = np.full((len(q), k), np.nan, dtype=np.float32)
         out_l = np.full((len(q), k), -1, dtype=np.int64)
         for row in range(len(q)):
-            d, l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
-            out_d[row, : len(d)], out_l[row, : len(l)] = d, l
+            row_d, row_l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
+            out_d[row, : len(row_d)], out_l[row, : len(row_l)] = row_d, row_l
         return out_d, out_l
 
     def _unfiltered_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

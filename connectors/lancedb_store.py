@@ -76,8 +76,8 @@ _META_FIELDS = "isotrope.metadata_fields"
 _META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 _AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
-_FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
-                   ascii_folding=False, max_token_length=None, with_position=False)
+_FTS_CONFIG = {"base_tokenizer": "whitespace", "lower_case": False, "stem": False, "remove_stop_words": False,
+                   "ascii_folding": False, "max_token_length": None, "with_position": False}
 
 
 def _is_uri(path: str | os.PathLike[str]) -> bool:

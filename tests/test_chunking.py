@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import string
 
@@ -42,7 +43,7 @@ def make_text(seed: int, sentences: int, paragraphs: int = 3) -> tuple[str, list
     rng = random.Random(seed)
     made = []
     for _ in range(sentences):
-        words = [rng.choice(WORDS + ["zyxt", "qwerty", "Blorp"]) for _ in range(rng.randint(3, 14))]
+        words = [rng.choice([*WORDS, "zyxt", "qwerty", "Blorp"]) for _ in range(rng.randint(3, 14))]
         made.append(words[0].capitalize() + " " + " ".join(words[1:]) + rng.choice(".!?"))
     cut = max(1, sentences // paragraphs)
     text = "\n\n".join(" ".join(made[i : i + cut]) for i in range(0, sentences, cut))
@@ -56,7 +57,7 @@ def count(tok, text: str) -> int:
 def assert_cover_in_order(text: str, chunks: list[Chunk]) -> None:
     """Each chunk is its span of the text, spans advance, and every non-space character is in one."""
     covered = [False] * len(text)
-    for previous, current in zip(chunks, chunks[1:]):
+    for previous, current in itertools.pairwise(chunks):
         assert previous.start < current.start and previous.end < current.end
     for position, chunk in enumerate(chunks):
         assert chunk.position == position
@@ -97,7 +98,7 @@ def test_chunks_fit_cover_and_respect_sentences(tokenizer, chunk_tokens: int, ov
     assert max(sentence_tokens.values()) <= chunk_tokens  # every sentence fits: none may be cut
     assert len(chunks) > 3
     assert_cover_in_order(text, chunks)
-    for current, following in zip(chunks, chunks[1:] + [None]):
+    for current, following in zip(chunks, [*chunks[1:], None]):
         assert count(tokenizer, current.text) <= chunk_tokens
         assert current.start in starts and current.end in ends
         if following is None:
@@ -111,9 +112,9 @@ def test_chunks_fit_cover_and_respect_sentences(tokenizer, chunk_tokens: int, ov
         if repeated:
             assert following.start == repeated[0][0]
     if overlap_tokens:
-        assert any(b.start < a.end for a, b in zip(chunks, chunks[1:]))
+        assert any(b.start < a.end for a, b in itertools.pairwise(chunks))
     else:
-        assert all(b.start > a.end for a, b in zip(chunks, chunks[1:]))
+        assert all(b.start > a.end for a, b in itertools.pairwise(chunks))
 
 
 def test_chunk_ids_metadata_and_stability(tokenizer) -> None:
@@ -162,7 +163,7 @@ def test_long_sentences_split_at_lines_then_words(tokenizer) -> None:
         assert chunk.end == len(text) or not text[chunk.end].isalnum()
     in_run = [c for c in chunks if text.index(run_on) <= c.start and c.end <= text.index(run_on) + len(run_on)]
     assert len(in_run) >= 10
-    assert all(b.start < a.end for a, b in zip(in_run, in_run[1:]))  # windows overlap
+    assert all(b.start < a.end for a, b in itertools.pairwise(in_run))  # windows overlap
 
 
 def test_a_word_longer_than_the_budget_is_cut_by_tokens(tokenizer) -> None:
@@ -216,7 +217,7 @@ def test_minilm_tokenizer(minilm) -> None:
     chunks = TokenChunker(minilm, 64, 16).chunk(Document("m.txt", text))
     assert_cover_in_order(text, chunks)
     assert all(count(minilm, c.text) <= 64 for c in chunks)
-    assert any(b.start < a.end for a, b in zip(chunks, chunks[1:]))
+    assert any(b.start < a.end for a, b in itertools.pairwise(chunks))
     with pytest.raises(ValueError, match="model_max_length=512"):
         TokenChunker(minilm, chunk_tokens=511)
 

@@ -211,7 +211,7 @@ def test_unfitted_encoder_raises(tiny_bert_path):
     with pytest.raises(NotFittedError, match=r"whiten need a corpus\): call fit\(texts\) first"):
         encoder.encode(["the cat"])
     with pytest.raises(NotFittedError):
-        encoder.fingerprint
+        _ = encoder.fingerprint
     with pytest.raises(NotFittedError):
         encoder.get_state()
 

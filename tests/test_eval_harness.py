@@ -329,7 +329,7 @@ def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tm
     path = tmp_path / "clusters.jsonl.gz"
     with gzip.open(path, "wt") as handle:  # sorted by label, as 20 Newsgroups is
         for label, word in enumerate(words):
-            for i in range(10):
+            for _ in range(10):
                 handle.write(json.dumps({"text": f"{word} {word} the", "label": label, "split": "test"}) + "\n")
     result = evaluate("clustering", EncoderConfig(model=tiny_glove_path), Evaluator(), jsonl=path, split="test", limit=12)
     assert result["texts"] == 12 and result["labels"] == 4

@@ -106,7 +106,7 @@ def test_corpus_has_enough_unique_chunks(chunks):
 
 
 def test_reports_agree(indexed, chunks):
-    single, distributed, reference, store = indexed
+    single, distributed, _reference, store = indexed
     assert distributed.documents == single.documents == 400
     assert distributed.chunks == single.chunks == len(chunks)
     assert distributed.added == single.added == len(chunks) == len(store.store)

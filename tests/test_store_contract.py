@@ -20,6 +20,8 @@ from test_stores import assert_same_hits, ids_of, make_metadata, unit_rows
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
+import itertools
+
 from isotrope.connectors.faiss_store import FaissStore
 from isotrope.connectors.lancedb_store import LanceDBStore
 
@@ -104,10 +106,7 @@ def brute_force(rows, queries, metric, k, keep=lambda metadata: True):
     if metric == "cosine":
         x = x / np.linalg.norm(x, axis=1, keepdims=True)
         q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    if metric == "l2":
-        scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-    else:
-        scores = q @ x.T
+    scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1) if metric == "l2" else q @ x.T
     out = []
     for row in scores:
         order = np.argsort(-row, kind="stable")[:k]
@@ -173,7 +172,7 @@ def test_dense_search_is_exact_brute_force(kind, metric, ties, tmp_path):
         assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in expected]
     by_id = corpus.contents()
     assert all((h.text, h.metadata) == by_id[h.id] for row in got for h in row)
-    assert all(a.score >= b.score for row in got for a, b in zip(row, row[1:]))
+    assert all(a.score >= b.score for row in got for a, b in itertools.pairwise(row))
     # k larger than the count: every row, best first
     everything = store.search(queries[:2], N + 25)
     assert [len(row) for row in everything] == [N, N]

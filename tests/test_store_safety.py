@@ -56,9 +56,10 @@ def test_a_second_writer_is_refused_before_any_fitting(docs, tmp_path, tiny_glov
     store = f"lancedb:{tmp_path / 'store'}"
     fitted = []
     monkeypatch.setattr(ShapedEncoder, "fit_sample", lambda *a, **k: fitted.append(1))
-    with writer_lock(tmp_path / "store", "indexed"):
-        with pytest.raises(StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"):
-            index(docs, store, tiny_glove_path)
+    with writer_lock(tmp_path / "store", "indexed"), pytest.raises(
+        StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"
+    ):
+        index(docs, store, tiny_glove_path)
     assert fitted == [] and not (tmp_path / "store").exists()
 
 

@@ -442,7 +442,7 @@ def test_partial_fit_defers_the_fit_to_first_use(kind, X, monkeypatch):
     assert streamed.get_state()["mean_"].shape == (N_FEATURES,)
     assert calls[-1] == len(X) + 7
     with pytest.raises(AttributeError, match="nope_"):
-        streamed.nope_
+        _ = streamed.nope_
 
 
 @pytest.mark.parametrize("kind", MOMENT_KINDS)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,7 +49,7 @@ MAX_BATCH = 256
 BATCH_QUERIES = 64
 STATIC_DIR = files("isotrope.connectors.server") / "static"
 
-Where = Optional[str | dict[str, Any]]
+Where = str | dict[str, Any] | None
 
 
 class SearchOptions(BaseModel):

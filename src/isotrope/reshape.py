@@ -35,7 +35,7 @@ def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
 
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
     """Fit ``shape`` on (a sample of) the stored raw vectors and rewrite every shaped vector."""
-    kind, path = parse_store_uri(uri)
+    _kind, path = parse_store_uri(uri)
     with writer_lock(path, "reshaped"), Collection.open(uri) as collection, reshape_lock(path):
         store = collection.store
         if not store.stores_raw_vectors or not isinstance(store, ReshapableStore):
