@@ -256,7 +256,7 @@ def test_malformed_vector_file_names_the_line(tmp_path, content, message):
 
 
 def test_unknown_static_source():
-    with pytest.raises(ValueError, match="unknown static table 'nowhere.txt'"):
+    with pytest.raises(ValueError, match=r"unknown static table 'nowhere\.txt'"):
         StaticBackbone("nowhere.txt")
 
 

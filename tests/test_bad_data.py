@@ -49,7 +49,7 @@ def test_an_empty_query_says_so(tiny_glove_path, tmp_path):
                     show_progress=False)
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         for query in ("", "  \n\t"):
-            with pytest.raises(ValueError, match="^the query is empty$"):
+            with pytest.raises(ValueError, match=r"^the query is empty$"):
                 collection.search(query)
         with pytest.raises(ValueError, match=r"^queries\[1\] is empty$"):
             collection.search(["cat", " "])

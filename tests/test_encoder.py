@@ -277,7 +277,7 @@ def test_chain_spec_builds_a_working_encoder(tiny_bert_path, fit_texts):
 
 
 def test_unknown_transform_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown transform 'blur'.*known: .*abtt.*whiten") as error:
+    with pytest.raises(ValueError, match=r"unknown transform 'blur'.*known: .*abtt.*whiten") as error:
         parse_shape("center,blur(2)")
     for kind in TRANSFORMS:
         assert kind in str(error.value)

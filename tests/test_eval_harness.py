@@ -447,7 +447,7 @@ def test_run_sweep_keeps_frequency_keywords_beside_a_folder_of_that_name(tiny_gl
 def test_run_sweep_rejects_bad_configs(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"grid": {"model": ["glove-6b-50d"],}')
-    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
         run_sweep(path, tmp_path / "out")
     path.write_text(json.dumps({"grid": {"model": ["glove-6b-50d"], "shaping": ["none"]}}))
     with pytest.raises(ValueError, match=r"unknown recipe keys \['shaping'\]"):

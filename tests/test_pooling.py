@@ -136,7 +136,7 @@ def test_last_real_position(padding_side):
 
 def test_unknown_mode_names_the_known_ones():
     states, mask, _ = make_batch("right")
-    with pytest.raises(ValueError, match="unknown pooling mode 'median'.*mean_sqrt_len"):
+    with pytest.raises(ValueError, match=r"unknown pooling mode 'median'.*mean_sqrt_len"):
         pool(states, mask, "median")
 
 

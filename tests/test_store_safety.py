@@ -115,7 +115,7 @@ def test_a_store_without_its_encoder_is_refused_with_how_to_recover(kind, docs, 
     index(docs, store, tiny_glove_path)
     shutil.rmtree(tmp_path / "store" / "encoder")
     for action in (lambda: index(docs, store, tiny_glove_path), lambda: Collection.open(store)):
-        with pytest.raises(EncoderMissingError, match="holds vectors but no encoder/ folder .*re-index the documents into a new store"):
+        with pytest.raises(EncoderMissingError, match=r"holds vectors but no encoder/ folder .*re-index the documents into a new store"):
             action()
 
 
@@ -131,7 +131,7 @@ def test_a_tampered_backbone_source_is_refused_before_it_is_loaded(tmp_path, tin
     spec["backbone"]["source"] = str(tmp_path / "evil.pt")
     (tmp_path / "enc" / "isotrope.json").write_text(json.dumps(spec))
     monkeypatch.setattr(backbones, "make_backbone", lambda *a, **k: pytest.fail("the backbone was built"))
-    with pytest.raises(EncoderFormatError, match="do not match the saved fingerprint .* nothing was loaded"):
+    with pytest.raises(EncoderFormatError, match=r"do not match the saved fingerprint .* nothing was loaded"):
         ShapedEncoder.load(tmp_path / "enc")
 
 

@@ -150,7 +150,7 @@ def test_memory_store_refuses_a_modified_vectors_file(tmp_path):
     data = make_data("clustered", 400)
     filled("memory", tmp_path, data).save(tmp_path / "mem")
     np.save(tmp_path / "mem" / "vectors.npy", data[:10])
-    with pytest.raises(StoreFormatError, match="vectors.npy"):
+    with pytest.raises(StoreFormatError, match=r"vectors\.npy"):
         MemoryStore.load(tmp_path / "mem")
 
 
@@ -365,7 +365,7 @@ def test_faiss_refuses_corrupt_or_mismatched_directories(tmp_path):
     with pytest.raises(StoreFormatError, match="not a FaissStore"):
         FaissStore(tmp_path / "junk", dim=4)
     (path / "store.sqlite").write_bytes(b"this is not a database" * 100)
-    with pytest.raises(StoreFormatError, match="store.sqlite"):
+    with pytest.raises(StoreFormatError, match=r"store\.sqlite"):
         FaissStore(path)
 
 

@@ -152,7 +152,7 @@ def test_empty_and_1d_input_raise(kind, X):
 
 
 def test_unknown_kind_names_known_kinds():
-    with pytest.raises(ValueError, match="'nope'.*center.*whiten"):
+    with pytest.raises(ValueError, match=r"'nope'.*center.*whiten"):
         make_transform("nope")
 
 
