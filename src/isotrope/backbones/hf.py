@@ -182,6 +182,7 @@ class HFBackbone(TokenizedBackbone):
     def get_state(self) -> dict[str, np.ndarray]:
         if not self.context or self.context_table_ is None:
             return {}
+        assert self.context_scale_ is not None  # computed and loaded together with context_table_
         return {"context_table_": self.context_table_, "context_scale_": self.context_scale_}
 
     @property
