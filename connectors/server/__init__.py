@@ -36,7 +36,7 @@ from isotrope.stores.base import Hit
 try:
     import orjson
 except ImportError:  # pragma: no cover - orjson comes with the serve extra
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # the plain JSON response is used instead
 
 if TYPE_CHECKING:
     from isotrope.search import Collection
