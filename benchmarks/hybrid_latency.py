@@ -1,10 +1,18 @@
-"""Hybrid query latency against dense at N chunks, and the lexical index's share of the store writes (issue 17).
+"""Hybrid query latency against dense at N chunks, and the lexical index's share of ingestion (issue 17).
 
 Synthetic chunks: 40-120 words drawn by Zipf frequency from wordfreq's 30,000 most frequent English
 words (realistic term statistics), random unit 384-d vectors (what MiniLM writes; a flat index's cost
 does not depend on their content). Each store is written twice in 4,096-chunk commits, once as
 shipped and once with the analyzer returning no terms (no lexical rows): the difference is what the
-lexical index costs. Queries: 5-10 words of the same distribution, one at a time, k = 10.
+lexical index costs. Ingestion = embedding + store writes; embedding is timed with the cheapest
+encoder (``static:all-MiniLM-L6-v2``, on every chunk) and with all-MiniLM-L6-v2 (on ``--minilm-sample``
+chunks, scaled to N). Queries: 5-10 words of the same distribution, one at a time, k = 10.
+
+Peers on the same data in the same run: LanceDB's own hybrid query (``table.search(query_type="hybrid")``
+over the store's table and its full-text index, with its default ``RRFReranker`` and with
+``LinearCombinationReranker``), and LlamaIndex's ``QueryFusionRetriever`` (``relative_score``: min-max
+scores weighted 0.3 / 0.7, as isotrope's default) over ``BM25Retriever`` (llama-index-retrievers-bm25,
+bm25s in memory) and a vector retriever on the same store, 100 candidates each side, as isotrope fuses.
 
     python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--out F.json]
 """
@@ -23,8 +31,8 @@ import numpy as np
 import isotrope.connectors.faiss_store as faiss_module
 import isotrope.connectors.lancedb_store as lance_module
 from benchmarks.common import print_and_write
-from isotrope.fusion import search_store
-from isotrope.lexical import index_text
+from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, search_store
+from isotrope.lexical import query_terms
 
 DIM = 384
 BATCH = 4096
@@ -81,37 +89,103 @@ def p50_ms(function, queries) -> float:
     return round(1000 * float(np.median(times)), 2)
 
 
+def encode_seconds(model: str, texts: list[str], total: int) -> float:
+    """Seconds ``model`` (no shaping) takes to embed ``texts``, scaled to ``total`` chunks."""
+    from isotrope.encoder import ShapedEncoder
+
+    encoder = ShapedEncoder.create(model, shape="none")
+    tick = time.perf_counter()
+    encoder.encode(texts, kind="document")
+    return round((time.perf_counter() - tick) * total / len(texts), 1)
+
+
+def lancedb_hybrid(store, reranker):
+    """LanceDB's own hybrid query on the store's table: vector leg + full-text leg on its ``terms`` index."""
+    from lancedb.query import FullTextOperator, MatchQuery
+
+    def query(pair):
+        terms = " ".join(query_terms(pair[0]))
+        builder = store._table.search(query_type="hybrid", vector_column_name="vector", fts_columns="terms")
+        text = MatchQuery(terms, "terms", operator=FullTextOperator.OR)
+        return builder.vector(pair[1]).text(text).distance_type("cosine").limit(10).rerank(reranker).to_arrow()
+
+    return query
+
+
+def bm25_retriever(texts: list[str], candidates: int):
+    """LlamaIndex's ``BM25Retriever`` over the chunks (its own English stemmer and stop words); build seconds."""
+    from llama_index.core.schema import TextNode
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    tick = time.perf_counter()
+    nodes = [TextNode(id_=f"c{i}", text=text) for i, text in enumerate(texts)]
+    retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, language="en")
+    return retriever, round(time.perf_counter() - tick, 1)
+
+
+def llama_index_fusion(store, bm25, candidates: int):
+    """LlamaIndex ``QueryFusionRetriever`` over ``bm25`` and a vector retriever on ``store``."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import BaseRetriever, QueryFusionRetriever
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+    class StoreRetriever(BaseRetriever):
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            hits = store.search(np.asarray(query_bundle.embedding, dtype=np.float32)[None], candidates)[0]
+            return [NodeWithScore(node=TextNode(id_=h.id, text=h.text), score=h.score) for h in hits]
+
+    fusion = QueryFusionRetriever([StoreRetriever(), bm25], similarity_top_k=10, num_queries=1, use_async=False, llm=MockLLM(),
+                                  mode="relative_score", retriever_weights=[DEFAULT_ALPHA, 1 - DEFAULT_ALPHA])
+
+    def query(pair):
+        return fusion.retrieve(QueryBundle(pair[0], embedding=[float(x) for x in pair[1]]))
+
+    return query
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--minilm-sample", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    from lancedb.rerankers import LinearCombinationReranker, RRFReranker
+
     texts = make_texts(args.chunks, 40, 120, seed=0)
     rng = np.random.default_rng(1)
     vectors = rng.standard_normal((args.chunks, DIM)).astype(np.float32)
     query_texts = make_texts(args.queries, 5, 10, seed=2)
     query_vectors = rng.standard_normal((args.queries, DIM)).astype(np.float32)
-    tick = time.perf_counter()
-    for text in texts:
-        index_text(text)
-    result: dict = {"chunks": args.chunks, "queries": args.queries, "analysis seconds": round(time.perf_counter() - tick, 1)}
+    pairs = list(zip(query_texts, query_vectors))
+    embedding = {"static:all-MiniLM-L6-v2": encode_seconds("static:all-MiniLM-L6-v2", texts, args.chunks),
+                 "all-MiniLM-L6-v2": encode_seconds("all-MiniLM-L6-v2", texts[: args.minilm_sample], args.chunks)}
+    bm25, build = bm25_retriever(texts, DEFAULT_CANDIDATES)
+    result: dict = {"chunks": args.chunks, "queries": args.queries, "embedding seconds (scaled to all chunks)": embedding,
+                    "LlamaIndex BM25Retriever build seconds": build}
     for kind in ("faiss", "lancedb"):
         with tempfile.TemporaryDirectory() as folder:
             with without_terms():
                 plain, plain_seconds = write(kind, Path(folder) / "plain", texts, vectors)
                 plain.close()
             store, seconds = write(kind, Path(folder) / "store", texts, vectors)
-            pairs = list(zip(query_texts, query_vectors))
-            result[kind] = {
+            lexical = seconds - plain_seconds
+            row = result[kind] = {
                 "write seconds, no lexical index": round(plain_seconds, 1),
                 "write seconds": round(seconds, 1),
-                "lexical share of the writes": round((seconds - plain_seconds) / seconds, 3),
+                "lexical share of the writes": round(lexical / seconds, 3),
+                **{f"lexical share of ingestion, {model}": round(lexical / (seconds + embed), 3)
+                   for model, embed in embedding.items()},
                 "dense p50 ms": p50_ms(lambda q, store=store: store.search(q[1][None], 10), pairs),
                 "lexical p50 ms": p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs),
                 "hybrid p50 ms": p50_ms(lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
             }
-            result[kind]["hybrid / dense"] = round(result[kind]["hybrid p50 ms"] / result[kind]["dense p50 ms"], 2)
+            row["hybrid / dense"] = round(row["hybrid p50 ms"] / row["dense p50 ms"], 2)
+            if kind == "lancedb":
+                row["LanceDB hybrid (RRFReranker) p50 ms"] = p50_ms(lancedb_hybrid(store, RRFReranker()), pairs)
+                linear = LinearCombinationReranker(weight=DEFAULT_ALPHA)
+                row["LanceDB hybrid (LinearCombinationReranker) p50 ms"] = p50_ms(lancedb_hybrid(store, linear), pairs)
+            row["LlamaIndex QueryFusionRetriever p50 ms"] = p50_ms(llama_index_fusion(store, bm25, DEFAULT_CANDIDATES), pairs)
             store.close()
         print(json.dumps({kind: result[kind]}), flush=True)
     print_and_write(result, args.out)

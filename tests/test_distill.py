@@ -68,9 +68,9 @@ def inputs(tiny_bert_path):
 
 def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     texts = make_sentences(300, seed=3)
-    first, report = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
-    again, report_again = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
-    other, _ = distill_table(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1))
+    first, report = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1), min_fit_texts=0)
+    again, report_again = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1), min_fit_texts=0)
+    other, _ = distill_table(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1), min_fit_texts=0)
     np.testing.assert_array_equal(first, again)
     assert report == report_again
     assert report["teacher_texts"] == 200 and report["held_aside"] == 20
@@ -102,9 +102,19 @@ def test_a_fit_that_does_not_help_falls_back_to_the_unfitted_table(teacher, inpu
     rng = np.random.default_rng(0)
     monkeypatch.setattr(distill, "solve_table",  # a "fit" that scrambles the table
                         lambda bags, targets, table, *args, **kwargs: rng.standard_normal(table.shape) * 100)
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), min_fit_texts=0)
     assert report["fitted"] is False and "no fit beat" in report["reason"]
     assert max(report["validation"]["1"], report["validation"]["0.1"]) < report["validation"]["unfitted"]
+    np.testing.assert_array_equal(table, unfitted)
+
+
+def test_a_sample_below_the_floor_keeps_the_unfitted_table(teacher, inputs, monkeypatch):
+    """Fewer teacher texts than ``min_fit_texts`` never fit (small samples overfit): no solve runs."""
+    texts = make_sentences(300, seed=4)
+    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), min_fit_texts=0)
+    monkeypatch.setattr(distill, "solve_table", lambda *args, **kwargs: pytest.fail("a fit ran below the floor"))
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), min_fit_texts=251)
+    assert report["fitted"] is False and "at least 251" in report["reason"] and "validation" not in report
     np.testing.assert_array_equal(table, unfitted)
 
 
