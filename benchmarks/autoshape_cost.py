@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from isotrope.autoshape import choose_shape, fit_unshaped, format_candidate
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.data import load_beir
-from isotrope.config import EncoderConfig
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import document_text
 

@@ -76,7 +76,8 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
         rows = {text: i for i, text in enumerate(documents)}
         query_rows = {text: i for i, text in enumerate(queries)}
 
-        def encode(texts: list[str], kind: str, encoder=encoder, document_raw=document_raw, query_raw=query_raw):
+        def encode(texts: list[str], kind: str, encoder=encoder, document_raw=document_raw, query_raw=query_raw,
+                   rows=rows, query_rows=query_rows):
             if kind == "query":
                 return encoder.apply_transforms(query_raw[[query_rows[t] for t in texts]])
             return encoder.apply_transforms(document_raw[[rows[t] for t in texts]])

@@ -31,9 +31,9 @@ from typing import Any
 
 from benchmarks.common import print_and_write
 from benchmarks.hybrid import bm25s_baseline
+from isotrope.config import EncoderConfig
 from isotrope.evaluate.commands import run_retrieval, run_sts
 from isotrope.evaluate.data import load_beir, load_sick, load_stsb
-from isotrope.config import EncoderConfig
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import eval_retrieval, eval_sts
 

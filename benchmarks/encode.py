@@ -90,10 +90,10 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
     for name, texts in text_sets(data_dir, quick).items():
         outputs: dict[str, np.ndarray] = {}
 
-        def run_isotrope(texts: list[str] = texts) -> None:
+        def run_isotrope(texts: list[str] = texts, outputs: dict[str, np.ndarray] = outputs) -> None:
             outputs["isotrope"] = isotrope_encoder.encode(texts, batch_size=batch_size)
 
-        def run_st(texts: list[str] = texts) -> None:
+        def run_st(texts: list[str] = texts, outputs: dict[str, np.ndarray] = outputs) -> None:
             outputs["sentence_transformers"] = st_model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                                                normalize_embeddings=False, show_progress_bar=False)
 

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (compare, machine_info, print_and_write, ratio, scifact_documents, set_threads,
-                               sts_sentences)
+from benchmarks.common import compare, machine_info, print_and_write, ratio, scifact_documents, set_threads, sts_sentences
 from benchmarks.encode import BATCH_SIZE, MAX_SEQ_LENGTH, load_sentence_transformer
 
 logger = logging.getLogger(__name__)
@@ -76,9 +75,9 @@ def run(data_dir: str | Path, encoder_dir: str | Path, *, abstracts: int, senten
             {"fast": lambda: passes(fast), "fast_256": lambda: passes(fast256), "tokenizer_256": tokenize,
              "teacher": lambda texts=texts: teacher.encode(texts, batch_size=BATCH_SIZE, convert_to_numpy=True,
                                                           normalize_embeddings=True)},
-            repeat, warmups={"fast": lambda: fast.encode(texts), "fast_256": lambda: fast256.encode(texts),
-                             "tokenizer_256": lambda: tokenizer.encode_batch(texts[:16]),
-                             "teacher": lambda: teacher.encode(texts[:16])})
+            repeat, warmups={"fast": lambda texts=texts: fast.encode(texts), "fast_256": lambda texts=texts: fast256.encode(texts),
+                             "tokenizer_256": lambda texts=texts: tokenizer.encode_batch(texts[:16]),
+                             "teacher": lambda texts=texts: teacher.encode(texts[:16])})
         teacher_seconds = timings["teacher"]["median_s"]
         entry: dict[str, Any] = {"texts": len(texts), "teacher_texts_per_s": len(texts) / teacher_seconds,
                                  "fast_first_pass_texts_per_s": len(texts) / cold_seconds,

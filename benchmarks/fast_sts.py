@@ -57,7 +57,7 @@ def bags_of(teacher: Any, texts: list[str], weights: np.ndarray | None = None) -
     from scipy import sparse
 
     ids = teacher.token_ids(texts)
-    special = set(int(i) for i in teacher.special_ids())
+    special = {int(i) for i in teacher.special_ids()}
     rows, cols, values = [], [], []
     for row, text_ids in enumerate(ids):
         kept = np.array([i for i in text_ids if i not in special], dtype=np.int64)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import isotrope.distill
 from benchmarks.common import print_and_write
-from isotrope.evaluate.commands import run_retrieval
 from isotrope.config import EncoderConfig
+from isotrope.evaluate.commands import run_retrieval
 from isotrope.evaluate.harness import Evaluator
 
 

@@ -80,8 +80,8 @@ def test(dataset: BeirDataset, evaluator: Evaluator) -> dict:
 
 
 SET_ENCODERS = {
-    "all-MiniLM-L6-v2": Recipe(model="all-MiniLM-L6-v2", shape="none"),
-    "fast": Recipe(model="fast", shape="whiten-partial"),
+    "all-MiniLM-L6-v2": EncoderConfig(model="all-MiniLM-L6-v2", shape="none"),
+    "fast": EncoderConfig(model="fast", shape="whiten-partial"),
 }
 
 

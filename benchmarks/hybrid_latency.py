@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import print_and_write
 import isotrope.connectors.faiss_store as faiss_module
 import isotrope.connectors.lancedb_store as lance_module
+from benchmarks.common import print_and_write
 from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, search_store
 from isotrope.lexical import query_terms
 
@@ -176,9 +176,9 @@ def main() -> None:
                 "lexical share of the writes": round(lexical / seconds, 3),
                 **{f"lexical share of ingestion, {model}": round(lexical / (seconds + embed), 3)
                    for model, embed in embedding.items()},
-                "dense p50 ms": p50_ms(lambda q: store.search(q[1][None], 10), pairs),
-                "lexical p50 ms": p50_ms(lambda q: store.lexical_search([q[0]], 10), pairs),
-                "hybrid p50 ms": p50_ms(lambda q: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
+                "dense p50 ms": p50_ms(lambda q, store=store: store.search(q[1][None], 10), pairs),
+                "lexical p50 ms": p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs),
+                "hybrid p50 ms": p50_ms(lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
             }
             row["hybrid / dense"] = round(row["hybrid p50 ms"] / row["dense p50 ms"], 2)
             if kind == "lancedb":

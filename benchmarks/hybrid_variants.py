@@ -29,8 +29,9 @@ import numpy as np
 
 from benchmarks.common import print_and_write
 from benchmarks.hybrid import fitted
+from isotrope.config import EncoderConfig
 from isotrope.evaluate.data import BeirDataset, load_beir
-from isotrope.evaluate.harness import Evaluator, Recipe
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.metrics import ndcg_at_k
 from isotrope.evaluate.store_retrieval import beir_documents, index_documents
 from isotrope.fusion import reciprocal_rank_fusion, search_store
@@ -38,10 +39,10 @@ from isotrope.search import Collection
 from isotrope.stores.base import Hit
 
 FAMILIES = {
-    "transformer": {"all-MiniLM-L6-v2": Recipe(model="all-MiniLM-L6-v2", shape="none")},
+    "transformer": {"all-MiniLM-L6-v2": EncoderConfig(model="all-MiniLM-L6-v2", shape="none")},
     "static": {
-        "static:all-MiniLM-L6-v2 whiten-partial": Recipe(model="static:all-MiniLM-L6-v2", shape="whiten-partial"),
-        "fast": Recipe(model="fast", shape="whiten-partial"),
+        "static:all-MiniLM-L6-v2 whiten-partial": EncoderConfig(model="static:all-MiniLM-L6-v2", shape="whiten-partial"),
+        "fast": EncoderConfig(model="fast", shape="whiten-partial"),
     },
 }
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -88,12 +89,12 @@ def candidate_lists(encoder, dataset: BeirDataset, queries: dict[str, str], dept
     ids, texts = beir_documents(dataset)
     vectors = encoder.encode(texts, kind="document")
     query_ids, query_texts = list(queries), list(queries.values())
-    with tempfile.TemporaryDirectory(prefix="isotrope-variants-") as tmp:
-        with Collection.create(f"faiss:{Path(tmp) / 's'}", encoder, metric="cosine") as collection:
-            index_documents(collection, ids, texts, vectors)
-            query_vectors = encoder.encode(query_texts, kind="query")
-            dense = search_store(collection.store, query_texts, query_vectors, depth, mode="dense")
-            lexical = search_store(collection.store, query_texts, None, depth, mode="lexical")
+    with tempfile.TemporaryDirectory(prefix="isotrope-variants-") as tmp, \
+            Collection.create(f"faiss:{Path(tmp) / 's'}", encoder, metric="cosine") as collection:
+        index_documents(collection, ids, texts, vectors)
+        query_vectors = encoder.encode(query_texts, kind="query")
+        dense = search_store(collection.store, query_texts, query_vectors, depth, mode="dense")
+        lexical = search_store(collection.store, query_texts, None, depth, mode="lexical")
     return {q: (d, t) for q, d, t in zip(query_ids, dense, lexical)}
 
 

@@ -263,8 +263,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"load average {load(machine['load_average_at_start'])} at the start, "
              f"{load(machine.get('load_average_at_end', '?'))} at the end; {result['wall_s'] / 60:.0f} min in all.", ""]
     if "sides" in result:  # transformer
-        lines += chunking_table(result["chunking"]) + ["", "| side | median s | runs s | chunks/s | x LlamaIndex | peak RSS MB | RSS / LlamaIndex |",
-                                                        "|---|---:|---|---:|---:|---:|---:|"]
+        lines += [*chunking_table(result["chunking"]), "", "| side | median s | runs s | chunks/s | x LlamaIndex | peak RSS MB | RSS / LlamaIndex |", "|---|---:|---|---:|---:|---:|---:|"]
         for name, entry in result["sides"].items():
             ratios = result["ratios"].get(name, {"speedup": 1.0, "peak_rss_ratio": 1.0})
             lines.append(f"| {name} | {entry['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in entry['runs_s'])} | "

@@ -146,9 +146,8 @@ def run_single(corpus: Path, store: str) -> dict[str, Any]:
 
 def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
     # one thread per actor; workers inherit this environment from the runtime started below
-    os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    os.environ.update(dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "1"))
     import ray
-
     from isotrope.connectors.ray import index_with_ray
 
     with TreeMemory() as memory:

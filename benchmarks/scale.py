@@ -256,7 +256,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
         def ours(q: np.ndarray) -> Any:
             return store.search(q, K)
 
-        def bare(q: np.ndarray) -> Any:
+        def bare(q: np.ndarray, bare_index: Any = bare_index, params: Any = params) -> Any:
             return bare_index.search(q, K, params=params)
 
         extra: dict[str, Any] = {}
@@ -278,7 +278,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
                 ivf.nprobe = store.nprobe
             llama = FaissVectorStore(faiss_index=bare_index)
             row["llama_index_p50_ms_single"] = single_p50_ms(
-                lambda q: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
+                lambda q, llama=llama: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
                 queries, args.single)
         result[name] = row
         save_partial(args, result)
@@ -332,7 +332,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
         def ours(q: np.ndarray) -> Any:
             return store.search(q, K)
 
-        def bare(q: np.ndarray) -> Any:
+        def bare(q: np.ndarray, indexed: bool = indexed) -> Any:
             query = (table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
                      .distance_type(distance).limit(K).select(["id", "text", "metadata", "_distance"]))
             if indexed:

@@ -134,10 +134,10 @@ def bench_faiss(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray
             if name == "ivf":
                 faiss.GpuParameterSpace().set_index_parameter(bare_index, "nprobe", NPROBE)
 
-        def ours(q: np.ndarray) -> list:
+        def ours(q: np.ndarray, store: FaissStore = store) -> list:
             return store.search(q, K)
 
-        def bare(q: np.ndarray) -> tuple:
+        def bare(q: np.ndarray, bare_index: Any = bare_index, params: Any = params) -> tuple:
             return bare_index.search(q, K, params=params)
 
         found = [[int(hit.id) for hit in hits] for hits in ours(queries)]
@@ -151,7 +151,7 @@ def bench_faiss(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray
         }
         logger.info("search faiss %s n=%d: overhead %.1f%%", name, n, results[name]["batch"]["overhead_pct"])
         store.close()
-        del store, bare_index
+        del store, bare_index, ours, bare
         gc.collect()
         shutil.rmtree(path, ignore_errors=True)
     return results

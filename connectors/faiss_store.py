@@ -153,14 +153,15 @@ def _params_for(
             raise _SelectorUnsupported(type(index).__name__)
         base = _params_for(index.base_index, selector, nprobe, ef_search)
         # re-rank at least 4k candidates: the factory's default (k_factor 1) makes refinement a no-op
-        params = faiss.IndexRefineSearchParameters(k_factor=max(index.k_factor, 4.0), base_index_params=base)
-        params.referenced_objects = [base]
+        params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # the stubs lack the SWIG keyword constructor
+            k_factor=max(index.k_factor, 4.0), base_index_params=base)
+        params.referenced_objects = [base]  # type: ignore[attr-defined]  # keeps base alive (SWIG attribute, not in the stubs)
         return params
     if isinstance(index, faiss.IndexIVF):
-        return faiss.SearchParametersIVF(sel=selector, nprobe=min(nprobe, index.nlist))
+        return faiss.SearchParametersIVF(sel=selector, nprobe=min(nprobe, index.nlist))  # type: ignore[call-arg]  # stubs lack the keyword constructor
     if isinstance(index, faiss.IndexHNSW):
-        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search)
-    return None if selector is None else faiss.SearchParameters(sel=selector)
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search)  # type: ignore[attr-defined]  # missing from the stubs
+    return None if selector is None else faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # stubs lack the keyword constructor
 
 
 class FaissStore(VectorStore):
@@ -383,7 +384,7 @@ class FaissStore(VectorStore):
             return np.concatenate([v for _, v in self._iter_vectors()])
         keys = [k for (k,) in self._conn.execute("SELECT key FROM items").fetchall()]
         chosen = np.random.default_rng(0).choice(keys, size, replace=False)
-        parts = []
+        parts: list[np.ndarray] = []
         for part in _chunks(sorted(chosen.tolist())):
             parts.extend(v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part))
         return np.concatenate(parts)
@@ -512,7 +513,7 @@ class FaissStore(VectorStore):
         self._begin()
         self._ensure_lexical_index()
         self._ensure_fields_table()
-        removed = Counter()
+        removed: Counter[str] = Counter()
         removed.subtract(self._field_counts(list(keys.values())))
         self._update_fields(removed)
         for part in _chunks(list(keys.values())):
@@ -718,8 +719,10 @@ class FaissStore(VectorStore):
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None and not self.is_exact:
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
-        if isinstance(_inner(self._index), faiss.IndexHNSW):
-            info.update(hnsw_m=_inner(self._index).hnsw.nb_neighbors(1), ef_search=self.ef_search)
+        inner = _inner(self._index)
+        if isinstance(inner, faiss.IndexHNSW):
+            m = inner.hnsw.nb_neighbors(1)  # type: ignore[attr-defined]  # exists at run time, missing from the stubs
+            info.update(hnsw_m=m, ef_search=self.ef_search)
         if self.refine and not self.is_exact:
             info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
@@ -734,7 +737,7 @@ class FaissStore(VectorStore):
             logger.warning("closing %s with uncommitted changes: they are discarded (call commit() first)", self.path)
         self._conn.close()
         self._conn = None  # type: ignore[assignment]
-        self._index = None
+        self._index = None  # type: ignore[assignment]  # closed: like _conn, never used again
         self._gpu_index = None
 
     # ------------------------------------------------------------------ reading
@@ -798,7 +801,7 @@ class FaissStore(VectorStore):
             raise TypeError("texts must be a sequence of query strings, not a single string")
         if not self.has_lexical_index:
             self.build_lexical_index()
-        condition, params = ("", [])
+        condition, params = "", []  # type: str, list[Any]
         if where:
             sql, params = to_sqlite(where)
             condition = f" AND rowid IN (SELECT key FROM items WHERE {sql})"
@@ -840,13 +843,13 @@ class FaissStore(VectorStore):
                 stored[np.searchsorted(wanted, keys)] = vectors
         better = np.empty(labels.shape, dtype=np.float32)  # exact scores, higher is better
         for start in range(0, len(q), _REFINE_QUERIES):
-            part = slice(start, start + _REFINE_QUERIES)
-            candidates = stored[np.searchsorted(wanted, np.maximum(labels[part], 0))]  # (queries, refine * k, dim)
+            block = slice(start, start + _REFINE_QUERIES)
+            candidates = stored[np.searchsorted(wanted, np.maximum(labels[block], 0))]  # (queries, refine * k, dim)
             if self.metric == "l2":
-                difference = candidates - q[part, None, :]
-                better[part] = -np.einsum("qcd,qcd->qc", difference, difference)
+                difference = candidates - q[block, None, :]
+                better[block] = -np.einsum("qcd,qcd->qc", difference, difference)
             else:
-                better[part] = np.einsum("qcd,qd->qc", candidates, q[part])
+                better[block] = np.einsum("qcd,qd->qc", candidates, q[block])
         better[labels < 0] = -np.inf
         best = np.argsort(-better, axis=1, kind="stable")[:, :k]
         rows = np.arange(len(q))[:, None]
@@ -871,8 +874,8 @@ class FaissStore(VectorStore):
         out_d = np.full((len(q), k), np.nan, dtype=np.float32)
         out_l = np.full((len(q), k), -1, dtype=np.int64)
         for row in range(len(q)):
-            d, l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
-            out_d[row, : len(d)], out_l[row, : len(l)] = d, l
+            row_d, row_l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
+            out_d[row, : len(row_d)], out_l[row, : len(row_l)] = row_d, row_l
         return out_d, out_l
 
     def _unfiltered_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

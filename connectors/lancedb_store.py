@@ -30,7 +30,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lancedb
 import numpy as np
@@ -40,7 +40,6 @@ from lancedb.query import FullTextOperator, MatchQuery
 
 from isotrope.lexical import index_text, query_terms
 from isotrope.stores import index_plan
-
 from isotrope.stores.base import (
     Hit,
     ReshapableStore,
@@ -77,8 +76,8 @@ _META_FIELDS = "isotrope.metadata_fields"
 _META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 _AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
-_FTS_CONFIG = dict(base_tokenizer="whitespace", lower_case=False, stem=False, remove_stop_words=False,
-                   ascii_folding=False, max_token_length=None, with_position=False)
+_FTS_CONFIG = {"base_tokenizer": "whitespace", "lower_case": False, "stem": False, "remove_stop_words": False,
+                   "ascii_folding": False, "max_token_length": None, "with_position": False}
 
 
 def _is_uri(path: str | os.PathLike[str]) -> bool:
@@ -173,7 +172,7 @@ class LanceDBStore(ReshapableStore):
         self.index_threshold = index_threshold
         self.refine_factor = refine_factor
         self.ef = ef
-        self._index_type: str | None | bool = False  # the cached vector_index; False: not looked up yet
+        self._index_type: str | bool | None = False  # the cached vector_index; False: not looked up yet
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
@@ -188,6 +187,8 @@ class LanceDBStore(ReshapableStore):
         schema = self._table.schema
         self.dim = schema.field("vector").type.list_size
         self.raw_dim = schema.field("raw_vector").type.list_size if "raw_vector" in schema.names else None
+        #: whether ``add`` takes ``raw_vectors`` (the table has a ``raw_vector`` column)
+        self.stores_raw_vectors = self.raw_dim is not None
         self.metric = schema.metadata[_META_METRIC.encode()].decode()
         stored = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
         self.index_type = index_type or stored.get(_META_INDEX, "ivf_pq")
@@ -241,11 +242,6 @@ class LanceDBStore(ReshapableStore):
         for name, value in given.items():
             if value is not None and value != stored[name]:
                 raise StoreFormatError(f"{where} has {name}={stored[name]}; got {name}={value}")
-
-    @property
-    def stores_raw_vectors(self) -> bool:
-        """Whether ``add`` takes ``raw_vectors`` (the table has a ``raw_vector`` column)."""
-        return self.raw_dim is not None
 
     # ------------------------------------------------------------------ writing
 
@@ -302,9 +298,10 @@ class LanceDBStore(ReshapableStore):
                 .when_not_matched_insert_all()
                 .execute(pa.table(columns), on_bad_vectors="null")
             )
-        if not appended and (getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0)):
-            self._lexical_state = "stale"
-            self._fields_exact = False  # the replaced rows' fields may have gone
+            replaced: int = getattr(result, "num_updated_rows", 1) or getattr(result, "num_deleted_rows", 0)
+            if replaced:
+                self._lexical_state = "stale"
+                self._fields_exact = False  # the replaced rows' fields may have gone
         fields.update(name for meta in batch.metadata for name in meta)
         self._maybe_index()
 
@@ -400,7 +397,7 @@ class LanceDBStore(ReshapableStore):
         if self._index_type is False:
             found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
             self._index_type = None if found is None else found.index_type
-        return self._index_type
+        return cast("str | None", self._index_type)  # never True: only False ("not looked up") or the found type
 
     def _maybe_index(self) -> None:
         if self.index_threshold is None:
@@ -434,6 +431,7 @@ class LanceDBStore(ReshapableStore):
         if self.index_type != _AUTO:
             return _INDEX_TYPES[self.index_type](distance_type=distance)
         plan = index_plan.lancedb_index_for(max(len(self), index_plan.EXACT_BELOW), self.dim)
+        assert plan is not None  # at EXACT_BELOW rows or more the plan is an index, never exact search
         return IvfPq(distance_type=distance, **plan)
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
@@ -620,7 +618,7 @@ class LanceDBStore(ReshapableStore):
         if not self.has_lexical_index:
             self.build_lexical_index()
         condition = to_lance(where) if where else None
-        out = []
+        out: list[list[Hit]] = []
         for text in texts:
             terms = query_terms(text)
             if not terms:
@@ -713,8 +711,8 @@ class LanceDBStore(ReshapableStore):
         found: dict[str, np.ndarray] = {}
         for part in _chunks(wanted):
             table = self._scan(["id", column], _id_filter(part))
-            ids = table.column("id")
-            found.update(zip(ids.to_pylist(), _to_numpy(table.column(column), dim, ids, column)))
+            id_column = table.column("id")
+            found.update(zip(id_column.to_pylist(), _to_numpy(table.column(column), dim, id_column, column)))
         missing = [i for i in wanted if i not in found]
         if missing:
             raise KeyError(f"id {missing[0]!r} is not stored in table {self.table_name!r}")

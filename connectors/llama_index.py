@@ -50,13 +50,14 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
+from isotrope.backbones import TextKind
 from isotrope.encoder import DEFAULT_MODEL, ShapedEncoder, default_shape
 from isotrope.fusion import search_store
 from isotrope.persist import read_spec
 from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
-from isotrope.stores.layout import ENCODER_DIR
 from isotrope.shapes import format_shape
 from isotrope.stores.filters import check_fields
+from isotrope.stores.layout import ENCODER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class IsotropeEmbedding(BaseEmbedding):
     _encoder: ShapedEncoder | None = PrivateAttr(default=None)
 
     def __init__(self, encoder_path: str | os.PathLike[str], **kwargs: Any) -> None:
-        spec = read_spec(encoder_path)
+        spec = read_spec(os.fspath(encoder_path))
         expected = kwargs.pop("fingerprint", None)
         if expected is not None and expected != spec["fingerprint"]:
             raise EncoderMismatchError(
@@ -123,7 +124,7 @@ class IsotropeEmbedding(BaseEmbedding):
     @classmethod
     def from_encoder(cls, encoder: ShapedEncoder, path: str | os.PathLike[str], **kwargs: Any) -> IsotropeEmbedding:
         """Save a fitted ``encoder`` to ``path`` (replacing what is there) and embed with it."""
-        encoder.save(path)
+        encoder.save(os.fspath(path))
         embedding = cls(path, **kwargs)
         embedding._encoder = encoder
         return embedding
@@ -155,7 +156,7 @@ class IsotropeEmbedding(BaseEmbedding):
     @classmethod
     def from_store(cls, uri: str | os.PathLike[str], **kwargs: Any) -> IsotropeEmbedding:
         """The embedding of the encoder kept in an isotrope store (``faiss:DIR``, ``lancedb:DIR``)."""
-        _, path = parse_store_uri(uri)
+        _, path = parse_store_uri(os.fspath(uri))
         return cls(path / ENCODER_DIR, **kwargs)
 
     # -- the encoder ----------------------------------------------------------------
@@ -181,7 +182,7 @@ class IsotropeEmbedding(BaseEmbedding):
         return super(IsotropeEmbedding, light).__getstate__()
 
     # -- BaseEmbedding --------------------------------------------------------------
-    def _encode(self, texts: list[str], kind: str) -> list[Embedding]:
+    def _encode(self, texts: list[str], kind: TextKind) -> list[Embedding]:
         return self.encoder.encode(texts, kind=kind).tolist()
 
     def _get_query_embedding(self, query: str) -> Embedding:
@@ -357,7 +358,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     @staticmethod
     def exists(uri: str | os.PathLike[str]) -> bool:
         """Whether ``uri`` already holds an isotrope store (opening it needs no ``embed_model``)."""
-        return Collection.exists(uri)
+        return Collection.exists(os.fspath(uri))
 
     @property
     def client(self) -> Any:
@@ -570,4 +571,4 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         return [metadata_dict_to_node(hit.metadata, hit.text) for hit in store.get(ids) if hit is not None]
 
 
-__all__ = ["IsotropeEmbedding", "IsotropeVectorStore", "EncoderMismatchError", "to_where"]
+__all__ = ["EncoderMismatchError", "IsotropeEmbedding", "IsotropeVectorStore", "to_where"]

@@ -54,9 +54,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray
 import ray.data
 
+import ray
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document, SkippedFile, iter_files, load_file
@@ -598,6 +598,7 @@ def _sample_texts(dataset: ray.data.Dataset) -> list[str]:
 def _rows_to_index(chunks: _Chunks, existing: set[str], sample_ids: list[str], rows: int, num_actors: int) -> ray.data.Dataset:
     """The chunk rows to embed, in corpus order, ``rank`` marking the fit sample, in balanced blocks (materialized)."""
     dataset = chunks.dataset
+    assert dataset is not None  # called only with rows pending, so some unit was read
     if chunks.repeated or existing:
         drop = {"drop_ids": ray.put(existing), "repeated": ray.put(chunks.repeated)}
         dataset = dataset.map_batches(_select_rows, fn_kwargs=drop, batch_size=None, batch_format="numpy")

@@ -31,18 +31,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = (
-    "the a an this that is are was were of to in on and or but not it he she they we you i "
-    "cat cats dog dogs bird car cars house tree river city sun moon rain snow food water music "
-    "red green blue big small fast slow happy sad good bad new old "
-    "runs run walks eats sees likes loves reads plays sleeps sentence means word"
-).split()
+WORDS = ["the", "a", "an", "this", "that", "is", "are", "was", "were", "of", "to", "in", "on", "and", "or", "but", "not", "it", "he", "she", "they", "we", "you", "i", "cat", "cats", "dog", "dogs", "bird", "car", "cars", "house", "tree", "river", "city", "sun", "moon", "rain", "snow", "food", "water", "music", "red", "green", "blue", "big", "small", "fast", "slow", "happy", "sad", "good", "bad", "new", "old", "runs", "run", "walks", "eats", "sees", "likes", "loves", "reads", "plays", "sleeps", "sentence", "means", "word"]
 PUNCTUATION = list(".,!?;:'\"()-")
 PIECES = ["##s", "##ed", "##ing", "##ly", "##er", "##est", "##y", "##n", "##e", "##a", "##o", "##t", "##r"]
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")

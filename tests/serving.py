@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from conftest import make_sentences
-
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.pipeline import index_documents

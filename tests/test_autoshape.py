@@ -7,8 +7,8 @@ import random
 
 import numpy as np
 import pytest
-from conftest import GLOVE_WORDS, make_sentences
 
+from conftest import GLOVE_WORDS, make_sentences
 from isotrope.autoshape import (
     PROXIES,
     STATIC_MARGIN,

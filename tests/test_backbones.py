@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import GLOVE_DIM, GLOVE_WORDS, TINY_VOCAB, read_glove
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import GLOVE_DIM, GLOVE_WORDS, TINY_VOCAB, read_glove
 from isotrope.backbones import is_static_source, make_backbone
 from isotrope.backbones.hf import HFBackbone, _default_max_length, parse_layers
 from isotrope.backbones.resolve import resolve_model_path
@@ -256,7 +256,7 @@ def test_malformed_vector_file_names_the_line(tmp_path, content, message):
 
 
 def test_unknown_static_source():
-    with pytest.raises(ValueError, match="unknown static table 'nowhere.txt'"):
+    with pytest.raises(ValueError, match=r"unknown static table 'nowhere\.txt'"):
         StaticBackbone("nowhere.txt")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
 import pytest
 
 from isotrope.config import EncoderConfig
@@ -50,7 +49,7 @@ def test_an_empty_query_says_so(tiny_glove_path, tmp_path):
                     show_progress=False)
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         for query in ("", "  \n\t"):
-            with pytest.raises(ValueError, match="^the query is empty$"):
+            with pytest.raises(ValueError, match=r"^the query is empty$"):
                 collection.search(query)
         with pytest.raises(ValueError, match=r"^queries\[1\] is empty$"):
             collection.search(["cat", " "])
@@ -58,8 +57,8 @@ def test_an_empty_query_says_so(tiny_glove_path, tmp_path):
 
 
 def test_index_skips_whitespace_only_documents(tiny_glove_path, tmp_path):
-    from isotrope.ingest.pipeline import index_documents
     from isotrope.ingest.loaders import Document
+    from isotrope.ingest.pipeline import index_documents
 
     documents = [Document("a", "the cat sat"), Document("b", "   \n "), Document("c", "")]
     report = index_documents(documents, f"faiss:{tmp_path / 'store'}", show_progress=False,

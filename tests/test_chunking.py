@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import string
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
@@ -14,12 +14,7 @@ from isotrope.ingest import chunking
 from isotrope.ingest.chunking import Chunk, LlamaIndexChunker, TokenChunker, chunk_id, split_sentences
 from isotrope.ingest.loaders import Document
 
-WORDS = (
-    "the a of and to in is it that was for on are with as be at by this from or have an they which "
-    "one you had not but what all were when we there can been has more if no out so said who its "
-    "time only new some could these two may first then do any like my now over such our man me even "
-    "most made after also did many before must through back years where much your way well down"
-).split()
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "with", "as", "be", "at", "by", "this", "from", "or", "have", "an", "they", "which", "one", "you", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "been", "has", "more", "if", "no", "out", "so", "said", "who", "its", "time", "only", "new", "some", "could", "these", "two", "may", "first", "then", "do", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down"]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +43,7 @@ def make_text(seed: int, sentences: int, paragraphs: int = 3) -> tuple[str, list
     rng = random.Random(seed)
     made = []
     for _ in range(sentences):
-        words = [rng.choice(WORDS + ["zyxt", "qwerty", "Blorp"]) for _ in range(rng.randint(3, 14))]
+        words = [rng.choice([*WORDS, "zyxt", "qwerty", "Blorp"]) for _ in range(rng.randint(3, 14))]
         made.append(words[0].capitalize() + " " + " ".join(words[1:]) + rng.choice(".!?"))
     cut = max(1, sentences // paragraphs)
     text = "\n\n".join(" ".join(made[i : i + cut]) for i in range(0, sentences, cut))
@@ -62,7 +57,7 @@ def count(tok, text: str) -> int:
 def assert_cover_in_order(text: str, chunks: list[Chunk]) -> None:
     """Each chunk is its span of the text, spans advance, and every non-space character is in one."""
     covered = [False] * len(text)
-    for previous, current in zip(chunks, chunks[1:]):
+    for previous, current in itertools.pairwise(chunks):
         assert previous.start < current.start and previous.end < current.end
     for position, chunk in enumerate(chunks):
         assert chunk.position == position
@@ -103,7 +98,7 @@ def test_chunks_fit_cover_and_respect_sentences(tokenizer, chunk_tokens: int, ov
     assert max(sentence_tokens.values()) <= chunk_tokens  # every sentence fits: none may be cut
     assert len(chunks) > 3
     assert_cover_in_order(text, chunks)
-    for current, following in zip(chunks, chunks[1:] + [None]):
+    for current, following in zip(chunks, [*chunks[1:], None]):
         assert count(tokenizer, current.text) <= chunk_tokens
         assert current.start in starts and current.end in ends
         if following is None:
@@ -117,9 +112,9 @@ def test_chunks_fit_cover_and_respect_sentences(tokenizer, chunk_tokens: int, ov
         if repeated:
             assert following.start == repeated[0][0]
     if overlap_tokens:
-        assert any(b.start < a.end for a, b in zip(chunks, chunks[1:]))
+        assert any(b.start < a.end for a, b in itertools.pairwise(chunks))
     else:
-        assert all(b.start > a.end for a, b in zip(chunks, chunks[1:]))
+        assert all(b.start > a.end for a, b in itertools.pairwise(chunks))
 
 
 def test_chunk_ids_metadata_and_stability(tokenizer) -> None:
@@ -168,7 +163,7 @@ def test_long_sentences_split_at_lines_then_words(tokenizer) -> None:
         assert chunk.end == len(text) or not text[chunk.end].isalnum()
     in_run = [c for c in chunks if text.index(run_on) <= c.start and c.end <= text.index(run_on) + len(run_on)]
     assert len(in_run) >= 10
-    assert all(b.start < a.end for a, b in zip(in_run, in_run[1:]))  # windows overlap
+    assert all(b.start < a.end for a, b in itertools.pairwise(in_run))  # windows overlap
 
 
 def test_a_word_longer_than_the_budget_is_cut_by_tokens(tokenizer) -> None:
@@ -222,7 +217,7 @@ def test_minilm_tokenizer(minilm) -> None:
     chunks = TokenChunker(minilm, 64, 16).chunk(Document("m.txt", text))
     assert_cover_in_order(text, chunks)
     assert all(count(minilm, c.text) <= 64 for c in chunks)
-    assert any(b.start < a.end for a, b in zip(chunks, chunks[1:]))
+    assert any(b.start < a.end for a, b in itertools.pairwise(chunks))
     with pytest.raises(ValueError, match="model_max_length=512"):
         TokenChunker(minilm, chunk_tokens=511)
 

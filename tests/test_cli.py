@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.encoder import ShapedEncoder
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_sentences
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.transforms.base import NotFittedError
 

@@ -7,12 +7,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 from safetensors.numpy import load_file
 from scipy import sparse
 from scipy.stats import spearmanr
 
 import isotrope.distill as distill
+from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
 from isotrope.cli import main
@@ -203,6 +203,6 @@ def test_fit_then_index_and_eval_with_the_saved_encoder(monkeypatch, capsys, tmp
 @pytest.mark.parametrize("flag", [["--model", "all-MiniLM-L6-v2"], ["--shape", "whiten"]])
 def test_encoder_with_model_or_shape_is_a_one_line_error(monkeypatch, capsys, tmp_path, command, flag):
     head = ["index", tmp_path, "--store", f"faiss:{tmp_path / 's'}"] if command == "index" else ["eval", "sts"]
-    code, out, err = run_cli(monkeypatch, capsys, *head, "--encoder", tmp_path / "enc", *flag)
+    code, _out, err = run_cli(monkeypatch, capsys, *head, "--encoder", tmp_path / "enc", *flag)
     assert code == 1
     assert err.count("\n") == 1 and "--encoder" in err and flag[0] in err

@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import make_sentences
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.shapes import PRESETS, format_shape, parse_shape
@@ -211,7 +211,7 @@ def test_unfitted_encoder_raises(tiny_bert_path):
     with pytest.raises(NotFittedError, match=r"whiten need a corpus\): call fit\(texts\) first"):
         encoder.encode(["the cat"])
     with pytest.raises(NotFittedError):
-        encoder.fingerprint
+        _ = encoder.fingerprint
     with pytest.raises(NotFittedError):
         encoder.get_state()
 
@@ -277,7 +277,7 @@ def test_chain_spec_builds_a_working_encoder(tiny_bert_path, fit_texts):
 
 
 def test_unknown_transform_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown transform 'blur'.*known: .*abtt.*whiten") as error:
+    with pytest.raises(ValueError, match=r"unknown transform 'blur'.*known: .*abtt.*whiten") as error:
         parse_shape("center,blur(2)")
     for kind in TRANSFORMS:
         assert kind in str(error.value)

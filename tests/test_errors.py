@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 import pytest
-from test_cli import run_cli
 
 import isotrope
 from isotrope import errors
 from isotrope.errors import IsotropeError, one_line
+from test_cli import run_cli
 
 #: each error, the built-in base existing ``except`` clauses rely on, and the modules it used to live in
 ERRORS = {

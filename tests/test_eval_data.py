@@ -53,7 +53,7 @@ def test_load_stsb_names_file_and_line_of_a_malformed_row(tmp_path):
         load_stsb(tmp_path, split="dev")
     with pytest.raises(ValueError, match="unknown split 'valid'"):
         load_stsb(tmp_path, split="valid")
-    with pytest.raises(FileNotFoundError, match="sts-train.csv"):
+    with pytest.raises(FileNotFoundError, match=r"sts-train\.csv"):
         load_stsb(tmp_path, split="train")
 
 
@@ -123,7 +123,7 @@ def test_load_beir_without_header_and_errors(tmp_path):
     _write(folder / "queries.jsonl", '{"_id": "q1", "text": "ok"}\n{"_id": "q2", "text": \n')
     with pytest.raises(DataFormatError, match=r"queries\.jsonl:2: invalid JSON"):
         load_beir(folder)
-    with pytest.raises(FileNotFoundError, match="dev.tsv"):
+    with pytest.raises(FileNotFoundError, match=r"dev\.tsv"):
         load_beir(folder, split="dev")
 
 
@@ -145,7 +145,7 @@ def test_load_clustering_gzip_with_split(tmp_path):
 
 def test_load_senteval_binary_sets_decode_latin1_and_drop_blank_lines(tmp_path):
     raw = tmp_path / "classification/senteval/raw"
-    _write(raw / "rt-polarity.neg", "dull film .\n\nbad .\n".encode())
+    _write(raw / "rt-polarity.neg", b"dull film .\n\nbad .\n")
     _write(raw / "rt-polarity.pos", "a caf\xe9 delight . \n".encode("latin-1"))  # not valid UTF-8
     mr = load_senteval(tmp_path, "MR")
     assert mr.texts == ["dull film .", "bad .", "a caf\u00e9 delight ."]

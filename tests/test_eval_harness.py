@@ -12,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences, read_glove
 from scipy import stats
 
+from conftest import make_sentences, read_glove
 from isotrope.backbones import make_backbone
 from isotrope.backbones.hf import HFBackbone
+from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.evaluate.commands import evaluate
-from isotrope.config import EncoderConfig
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.sweep import run_sweep
 
@@ -329,7 +329,7 @@ def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tm
     path = tmp_path / "clusters.jsonl.gz"
     with gzip.open(path, "wt") as handle:  # sorted by label, as 20 Newsgroups is
         for label, word in enumerate(words):
-            for i in range(10):
+            for _ in range(10):
                 handle.write(json.dumps({"text": f"{word} {word} the", "label": label, "split": "test"}) + "\n")
     result = evaluate("clustering", EncoderConfig(model=tiny_glove_path), Evaluator(), jsonl=path, split="test", limit=12)
     assert result["texts"] == 12 and result["labels"] == 4
@@ -447,7 +447,7 @@ def test_run_sweep_keeps_frequency_keywords_beside_a_folder_of_that_name(tiny_gl
 def test_run_sweep_rejects_bad_configs(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"grid": {"model": ["glove-6b-50d"],}')
-    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
         run_sweep(path, tmp_path / "out")
     path.write_text(json.dumps({"grid": {"model": ["glove-6b-50d"], "shaping": ["none"]}}))
     with pytest.raises(ValueError, match=r"unknown recipe keys \['shaping'\]"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.export import export_encoder
 from isotrope.fold import FoldError, fold_encoder

@@ -14,7 +14,7 @@ from isotrope.transforms._flow_modules import ActNorm, Coupling, Flow, FlowBlock
 from isotrope.transforms.base import NotFittedError
 from isotrope.transforms.flow import FlowTransform
 
-SMALL = dict(n_blocks=3, hidden=32, batch_size=128, max_epochs=30, patience=3, device="cpu")
+SMALL = {"n_blocks": 3, "hidden": 32, "batch_size": 128, "max_epochs": 30, "patience": 3, "device": "cpu"}
 
 
 def non_gaussian(n: int, dim: int, seed: int) -> np.ndarray:
@@ -73,7 +73,7 @@ def test_log_det_equals_autograd_jacobian(dim: int) -> None:
         module = _randomised(module).requires_grad_(False)
         _, log_det = module(x)
         for row in range(x.shape[0]):
-            jacobian = torch.autograd.functional.jacobian(lambda v: module(v[None])[0][0], x[row])
+            jacobian = torch.autograd.functional.jacobian(lambda v, module=module: module(v[None])[0][0], x[row])
             sign, expected = np.linalg.slogdet(jacobian.numpy())
             assert sign != 0, name
             assert float(log_det[row]) == pytest.approx(expected, abs=1e-9), name

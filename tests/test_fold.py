@@ -10,8 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import EncoderFormatError
@@ -84,7 +84,7 @@ def test_a_changed_tokenizer_is_refused(tiny_static, tmp_path):
     path = fold_encoder(fitted(tiny_static, "whiten-partial")).save(tmp_path / "folded")
     tokenizer = path / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNKNOWN]"'))
-    with pytest.raises(EncoderFormatError, match="tokenizer.json does not match"):
+    with pytest.raises(EncoderFormatError, match=r"tokenizer\.json does not match"):
         ShapedEncoder.load(path)
     tokenizer.unlink()
     with pytest.raises(EncoderFormatError, match="tokenizer is missing"):

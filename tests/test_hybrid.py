@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 
 import numpy as np
 import pytest
@@ -21,13 +20,12 @@ from test_stores import make_data, run_child
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
-from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
 
 DIM = 8
 K = 7
-WORDS = ("run runs running runner jumps jumping jumped quick fox foxes dog dogs lazy café cafe naïve river rivers "
-         "bank banks orchid zygomorphic the a and of to is not in protein proteins cell cells x42 3d").split()
+WORDS = ["run", "runs", "running", "runner", "jumps", "jumping", "jumped", "quick", "fox", "foxes", "dog", "dogs", "lazy", "café", "cafe", "naïve", "river", "rivers", "bank", "banks", "orchid", "zygomorphic", "the", "a", "and", "of", "to", "is", "not", "in", "protein", "proteins", "cell", "cells", "x42", "3d"]
 QUERIES = ["quick fox", "running dogs", "cafe naive", '"fox" AND -dog*', "protein NEAR(cell)", "the and of",
            "zygomorphic orchid banks", "x42 3D", "RUNNERS jumped!", "", "fox OR", "^rivers: col:bank"]
 #: the IDF each engine uses (isotrope.lexical): LanceDB and the reference store Lucene's, FTS5 its own

@@ -10,8 +10,8 @@ import json
 import faiss
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.connectors.faiss_store import FaissStore
 from isotrope.connectors.lancedb_store import LanceDBStore
 from isotrope.stores import index_plan

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
-from isotrope.demo import stdlib_docstrings
+from conftest import make_sentences
 from isotrope.config import EncoderConfig
+from isotrope.demo import stdlib_docstrings
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker
 from isotrope.ingest.loaders import iter_documents
@@ -93,7 +93,7 @@ def test_rerun_upsert_and_sync(tmp_path, encoder, kind):
                    for h, i in zip(hits, ids))
         np.testing.assert_allclose(collection.store.vectors(ids), encoder.encode([first[i].text for i in ids]), atol=1e-5)
         version = collection.store.version if kind == "lancedb" else None
-        before = {i: v for i, v in zip(ids, collection.store.vectors(ids))}
+        before = dict(zip(ids, collection.store.vectors(ids)))
 
     # unchanged files: nothing written
     files_before = folder_digest(tmp_path / "store")
@@ -242,7 +242,7 @@ def test_a_killed_ingestion_keeps_its_commits_and_resumes_without_duplicates(tmp
     paused: dict[str, int] = {}
     try:
         for line in child.stdout:
-            kind, event, count = (line.split() + ["", ""])[:3]
+            kind, event, count = ([*line.split(), "", ""])[:3]
             if event in ("committed", "paused"):
                 (committed if event == "committed" else paused)[kind] = int(count)
             if len(paused) == len(KINDS):

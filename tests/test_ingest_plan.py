@@ -10,8 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.loaders import Document

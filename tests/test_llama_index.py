@@ -17,14 +17,13 @@ pytest.importorskip("llama_index.core")
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
 
-import llama_index.core  # noqa: E402
-from conftest import make_sentences  # noqa: E402
-from llama_index.core import Document, StorageContext, VectorStoreIndex  # noqa: E402
-from llama_index.core.ingestion import IngestionCache, IngestionPipeline  # noqa: E402
-from llama_index.core.llms import MockLLM  # noqa: E402
-from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
-from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode  # noqa: E402
-from llama_index.core.vector_stores.types import (  # noqa: E402
+import llama_index.core
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.ingestion import IngestionCache, IngestionPipeline
+from llama_index.core.llms import MockLLM
+from llama_index.core.node_parser import SentenceSplitter
+from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.vector_stores.types import (
     FilterCondition,
     FilterOperator,
     MetadataFilter,
@@ -32,13 +31,14 @@ from llama_index.core.vector_stores.types import (  # noqa: E402
     VectorStoreQuery,
     VectorStoreQueryMode,
 )
-from llama_index.core.vector_stores.utils import build_metadata_filter_fn  # noqa: E402
+from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 
-from isotrope.backbones import make_backbone  # noqa: E402
-from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore  # noqa: E402
-from isotrope.encoder import ShapedEncoder  # noqa: E402
-from isotrope.search import EncoderMismatchError  # noqa: E402
-from isotrope.transforms import TRANSFORMS  # noqa: E402
+from conftest import make_sentences
+from isotrope.backbones import make_backbone
+from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
+from isotrope.encoder import ShapedEncoder
+from isotrope.search import EncoderMismatchError
+from isotrope.transforms import TRANSFORMS
 
 STORE_KINDS = ["faiss", "lancedb"]
 EMBED = MetadataMode.EMBED

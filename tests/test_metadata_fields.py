@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
-from isotrope.connectors.faiss_store import DB_NAME, FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
-from isotrope.stores.filters import check_fields  # noqa: E402
+from isotrope.connectors.faiss_store import DB_NAME, FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
+from isotrope.stores.filters import check_fields
 
 DIM = 8
 KINDS = ["faiss", "faiss-ivf", "lance"]

@@ -9,7 +9,6 @@ import pytest
 from sklearn.metrics import ndcg_score
 
 from isotrope.evaluate.data import BeirDataset, STSPairs
-from isotrope.isotropy import effective_rank, isotropy_report, mean_cosine, partition_ratio
 from isotrope.evaluate.metrics import mrr_at_k, ndcg_at_k, rank_documents, recall_at_k, spearman, v_measure
 from isotrope.evaluate.tasks import (
     document_text,
@@ -19,6 +18,7 @@ from isotrope.evaluate.tasks import (
     eval_sts,
     top_k,
 )
+from isotrope.isotropy import effective_rank, isotropy_report, mean_cosine, partition_ratio
 
 # -- nDCG / recall / MRR -------------------------------------------------------------
 

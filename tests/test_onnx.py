@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.backbones import backends
 from isotrope.encoder import ShapedEncoder
 
@@ -41,7 +41,7 @@ def onnx_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    return make_sentences(48, seed=5) + ["a", "the cat runs and the dog sleeps in the old house by the river ."]
+    return [*make_sentences(48, seed=5), "a", "the cat runs and the dog sleeps in the old house by the river ."]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -177,9 +177,9 @@ def test_store_policy_across_backends(tiny_bert_path, texts, tmp_path, caplog):
         assert collection.encoder.backbone.backend == "onnx"
         assert collection.search(chunks[3], k=1)[0].id == "3"
     assert "written with backend 'torch' and is used with 'onnx'" in caplog.text
-    with pytest.raises(backends.BackendMismatchError, match="holds fp32 vectors from backend 'torch'.*--backend torch"):
+    with pytest.raises(backends.BackendMismatchError, match=r"holds fp32 vectors from backend 'torch'.*--backend torch"):
         Collection.open(fp32, backend="onnx-int8")
-    with pytest.raises(backends.BackendMismatchError, match="holds int8 vectors.*use --backend onnx-int8"):
+    with pytest.raises(backends.BackendMismatchError, match=r"holds int8 vectors.*use --backend onnx-int8"):
         Collection.open(int8, backend="torch")
     with Collection.open(int8) as collection:  # as written
         assert collection.encoder.backbone.backend == "onnx-int8"
@@ -187,8 +187,7 @@ def test_store_policy_across_backends(tiny_bert_path, texts, tmp_path, caplog):
 
 @pytest.mark.slow
 def test_minilm_fp32_and_int8(texts):
-    sentences = ["A man is playing a guitar.", "The new movie is awesome!", "Cheap flights to Paris in June",
-                 "A woman slices an onion on a wooden board while the soup boils."] + texts[:20]
+    sentences = ["A man is playing a guitar.", "The new movie is awesome!", "Cheap flights to Paris in June", "A woman slices an onion on a wooden board while the soup boils.", *texts[:20]]
     for pooling, layers in (("mean", "last"), ("cls", "first_last"), ("mean", 3)):
         torch_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers).encode(sentences)
         onnx_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers, backend="onnx").encode(sentences)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 from safetensors.numpy import load_file, save_file
 
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.fingerprint import fingerprint
 from isotrope.persist import FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, read_spec
@@ -133,10 +133,10 @@ def test_modified_spec_fails_the_fingerprint_check(copy):
 
 # -- damaged folders ---------------------------------------------------------------------------------
 def test_missing_folder_or_spec(tmp_path, copy):
-    with pytest.raises(EncoderFormatError, match="isotrope.json not found: .* is not a saved isotrope encoder"):
+    with pytest.raises(EncoderFormatError, match=r"isotrope\.json not found: .* is not a saved isotrope encoder"):
         ShapedEncoder.load(tmp_path / "nothing-here")
     (copy / SPEC_FILE).unlink()
-    with pytest.raises(EncoderFormatError, match="isotrope.json not found"):
+    with pytest.raises(EncoderFormatError, match=r"isotrope\.json not found"):
         ShapedEncoder.load(copy)
 
 
@@ -168,13 +168,13 @@ def test_missing_spec_key(copy):
 
 def test_missing_state_file(copy):
     (copy / STATE_FILE).unlink()
-    with pytest.raises(EncoderFormatError, match="state.safetensors not found: the encoder's arrays are missing"):
+    with pytest.raises(EncoderFormatError, match=r"state\.safetensors not found: the encoder's arrays are missing"):
         ShapedEncoder.load(copy)
 
 
 def test_corrupt_state_file(copy):
     (copy / STATE_FILE).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage")
-    with pytest.raises(EncoderFormatError, match="state.safetensors is corrupt"):
+    with pytest.raises(EncoderFormatError, match=r"state\.safetensors is corrupt"):
         ShapedEncoder.load(copy)
 
 
@@ -195,7 +195,7 @@ def test_array_of_the_wrong_shape(copy):
     state = load_file(copy / STATE_FILE)
     state["transforms.1.components_"] = state["transforms.1.components_"][:1]
     save_file(state, copy / STATE_FILE)
-    with pytest.raises(EncoderFormatError, match="cannot rebuild the encoder: .*components_"):
+    with pytest.raises(EncoderFormatError, match=r"cannot rebuild the encoder: .*components_"):
         ShapedEncoder.load(copy)
 
 
@@ -207,7 +207,7 @@ def test_unknown_transform_kind(copy):
 
 def test_bad_transform_config(copy):
     edit_spec(copy, lambda d: d["transforms"][2]["config"].update(strength=2))
-    with pytest.raises(EncoderFormatError, match="cannot rebuild the encoder: .*strength"):
+    with pytest.raises(EncoderFormatError, match=r"cannot rebuild the encoder: .*strength"):
         ShapedEncoder.load(copy)
 
 

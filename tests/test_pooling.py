@@ -44,7 +44,7 @@ def reference(states, mask, mode, weights=None, target=None) -> np.ndarray:
             continue
         w = {t: 1.0 if weights is None else float(weights[b, t]) for t in real}
         if sum(w.values()) <= 0:
-            w = {t: 1.0 for t in real}
+            w = dict.fromkeys(real, 1.0)
         if mode == "max":
             kept = [t for t in real if w[t] > 0]
             for j in range(states.shape[2]):
@@ -136,7 +136,7 @@ def test_last_real_position(padding_side):
 
 def test_unknown_mode_names_the_known_ones():
     states, mask, _ = make_batch("right")
-    with pytest.raises(ValueError, match="unknown pooling mode 'median'.*mean_sqrt_len"):
+    with pytest.raises(ValueError, match=r"unknown pooling mode 'median'.*mean_sqrt_len"):
         pool(states, mask, "median")
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PUNCTUATION, WORDS, make_sentences
 from transformers import AutoModel, AutoTokenizer
 
+from conftest import PUNCTUATION, WORDS, make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.prepending import SLOT_TOKEN, find_layer_list, parse_tp_layers, slot_template
 from isotrope.config import EncoderConfig
@@ -24,7 +24,7 @@ PROMPT = 'This sentence : "{text}" means in one word:"'
 TEXTS = ["the cat sees a small bird .", "dogs run", "she loves the music of the river and the rain in the city !",
          "a red car"]
 ARCHS = ("gpt2", "llama")
-DECODER_VOCAB = ["<unk>", "<s>", "</s>", *dict.fromkeys(WORDS + ["one"] + PUNCTUATION)]
+DECODER_VOCAB = ["<unk>", "<s>", "</s>", *dict.fromkeys([*WORDS, "one", *PUNCTUATION])]
 
 
 def _tokenizer(bos: bool):
@@ -188,7 +188,7 @@ def test_batches_with_left_or_right_padding_match_one_text_at_a_time(decoder_pat
     np.testing.assert_allclose(right, alone, rtol=1e-4, atol=1e-5)
 
     backbone = encoder.backbone
-    ids, special = backbone.tokenize(TEXTS)
+    ids, _special = backbone.tokenize(TEXTS)
     input_ids, attention = _left_padded(ids, backbone.tokenizer.pad_token_id)
     assert not attention[:, 0].all()
     batch = backbone.forward(input_ids, attention, ~attention)
@@ -239,8 +239,8 @@ def test_slot_is_special_and_survives_truncation_of_the_text(decoder_path):
 def test_fit_save_load_fingerprint_and_composition(decoder_path, tmp_path):
     """TP with layer averaging, idf weights and a fitted chain; saved in isotrope.json and the fingerprint."""
     texts = make_sentences(60, seed=3)
-    options = dict(prompt=PROMPT, pooling="mean", layers="first_last", weights="idf", shape="center,whiten,l2",
-                   device="cpu")
+    options = {'prompt': PROMPT, 'pooling': "mean", 'layers': "first_last", 'weights': "idf", 'shape': "center,whiten,l2",
+                   'device': "cpu"}
     encoder = ShapedEncoder.create(decoder_path, token_prepending=True, tp_layers="1:3", **options).fit(texts)
     vectors = encoder.encode(TEXTS)
     folder = encoder.save(tmp_path / "enc")
@@ -332,7 +332,7 @@ def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
     evaluator = Evaluator(cache_dir=tmp_path / "cache")
-    base = dict(model=decoder_path, prompt=PROMPT, pooling="last_token")
+    base = {'model': decoder_path, 'prompt': PROMPT, 'pooling': "last_token"}
     tp = EncoderConfig(**base, shape="auto", token_prepending=True, tp_layers="1:3")
     result = evaluate("sts", tp, evaluator, pairs=[pairs], fit_corpus=str(corpus))
     assert "auto chose" in result["fitted_on"] and result["auto_shape"]["candidates"]
@@ -378,11 +378,19 @@ def test_fit_and_index_commands_take_the_tp_options(decoder_path, tmp_path, monk
 
 
 def _other_family(name: str):
-    from transformers import (GPTNeoXConfig, GPTNeoXModel, MistralConfig, MistralModel, OPTConfig, OPTModel,
-                              Qwen2Config, Qwen2Model)
+    from transformers import (
+        GPTNeoXConfig,
+        GPTNeoXModel,
+        MistralConfig,
+        MistralModel,
+        OPTConfig,
+        OPTModel,
+        Qwen2Config,
+        Qwen2Model,
+    )
 
-    size, common = len(DECODER_VOCAB), dict(num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=128,
-                                            bos_token_id=1, eos_token_id=2)
+    size, common = len(DECODER_VOCAB), {'num_hidden_layers': 3, 'num_attention_heads': 4, 'max_position_embeddings': 128,
+                                            'bos_token_id': 1, 'eos_token_id': 2}
     if name == "opt":
         return OPTModel(OPTConfig(vocab_size=size, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0,
                                   **common))

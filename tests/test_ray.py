@@ -24,7 +24,6 @@ pytest.importorskip("faiss")
 pytestmark = pytest.mark.slow  # the module starts a local Ray cluster: over a minute on two busy cores
 
 from conftest import make_sentences  # noqa: E402
-
 from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
 from isotrope.encoder import ShapedEncoder, fair_sample  # noqa: E402
@@ -32,7 +31,6 @@ from isotrope.ingest.chunking import TokenChunker  # noqa: E402
 from isotrope.ingest.loaders import iter_documents  # noqa: E402
 from isotrope.ingest.pipeline import index_documents  # noqa: E402
 from isotrope.search import Collection  # noqa: E402
-from isotrope.transforms import Moments  # noqa: E402
 
 #: idf needs token counts; center and abtt are fitted from (diagonal, full) moments, the
 #: quantile map from the merged bounded sample; every step sees the previous one's output
@@ -108,7 +106,7 @@ def test_corpus_has_enough_unique_chunks(chunks):
 
 
 def test_reports_agree(indexed, chunks):
-    single, distributed, reference, store = indexed
+    single, distributed, _reference, store = indexed
     assert distributed.documents == single.documents == 400
     assert distributed.chunks == single.chunks == len(chunks)
     assert distributed.added == single.added == len(chunks) == len(store.store)

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+import isotrope.reshape
+from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.pipeline import index_documents
-import isotrope.reshape
-from isotrope.stores.lock import StoreLockedError
 from isotrope.reshape import reshape_store
 from isotrope.search import Collection
 from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, ReshapeInProgressError
+from isotrope.stores.lock import StoreLockedError
 
 pytest.importorskip("lancedb")
 

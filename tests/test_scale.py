@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-from conftest import make_sentences
 
 from benchmarks.scale import FIRST_WINDOW, passages
+from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.pipeline import index_documents
@@ -45,6 +47,6 @@ def test_a_callable_source_is_streamed_once_per_pass_and_committed_in_growing_st
     with Collection.open(uri) as collection:
         stored = collection.store.get(collection.store.ids())
         assert sorted(hit.text for hit in stored) == sorted(texts)
-    steps = [b - a for a, b in zip(commits[1:], commits[2:])]
+    steps = [b - a for a, b in itertools.pairwise(commits)]
     assert steps and all(step >= 20 for step in steps[:-1])
     assert max(steps) > 20  # later commits wait for a quarter of what is stored

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_sentences
 
+from conftest import make_sentences
 from isotrope.cli import main
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker
@@ -71,7 +71,7 @@ def test_parse_store_uri(tmp_path):
     (tmp_path / "l" / "chunks.lance").mkdir(parents=True)
     assert parse_store_uri(tmp_path / "f") == ("faiss", tmp_path / "f")
     assert parse_store_uri(str(tmp_path / "l")) == ("lancedb", tmp_path / "l")
-    with pytest.raises(ValueError, match="cannot tell the store kind of .*nowhere.*faiss:DIR or lancedb:DIR"):
+    with pytest.raises(ValueError, match=r"cannot tell the store kind of .*nowhere.*faiss:DIR or lancedb:DIR"):
         parse_store_uri(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="cannot tell the store kind"):
         parse_store_uri(f"milvus:{tmp_path}")
@@ -121,7 +121,7 @@ def test_encoder_mismatch_names_both_fingerprints(tmp_path, corpus, encoder, tin
 def test_create_and_open_errors(tmp_path, encoder, tiny_bert_path):
     uri = f"faiss:{tmp_path / 'store'}"
     assert not Collection.exists(uri)
-    with pytest.raises(FileNotFoundError, match="no isotrope store at .*store"):
+    with pytest.raises(FileNotFoundError, match=r"no isotrope store at .*store"):
         Collection.open(uri)
     Collection.create(uri, encoder).close()
     assert Collection.exists(uri) and Collection.exists(tmp_path / "store")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from conftest import make_sentences
 from serving import SOURCES, build_store, free_port
 
@@ -21,13 +22,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("lancedb")
 pytest.importorskip("faiss")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from isotrope.cli import main  # noqa: E402
-from isotrope.connectors.server import STATIC_DIR, collection_worker, create_app  # noqa: E402
-from isotrope.encoder import ShapedEncoder  # noqa: E402
-from isotrope.report import COSINE_BINS, build_report, render_html, summarize  # noqa: E402
-from isotrope.search import Collection  # noqa: E402
+from isotrope.cli import main
+from isotrope.connectors.server import STATIC_DIR, collection_worker, create_app
+from isotrope.encoder import ShapedEncoder
+from isotrope.report import COSINE_BINS, build_report, render_html, summarize
+from isotrope.search import Collection
 
 QUERY = "the cat runs in the city"
 

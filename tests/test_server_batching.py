@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from conftest import make_sentences
 from serving import build_store
 
@@ -21,13 +22,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("lancedb")
 pytest.importorskip("faiss")
 
-import httpx  # noqa: E402
+import httpx
 
-from isotrope.connectors.server import collection_worker, create_app  # noqa: E402
-from isotrope.connectors.server.batching import SearchBatcher, options_key, run_batch  # noqa: E402
-from isotrope.encoder import ShapedEncoder  # noqa: E402
-from isotrope.search import Collection  # noqa: E402
-from isotrope.stores.base import Hit  # noqa: E402
+from isotrope.connectors.server import collection_worker, create_app
+from isotrope.connectors.server.batching import SearchBatcher, options_key, run_batch
+from isotrope.encoder import ShapedEncoder
+from isotrope.search import Collection
+from isotrope.stores.base import Hit
 
 
 class RecordingSearch:

@@ -12,6 +12,7 @@ import re
 import shutil
 
 import pytest
+
 from conftest import make_sentences
 from serving import build_store, live_server
 

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
-from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
 
 DIM = 8
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_hybrid import IDF, QUERIES, assert_lexical_exact, make_texts
-from test_stores import assert_same_hits, ids_of, make_metadata, unit_rows
 
 from isotrope.errors import IsotropeError, StoreCapabilityError
 from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, convex_fusion, reciprocal_rank_fusion, search_store
@@ -17,11 +15,15 @@ from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import Hit, ReshapableStore, VectorStore
 from isotrope.stores.filters import check_fields, matches, parse_where
 from isotrope.stores.memory import MemoryStore
+from test_hybrid import IDF, QUERIES, assert_lexical_exact, make_texts
+from test_stores import assert_same_hits, ids_of, make_metadata, unit_rows
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
-from isotrope.connectors.faiss_store import FaissStore  # noqa: E402
-from isotrope.connectors.lancedb_store import LanceDBStore  # noqa: E402
+import itertools
+
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
 
 KINDS = ["memory", "faiss", "lance"]
 DIM = 16
@@ -104,10 +106,7 @@ def brute_force(rows, queries, metric, k, keep=lambda metadata: True):
     if metric == "cosine":
         x = x / np.linalg.norm(x, axis=1, keepdims=True)
         q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    if metric == "l2":
-        scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-    else:
-        scores = q @ x.T
+    scores = -((q[:, None, :] - x[None, :, :]) ** 2).sum(-1) if metric == "l2" else q @ x.T
     out = []
     for row in scores:
         order = np.argsort(-row, kind="stable")[:k]
@@ -173,7 +172,7 @@ def test_dense_search_is_exact_brute_force(kind, metric, ties, tmp_path):
         assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in expected]
     by_id = corpus.contents()
     assert all((h.text, h.metadata) == by_id[h.id] for row in got for h in row)
-    assert all(a.score >= b.score for row in got for a, b in zip(row, row[1:]))
+    assert all(a.score >= b.score for row in got for a, b in itertools.pairwise(row))
     # k larger than the count: every row, best first
     everything = store.search(queries[:2], N + 25)
     assert [len(row) for row in everything] == [N, N]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import make_sentences
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.search import Collection
-
-from conftest import make_sentences
 
 
 @pytest.fixture
@@ -57,9 +56,10 @@ def test_a_second_writer_is_refused_before_any_fitting(docs, tmp_path, tiny_glov
     store = f"lancedb:{tmp_path / 'store'}"
     fitted = []
     monkeypatch.setattr(ShapedEncoder, "fit_sample", lambda *a, **k: fitted.append(1))
-    with writer_lock(tmp_path / "store", "indexed"):
-        with pytest.raises(StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"):
-            index(docs, store, tiny_glove_path)
+    with writer_lock(tmp_path / "store", "indexed"), pytest.raises(
+        StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"
+    ):
+        index(docs, store, tiny_glove_path)
     assert fitted == [] and not (tmp_path / "store").exists()
 
 
@@ -115,7 +115,7 @@ def test_a_store_without_its_encoder_is_refused_with_how_to_recover(kind, docs, 
     index(docs, store, tiny_glove_path)
     shutil.rmtree(tmp_path / "store" / "encoder")
     for action in (lambda: index(docs, store, tiny_glove_path), lambda: Collection.open(store)):
-        with pytest.raises(EncoderMissingError, match="holds vectors but no encoder/ folder .*re-index the documents into a new store"):
+        with pytest.raises(EncoderMissingError, match=r"holds vectors but no encoder/ folder .*re-index the documents into a new store"):
             action()
 
 
@@ -131,7 +131,7 @@ def test_a_tampered_backbone_source_is_refused_before_it_is_loaded(tmp_path, tin
     spec["backbone"]["source"] = str(tmp_path / "evil.pt")
     (tmp_path / "enc" / "isotrope.json").write_text(json.dumps(spec))
     monkeypatch.setattr(backbones, "make_backbone", lambda *a, **k: pytest.fail("the backbone was built"))
-    with pytest.raises(EncoderFormatError, match="do not match the saved fingerprint .* nothing was loaded"):
+    with pytest.raises(EncoderFormatError, match=r"do not match the saved fingerprint .* nothing was loaded"):
         ShapedEncoder.load(tmp_path / "enc")
 
 

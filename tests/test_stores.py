@@ -150,7 +150,7 @@ def test_memory_store_refuses_a_modified_vectors_file(tmp_path):
     data = make_data("clustered", 400)
     filled("memory", tmp_path, data).save(tmp_path / "mem")
     np.save(tmp_path / "mem" / "vectors.npy", data[:10])
-    with pytest.raises(StoreFormatError, match="vectors.npy"):
+    with pytest.raises(StoreFormatError, match=r"vectors\.npy"):
         MemoryStore.load(tmp_path / "mem")
 
 
@@ -158,10 +158,10 @@ def test_memory_store_refuses_a_modified_vectors_file(tmp_path):
 
 
 ANN_CASES = {
-    "faiss-ivf": dict(nprobe=8),
-    "faiss-hnsw": dict(ef_search=128),
-    "lance-ivfpq": dict(nprobes=8, refine_factor=10),
-    "lance-hnswsq": dict(ef=64, refine_factor=4),
+    "faiss-ivf": {"nprobe": 8},
+    "faiss-hnsw": {"ef_search": 128},
+    "lance-ivfpq": {"nprobes": 8, "refine_factor": 10},
+    "lance-hnswsq": {"ef": 64, "refine_factor": 4},
 }
 
 
@@ -312,7 +312,7 @@ def test_upsert_replaces_and_delete_removes(kind, tmp_path):
     assert hits[0][0].text == "updated d0" and hits[0][0].metadata == {"source": "updated.txt", "year": 2024}
     assert recall(reference.search(queries, K), store.search(queries, K)) >= 0.95
 
-    gone = ids_of(200)[100:140] + ["new3", "never-stored"]
+    gone = [*ids_of(200)[100:140], "new3", "never-stored"]
     for s in (reference, store):
         s.delete(gone)
     assert len(store) == 1610 - 41 == len(reference)
@@ -365,7 +365,7 @@ def test_faiss_refuses_corrupt_or_mismatched_directories(tmp_path):
     with pytest.raises(StoreFormatError, match="not a FaissStore"):
         FaissStore(tmp_path / "junk", dim=4)
     (path / "store.sqlite").write_bytes(b"this is not a database" * 100)
-    with pytest.raises(StoreFormatError, match="store.sqlite"):
+    with pytest.raises(StoreFormatError, match=r"store\.sqlite"):
         FaissStore(path)
 
 

@@ -152,7 +152,7 @@ def test_empty_and_1d_input_raise(kind, X):
 
 
 def test_unknown_kind_names_known_kinds():
-    with pytest.raises(ValueError, match="'nope'.*center.*whiten"):
+    with pytest.raises(ValueError, match=r"'nope'.*center.*whiten"):
         make_transform("nope")
 
 
@@ -442,7 +442,7 @@ def test_partial_fit_defers_the_fit_to_first_use(kind, X, monkeypatch):
     assert streamed.get_state()["mean_"].shape == (N_FEATURES,)
     assert calls[-1] == len(X) + 7
     with pytest.raises(AttributeError, match="nope_"):
-        streamed.nope_
+        _ = streamed.nope_
 
 
 @pytest.mark.parametrize("kind", MOMENT_KINDS)

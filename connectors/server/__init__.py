@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,7 +36,7 @@ from isotrope.stores.base import Hit
 try:
     import orjson
 except ImportError:  # pragma: no cover - orjson comes with the serve extra
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # the plain JSON response is used instead
 
 if TYPE_CHECKING:
     from isotrope.search import Collection
@@ -49,7 +49,7 @@ MAX_BATCH = 256
 BATCH_QUERIES = 64
 STATIC_DIR = files("isotrope.connectors.server") / "static"
 
-Where = Optional[Union[str, dict[str, Any]]]
+Where = str | dict[str, Any] | None
 
 
 class SearchOptions(BaseModel):
@@ -58,9 +58,9 @@ class SearchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     k: int = Field(10, ge=1, le=1000, description="number of hits")
     mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense vectors, full-text, or both fused")
-    alpha: Optional[float] = Field(None, ge=0.0, le=1.0, description="hybrid: weight of the dense ranking")
+    alpha: float | None = Field(None, ge=0.0, le=1.0, description="hybrid: weight of the dense ranking")
     where: Where = Field(None, description="metadata filter: \"source = 'a.md' and year >= 2020\" or {\"year\": {\"$gte\": 2020}}")
-    group_by: Optional[str] = Field(None, min_length=1, description="metadata field: at most one hit per value")
+    group_by: str | None = Field(None, min_length=1, description="metadata field: at most one hit per value")
 
 
 class SearchRequest(SearchOptions):
@@ -80,8 +80,8 @@ class EmbedRequest(BaseModel):
 class HitOut(BaseModel):
     id: str
     score: float
-    text: Optional[str]
-    source: Optional[str]
+    text: str | None
+    source: str | None
     metadata: dict[str, Any]
 
 
@@ -218,7 +218,7 @@ def create_app(collection: Collection, api_key: str | None = None, worker: Threa
     searcher = Searcher(collection, worker or collection_worker(), max_batch=max_batch, max_wait=max_wait)
     bearer = HTTPBearer(auto_error=False)
 
-    def authorize(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+    def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if api_key is None:
             return
         if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):

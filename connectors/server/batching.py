@@ -55,7 +55,7 @@ def run_batch(search: SearchFunction, requests: Sequence[tuple[list[str], dict[s
         texts = [text for index in members for text in requests[index][0]]
         try:
             hits = search(texts, **requests[members[0]][1])
-        except Exception as error:  # noqa: BLE001 - handed to the request(s) that caused it
+        except Exception as error:
             if len(members) == 1:
                 outcomes[members[0]] = error
                 continue
@@ -144,7 +144,7 @@ class SearchBatcher:
         self._busy = False
         try:
             outcomes = finished.result()
-        except BaseException as error:  # noqa: BLE001 - the executor failed or was cancelled: every request fails
+        except BaseException as error:
             outcomes = [error if isinstance(error, Exception) else RuntimeError(repr(error))] * len(batch)
         for request, outcome in zip(batch, outcomes):
             if request.future.done():

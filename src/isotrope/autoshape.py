@@ -30,7 +30,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy.stats import bootstrap
@@ -45,6 +45,9 @@ from isotrope.shapes import parse_shape
 from isotrope.transforms import TRANSFORMS
 from isotrope.transforms.base import Transform, apply_chain
 from isotrope.transforms.moments import Moments, MomentsTransform
+
+if TYPE_CHECKING:
+    from isotrope.backbones.static import StaticBackbone
 
 logger = logging.getLogger(__name__)
 
@@ -382,7 +385,7 @@ def choose_shape(
     if encoder.needs_corpus:
         encoder.fit_transforms(sample_raw)
     if fast_source(config.model):  # one folded table when the chosen chain folds, as with `--model fast --shape PRESET`
-        encoder.metadata["distill"] = encoder.backbone.distill_report
+        encoder.metadata["distill"] = cast("StaticBackbone", encoder.backbone).distill_report  # fast: sources are static
         try:
             encoder = fold_encoder(encoder)
         except FoldError as error:

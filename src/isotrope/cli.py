@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -25,27 +25,27 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
-OptionalModel = Annotated[Optional[str], typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
-DistillSamples = Annotated[Optional[int], typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
-EncoderDir = Annotated[Optional[Path], typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
+OptionalModel = Annotated[str | None, typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
+DistillSamples = Annotated[int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
+EncoderDir = Annotated[Path | None, typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
 Shape = Annotated[str, typer.Option("--shape", "-s", help="preset (none, center, abtt, whiten, whiten-partial, quantile, flow) or a chain like 'center,abtt(3),l2'")]
 Pooling = Annotated[str, typer.Option(help="cls, mean, max, mean_sqrt_len, weighted_mean, last_token, mask")]
 Layers = Annotated[str, typer.Option(help="last, first_last, an index or a comma list (HF indexing: 0 = embeddings)")]
-Prompt = Annotated[Optional[str], typer.Option(help="template with {text}; its [MASK] (or last token) is pooled with --pooling mask")]
+Prompt = Annotated[str | None, typer.Option(help="template with {text}; its [MASK] (or last token) is pooled with --pooling mask")]
 Weights = Annotated[str, typer.Option(help="uniform, idf, sif, usif")]
 Frequencies = Annotated[str, typer.Option(help="corpus, wordfreq or a 'word count' file")]
 DropTop = Annotated[int, typer.Option(help="drop the N most frequent tokens")]
-ExcludeSpecial = Annotated[Optional[bool], typer.Option("--exclude-special/--include-special",
+ExcludeSpecial = Annotated[bool | None, typer.Option("--exclude-special/--include-special",
                                                         help="weigh special tokens 0 (default: yes for a static table)")]
 ExcludePunctuation = Annotated[bool, typer.Option("--exclude-punctuation")]
-MaxLength = Annotated[Optional[int], typer.Option(help="max tokens per text")]
+MaxLength = Annotated[int | None, typer.Option(help="max tokens per text")]
 TextField = Annotated[str, typer.Option(help="field holding the text in .jsonl files")]
 TokenPrepending = Annotated[bool, typer.Option(
     "--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers")]
-TPLayers = Annotated[Optional[str], typer.Option(
+TPLayers = Annotated[str | None, typer.Option(
     "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)")]
-Backend = Annotated[Optional[str], typer.Option(help="torch (default), onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]'); with --encoder or an existing store: runs it (default: as saved)")]
-SavedBackend = Annotated[Optional[str], typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
+Backend = Annotated[str | None, typer.Option(help="torch (default), onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]'); with --encoder or an existing store: runs it (default: as saved)")]
+SavedBackend = Annotated[str | None, typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
 
 
 @app.callback()
@@ -106,7 +106,7 @@ def fit(
     corpus: Annotated[Path, typer.Argument(help="text file (one text a line) or .jsonl with a text field; .gz allowed")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
     model: OptionalModel = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -188,7 +188,7 @@ def index(
     source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
     store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
     model: OptionalModel = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
@@ -203,12 +203,12 @@ def index(
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
-    factory: Annotated[Optional[str], typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
+    factory: Annotated[str | None, typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
     index_kind: Annotated[str, typer.Option("--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq")] = "auto",
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
     text_field: TextField = "text",
     engine: Annotated[str, typer.Option(help="local: this process; ray: Ray tasks and embedding actors")] = "local",
-    address: Annotated[Optional[str], typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
+    address: Annotated[str | None, typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
     num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
     token_prepending: TokenPrepending = False,
@@ -272,13 +272,13 @@ def search(
     store: Store,
     query: Annotated[str, typer.Argument(help="the question or keywords")],
     k: Annotated[int, typer.Option("-k", help="number of hits")] = 10,
-    where: Annotated[Optional[str], typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
+    where: Annotated[str | None, typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print hits as JSON")] = False,
     mode: Annotated[str, typer.Option(help="dense (vectors), lexical (BM25) or hybrid (both fused)")] = "dense",
-    alpha: Annotated[Optional[float], typer.Option(help="--mode hybrid: weight of the dense scores, 0..1")] = None,
-    group_by: Annotated[Optional[str], typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
-    nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: calibrated for recall@10 >= 0.95)")] = None,
-    ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: calibrated or 128)")] = None,
+    alpha: Annotated[float | None, typer.Option(help="--mode hybrid: weight of the dense scores, 0..1")] = None,
+    group_by: Annotated[str | None, typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: calibrated for recall@10 >= 0.95)")] = None,
+    ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: calibrated or 128)")] = None,
     backend: SavedBackend = None,
 ) -> None:
     """Search a store with the encoder that wrote it."""
@@ -315,14 +315,14 @@ def serve(
     store: Store,
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the server to the network")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True,
                                                    help="require 'Authorization: Bearer KEY' on the API routes")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
     threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
     max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
     batch_wait_ms: Annotated[float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")] = 0.0,
-    nprobe: Annotated[Optional[int], typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
-    ef: Annotated[Optional[int], typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
+    ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
@@ -391,7 +391,7 @@ def evaluate(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
     model: OptionalModel = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
@@ -403,28 +403,28 @@ def evaluate(
     exclude_special: ExcludeSpecial = None,
     exclude_punctuation: ExcludePunctuation = False,
     max_length: MaxLength = None,
-    fit_corpus: Annotated[Optional[str], typer.Option(
+    fit_corpus: Annotated[str | None, typer.Option(
         help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
     )] = None,
     fit_samples: Annotated[int, typer.Option(help="texts sampled from the fit corpus")] = 20_000,
-    context_corpus: Annotated[Optional[str], typer.Option(
+    context_corpus: Annotated[str | None, typer.Option(
         help="text file the context: tables are averaged over (default: the fit corpus)")] = None,
     transductive: Annotated[bool, typer.Option("--transductive", help="fit on the evaluation texts (labelled so)")] = False,
-    data_dir: Annotated[Optional[Path], typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,
-    sts_task: Annotated[Optional[list[str]], typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")] = None,
-    pairs: Annotated[Optional[list[Path]], typer.Option(help="STS file of 'sentence1<TAB>sentence2<TAB>score' lines")] = None,
-    beir: Annotated[Optional[Path], typer.Option(help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")] = None,
-    jsonl: Annotated[Optional[Path], typer.Option(help="clustering: .jsonl(.gz) with text and label")] = None,
-    split: Annotated[Optional[str], typer.Option(help="clustering: keep records of this split")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="clustering/isotropy: at most this many texts")] = None,
-    texts: Annotated[Optional[Path], typer.Option("--texts", help="isotropy: a text file")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the result to this JSON file")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,
+    sts_task: Annotated[list[str] | None, typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")] = None,
+    pairs: Annotated[list[Path] | None, typer.Option(help="STS file of 'sentence1<TAB>sentence2<TAB>score' lines")] = None,
+    beir: Annotated[Path | None, typer.Option(help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="clustering: .jsonl(.gz) with text and label")] = None,
+    split: Annotated[str | None, typer.Option(help="clustering: keep records of this split")] = None,
+    limit: Annotated[int | None, typer.Option(help="clustering/isotropy: at most this many texts")] = None,
+    texts: Annotated[Path | None, typer.Option("--texts", help="isotropy: a text file")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the result to this JSON file")] = None,
     token_prepending: TokenPrepending = False,
     tp_layers: TPLayers = None,
-    mode: Annotated[Optional[str], typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
-    store_kind: Annotated[Optional[str], typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
-    alpha: Annotated[Optional[float], typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
+    mode: Annotated[str | None, typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
+    store_kind: Annotated[str | None, typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
+    alpha: Annotated[float | None, typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
     fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",
     backend: Backend = None,
 ) -> None:
@@ -465,7 +465,7 @@ def fold(
     encoder_dir: Annotated[Path, typer.Argument(help="a fitted encoder folder over a static table (from `isotrope fit`)")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the folded encoder to")],
     dtype: Annotated[str, typer.Option(help="table storage: float32, float16, or int8 (one scale per row)")] = "float32",
-    dims: Annotated[Optional[int], typer.Option(help="keep the leading N whitened components (chain ending in whiten/pca)")] = None,
+    dims: Annotated[int | None, typer.Option(help="keep the leading N whitened components (chain ending in whiten/pca)")] = None,
 ) -> None:
     """Fold an encoder's table, weights and linear shaping into one table (encoding then needs no torch)."""
     from isotrope.encoder import ShapedEncoder

@@ -159,9 +159,9 @@ def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, l
     a = bags[:, used].tocsr()
     a_t = a.T.tocsr()
     size, dim = len(used), table.shape[1]
-    prior = table[used].astype(dtype)
+    prior: np.ndarray = table[used].astype(dtype)
     rhs = a_t @ np.asarray(targets, dtype=dtype) + dtype(lam) * prior
-    diagonal = (np.asarray(a.multiply(a).sum(axis=0)).ravel() + lam).astype(dtype)
+    diagonal: np.ndarray = (np.asarray(a.multiply(a).sum(axis=0)).ravel() + lam).astype(dtype)
 
     def normal_matvec(flat: np.ndarray) -> np.ndarray:
         block = flat.reshape(size, dim)
@@ -235,7 +235,7 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
         scores[f"{relative:g}"] = score(table)
         logger.info("fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f)", relative, scale,
                     scores[f"{relative:g}"], scores["unfitted"])
-        if scores[f"{relative:g}"] > scores.get(f"{best:g}" if best is not None else "unfitted"):
+        if scores[f"{relative:g}"] > scores[f"{best:g}" if best is not None else "unfitted"]:
             best, best_table = relative, table
     report["validation"] = {name: round(value, 4) for name, value in scores.items()}
     del prior, table  # from here only best_table is needed (each V x d float64)

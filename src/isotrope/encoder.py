@@ -7,7 +7,7 @@ import random
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from isotrope.shapes import format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, Transform, apply_chain
 from isotrope.transforms.base import NotFittedError
 from isotrope.weighting import TokenCounts, TokenWeighting
+
+if TYPE_CHECKING:
+    from isotrope.backbones.static import StaticBackbone
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -387,7 +390,7 @@ class ShapedEncoder:
         longer apply)."""
         self.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": n_texts}
         if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
-            self.metadata["distill"] = self.backbone.distill_report
+            self.metadata["distill"] = cast("StaticBackbone", self.backbone).distill_report  # fast: sources are static
             return self._fold_in_place()
         return False
 

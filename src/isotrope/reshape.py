@@ -26,6 +26,7 @@ from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, reshape
 from isotrope.stores.lock import writer_lock
 from isotrope.transforms import TRANSFORMS
 
+
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
     transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
     return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size,
@@ -34,7 +35,7 @@ def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
 
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
     """Fit ``shape`` on (a sample of) the stored raw vectors and rewrite every shaped vector."""
-    kind, path = parse_store_uri(uri)
+    _kind, path = parse_store_uri(uri)
     with writer_lock(path, "reshaped"), Collection.open(uri) as collection, reshape_lock(path):
         store = collection.store
         if not store.stores_raw_vectors or not isinstance(store, ReshapableStore):

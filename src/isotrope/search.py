@@ -180,7 +180,7 @@ class Collection:
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
         """
         single = isinstance(queries, str)
-        texts = [queries] if single else list(queries)
+        texts = [queries] if isinstance(queries, str) else list(queries)
         check_mode(mode)
         if mode == "hybrid":
             check_alpha(alpha)

@@ -203,4 +203,4 @@ def usif_a(probs: np.ndarray, mean_length: float) -> float:
     return (1.0 - alpha) / (alpha * z)
 
 
-__all__ = ["TokenCounts", "TokenWeighting", "SCHEMES", "is_punctuation", "read_frequency_file", "usif_a"]
+__all__ = ["SCHEMES", "TokenCounts", "TokenWeighting", "is_punctuation", "read_frequency_file", "usif_a"]

@@ -11,7 +11,7 @@ from isotrope.backbones.base import Backbone, TextKind, TokenBatch
 from isotrope.backbones.resolve import require_transformers
 from isotrope.backbones.static import PACKAGED_GLOVE
 
-__all__ = ["Backbone", "TextKind", "TokenBatch", "make_backbone", "is_static_source"]
+__all__ = ["Backbone", "TextKind", "TokenBatch", "is_static_source", "make_backbone"]
 
 
 def is_static_source(model: str) -> bool:

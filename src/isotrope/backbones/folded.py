@@ -93,7 +93,7 @@ class FoldedBackbone(TokenizedBackbone):
         self.set_max_length(max_length)
         self.stored = np.ascontiguousarray(table)
         self.row_scale = None if row_scale is None else np.asarray(row_scale, dtype=np.float32)
-        self._special_ids = np.asarray(sorted(set(int(i) for i in special_ids)), dtype=np.int64)
+        self._special_ids = np.asarray(sorted({int(i) for i in special_ids}), dtype=np.int64)
         self.ordered_by_variance = bool(ordered_by_variance)
         self.folded_from = folded_from
         self.dim = int(table.shape[1])
@@ -176,9 +176,9 @@ class FoldedBackbone(TokenizedBackbone):
         """A transformers fast tokenizer over the same ``tokenizer.json``, for chunking (needs transformers);
         encoding itself uses the ``tokenizers`` object directly."""
         if self._hf_tokenizer is None:
-            from isotrope.backbones.resolve import require_transformers
-
             from tokenizers import Tokenizer
+
+            from isotrope.backbones.resolve import require_transformers
 
             transformers = require_transformers("chunking documents with a folded encoder's tokenizer")
             # its own copy: transformers resets truncation on the tokenizer it wraps at every call

@@ -18,8 +18,8 @@ from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.prepending import TokenPrepending, TPLayers, slot_template
 from isotrope.backbones.resolve import resolve_model_path
-from isotrope.transforms.base import NotFittedError
 from isotrope.pooling import last_real_position
+from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,7 @@ class HFBackbone(TokenizedBackbone):
     def get_state(self) -> dict[str, np.ndarray]:
         if not self.context or self.context_table_ is None:
             return {}
+        assert self.context_scale_ is not None  # computed and loaded together with context_table_
         return {"context_table_": self.context_table_, "context_scale_": self.context_scale_}
 
     @property

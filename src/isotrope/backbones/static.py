@@ -131,7 +131,8 @@ class StaticBackbone(TokenizedBackbone):
             self.dim = sum(int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
                            if table is None else table.shape[1] for part, table in zip(self._parts, self._tables))
             return
-        tables = self._tables if len(self._tables) == 1 else [unit_mean_norm(table) for table in self._tables]
+        fitted = [table for table in self._tables if table is not None]  # all of them: needs_fit is False
+        tables = fitted if len(fitted) == 1 else [unit_mean_norm(table) for table in fitted]
         self.table = np.ascontiguousarray(np.concatenate(tables, axis=1), dtype=np.float32)
         self.dim = int(self.table.shape[1])
 
@@ -140,8 +141,8 @@ class StaticBackbone(TokenizedBackbone):
         """True while a context or distilled table has not been computed from a corpus."""
         return any(table is None for table in self._tables)
 
-    def fit(self, texts: Sequence[str], teacher: Callable[[str], Any] | None = None,
-            show_progress: bool = False) -> StaticBackbone:
+    def fit(self, texts: Sequence[str], show_progress: bool = False, *,
+            teacher: Callable[[str], Any] | None = None) -> StaticBackbone:
         """Compute the context-averaged and distilled tables from ``texts`` (the encoder's fit corpus).
 
         ``teacher`` maps a model name to its transformer backbone (default: load ``HFBackbone``);

@@ -59,7 +59,7 @@ def run_modes(
     if any(m != "lexical" for m in modes):
         vectors = collection.encoder.encode(texts, kind="query")
     runs = {}
-    settings = []
+    settings: list[tuple[str, str, float | None, str]] = []
     for mode in modes:
         check_mode(mode)
         if mode != "hybrid":

@@ -310,12 +310,12 @@ def _pdf_documents(path: Path, name: str, fields: _Fields, report: Callable[...,
         title = (reader.metadata.title if reader.metadata else None) or ""
     except _Skip:
         raise
-    except Exception as exc:  # noqa: BLE001 - see above
+    except Exception as exc:
         raise _Skip(f"not a readable PDF ({type(exc).__name__}: {exc})") from None
     for index in range(pages):
         try:
             text = reader.pages[index].extract_text().strip()
-        except Exception as exc:  # noqa: BLE001 - see above
+        except Exception as exc:
             report(f"page {index + 1}: text extraction failed ({type(exc).__name__}: {exc})")
             continue
         if text:

@@ -256,7 +256,7 @@ class ChunkWriter:
     def add(self, ids: Sequence[str], vectors: np.ndarray, texts: Sequence[str], metadata: Sequence[dict[str, Any]],
             raw: np.ndarray) -> None:
         tick = time.perf_counter()
-        extra = {"raw_vectors": raw} if self.store.stores_raw_vectors else {}
+        extra: dict[str, Any] = {"raw_vectors": raw} if self.store.stores_raw_vectors else {}
         if getattr(self.store, "appends_new_ids", False):
             extra["new_ids"] = True  # both callers drop stored (resume) and repeated chunk ids first
         self.store.add(list(ids), vectors, list(texts), list(metadata), **extra)

@@ -27,7 +27,7 @@ import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 Where = Mapping[str, Any]
 
@@ -50,7 +50,7 @@ class _Bool:
     children: tuple[_Node, ...]
 
 
-_Node = Union[_Cond, _Bool]
+_Node = _Cond | _Bool
 
 
 def _kind(value: Any) -> str | None:

@@ -70,13 +70,13 @@ def exact_neighbours(queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np
     return best_keys
 
 
-def recall(found: Sequence[Sequence[int]], truth: np.ndarray) -> float:
+def recall(found: Sequence[Sequence[int]] | np.ndarray, truth: np.ndarray) -> float:
     """Mean share of each truth row found in the matching row of ``found``."""
     shares = [len(set(map(int, f)) & set(map(int, t))) / max(len(t), 1) for f, t in zip(found, truth)]
     return float(np.mean(shares)) if shares else 1.0
 
 
-def calibrate(ladder: Sequence[int], search: Callable[[int], Sequence[Sequence[int]]], truth: np.ndarray,
+def calibrate(ladder: Sequence[int], search: Callable[[int], Sequence[Sequence[int]] | np.ndarray], truth: np.ndarray,
               target: float = TARGET_RECALL + CALIBRATION_MARGIN) -> tuple[int, float]:
     """The smallest setting of ``ladder`` whose results reach ``target`` recall (else the largest), and its recall."""
     value, reached = ladder[-1], 0.0

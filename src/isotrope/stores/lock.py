@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from isotrope.errors import StoreLockedError
@@ -76,8 +76,6 @@ def writer_lock(store_path: str | Path, what: str = "written") -> Iterator[None]
     try:
         yield
     finally:
-        try:
+        with suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
         os.close(handle)  # releases the lock
