@@ -41,23 +41,35 @@ def measure(folder: Path, model: str, cache_dir: str | None) -> dict:
     encoder.embed_raw(documents)
     encode = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     chosen = choose_shape(documents, {"model": model}, backbone=backbone).metadata["auto_shape"]
-    result = {"set": folder.name, "model": model, "documents": len(documents),
-              "encode_corpus_seconds": round(encode["wall"], 1), "encode_corpus_cpu_seconds": round(encode["cpu"], 1),
-              "selection_seconds": chosen["selection_seconds"], "selection_cpu_seconds": chosen["selection_cpu_seconds"],
-              "proxy": chosen["proxy"], "pseudo_queries": chosen["pseudo_queries"],
-              "chosen": format_candidate(chosen["chosen"])}
+    result = {
+        "set": folder.name,
+        "model": model,
+        "documents": len(documents),
+        "encode_corpus_seconds": round(encode["wall"], 1),
+        "encode_corpus_cpu_seconds": round(encode["cpu"], 1),
+        "selection_seconds": chosen["selection_seconds"],
+        "selection_cpu_seconds": chosen["selection_cpu_seconds"],
+        "proxy": chosen["proxy"],
+        "pseudo_queries": chosen["pseudo_queries"],
+        "chosen": format_candidate(chosen["chosen"]),
+    }
     logger.info("%s", result)
     return result
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| set | model | documents | encode corpus s (CPU s) | selection s (CPU s) | proxy (pseudo-queries) "
-             "| auto chose | selection / encode, CPU |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| set | model | documents | encode corpus s (CPU s) | selection s (CPU s) | proxy (pseudo-queries) "
+        "| auto chose | selection / encode, CPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ratio = r["selection_cpu_seconds"] / max(r["encode_corpus_cpu_seconds"], 0.1)
-        lines.append(f"| {r['set']} | {r['model']} | {r['documents']} | {r['encode_corpus_seconds']} "
-                     f"({r['encode_corpus_cpu_seconds']}) | {r['selection_seconds']} ({r['selection_cpu_seconds']}) "
-                     f"| {r['proxy']} ({r['pseudo_queries']}) | {r['chosen']} | {100 * ratio:.0f} % |")
+        lines.append(
+            f"| {r['set']} | {r['model']} | {r['documents']} | {r['encode_corpus_seconds']} "
+            f"({r['encode_corpus_cpu_seconds']}) | {r['selection_seconds']} ({r['selection_cpu_seconds']}) "
+            f"| {r['proxy']} ({r['pseudo_queries']}) | {r['chosen']} | {100 * ratio:.0f} % |"
+        )
     return "\n".join(lines) + "\n"
 
 

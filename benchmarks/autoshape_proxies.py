@@ -76,8 +76,15 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
         rows = {text: i for i, text in enumerate(documents)}
         query_rows = {text: i for i, text in enumerate(queries)}
 
-        def encode(texts: list[str], kind: str, encoder=encoder, document_raw=document_raw, query_raw=query_raw,
-                   rows=rows, query_rows=query_rows):
+        def encode(
+            texts: list[str],
+            kind: str,
+            encoder=encoder,
+            document_raw=document_raw,
+            query_raw=query_raw,
+            rows=rows,
+            query_rows=query_rows,
+        ):
             if kind == "query":
                 return encoder.apply_transforms(query_raw[[query_rows[t] for t in texts]])
             return encoder.apply_transforms(document_raw[[rows[t] for t in texts]])
@@ -87,26 +94,36 @@ def measure(folder: Path, model: str, cache_dir: str, seed: int = 0) -> dict:
     proxies = {}
     for proxy in PROXIES:
         try:
-            evidence = gather_evidence(documents, EncoderConfig(model=model), candidates, backbone, proxy=proxy, seed=seed,
-                                       raw=raw)
+            evidence = gather_evidence(
+                documents, EncoderConfig(model=model), candidates, backbone, proxy=proxy, seed=seed, raw=raw
+            )
         except ValueError as error:
             proxies[proxy] = {"error": str(error)}
             continue
         means = 100 * evidence.per_query.mean(axis=1)
         chosen, comparisons = conservative_choice(100 * evidence.per_query, margin_for(static, proxy), seed=seed)
         proxies[proxy] = {
-            "pseudo_queries": int(evidence.per_query.shape[1]), "mrr@10": [round(float(m), 2) for m in means],
+            "pseudo_queries": int(evidence.per_query.shape[1]),
+            "mrr@10": [round(float(m), 2) for m in means],
             "intervals": [[round(low, 2), round(high, 2)] for _, low, high in comparisons],
             "spearman": round(float(spearmanr(means, labelled).statistic), 3),
             "kendall": round(float(kendalltau(means, labelled).statistic), 3),
-            "chosen": format_candidate(candidates[chosen]), "auto_ndcg@10": labelled[chosen],
+            "chosen": format_candidate(candidates[chosen]),
+            "auto_ndcg@10": labelled[chosen],
             "selection_seconds": round(evidence.seconds, 1),
             "per_query": np.round(evidence.per_query, 4).tolist(),
         }
         logger.info("%s %s %s: %s", folder.name, model, proxy, proxies[proxy])
-    return {"set": folder.name, "model": model, "documents": len(documents), "queries": len(queries),
-            "candidates": [format_candidate(c) for c in candidates], "ndcg@10": labelled,
-            "encode_corpus_seconds": round(encode_seconds, 1), "proxies": proxies}
+    return {
+        "set": folder.name,
+        "model": model,
+        "documents": len(documents),
+        "queries": len(queries),
+        "candidates": [format_candidate(c) for c in candidates],
+        "ndcg@10": labelled,
+        "encode_corpus_seconds": round(encode_seconds, 1),
+        "proxies": proxies,
+    }
 
 
 def report(results: list[dict], proxy: str = DEFAULT_PROXY) -> str:
@@ -125,8 +142,13 @@ def report(results: list[dict], proxy: str = DEFAULT_PROXY) -> str:
             cells.append(f"{entry['spearman']:+.2f} / {entry['kendall']:+.2f} ({entry['pseudo_queries']})")
         lines.append(f"| {r['set']} | {r['model']} | " + " | ".join(cells) + " |")
     lines.append("| mean ρ | | " + " | ".join(f"{np.mean(v):+.2f} ({len(v)} cells)" if v else "" for v in sums.values()) + " |")
-    lines += ["", "| set | model | auto (proxy) | auto | none | " + " | ".join(PRESET_CANDIDATES[1:])
-              + " | best fixed | auto − none | auto − best |", "|---|---|---|---|---|" + "---|" * (len(PRESET_CANDIDATES) + 2)]
+    lines += [
+        "",
+        "| set | model | auto (proxy) | auto | none | "
+        + " | ".join(PRESET_CANDIDATES[1:])
+        + " | best fixed | auto − none | auto − best |",
+        "|---|---|---|---|---|" + "---|" * (len(PRESET_CANDIDATES) + 2),
+    ]
     for r in results:
         static = is_static_source(r["model"])
         candidates = [format_candidate(c) for c in (STATIC_CANDIDATES if static else TRANSFORMER_CANDIDATES)]
@@ -137,8 +159,11 @@ def report(results: list[dict], proxy: str = DEFAULT_PROXY) -> str:
         auto = ndcg[candidates[chosen]]
         presets = [ndcg[("uniform + " if static else "") + shape] for shape in PRESET_CANDIDATES]
         best = max(presets)
-        lines.append(f"| {r['set']} | {r['model']} | {candidates[chosen]} ({used}) | {auto:.2f} | "
-                     + " | ".join(f"{v:.2f}" for v in presets) + f" | {best:.2f} | {auto - presets[0]:+.2f} | {auto - best:+.2f} |")
+        lines.append(
+            f"| {r['set']} | {r['model']} | {candidates[chosen]} ({used}) | {auto:.2f} | "
+            + " | ".join(f"{v:.2f}" for v in presets)
+            + f" | {best:.2f} | {auto - presets[0]:+.2f} | {auto - best:+.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -45,22 +45,28 @@ def post_body(text: str, max_chars: int = 1000) -> str:
 def newsgroups_topic(data_dir: Path, n_docs: int, n_queries: int, seed: int) -> tuple[dict, dict, dict]:
     data = load_clustering(data_dir / "clustering/20newsgroups/20news_bydate.jsonl.gz", split="test")
     rng = random.Random(seed)
-    posts = [(body, label) for body, label in ((post_body(t), y) for t, y in zip(data.texts, data.labels))
-             if len(body.split()) >= 20]
+    posts = [
+        (body, label) for body, label in ((post_body(t), y) for t, y in zip(data.texts, data.labels)) if len(body.split()) >= 20
+    ]
     rng.shuffle(posts)
-    query_posts, doc_posts = posts[:n_queries], posts[n_queries:n_queries + n_docs]
+    query_posts, doc_posts = posts[:n_queries], posts[n_queries : n_queries + n_docs]
     corpus = {f"d{i}": {"title": "", "text": body} for i, (body, _) in enumerate(doc_posts)}
     queries = {f"q{i}": " ".join(body.split()[:40]) for i, (body, _) in enumerate(query_posts)}
-    qrels = {f"q{i}": {f"d{j}": 1 for j, (_, doc_label) in enumerate(doc_posts) if doc_label == label}
-             for i, (_, label) in enumerate(query_posts)}
+    qrels = {
+        f"q{i}": {f"d{j}": 1 for j, (_, doc_label) in enumerate(doc_posts) if doc_label == label}
+        for i, (_, label) in enumerate(query_posts)
+    }
     return corpus, queries, qrels
 
 
-def paraphrase(sets: list[STSPairs], threshold: float, n_docs: int, n_queries: int,
-               seed: int) -> tuple[dict, dict, dict]:
+def paraphrase(sets: list[STSPairs], threshold: float, n_docs: int, n_queries: int, seed: int) -> tuple[dict, dict, dict]:
     rng = random.Random(seed)
-    pairs = [(a, b) for s in sets for a, b, score in zip(s.sentences1, s.sentences2, s.scores)
-             if score >= threshold and a.lower().strip(" .") != b.lower().strip(" .")]
+    pairs = [
+        (a, b)
+        for s in sets
+        for a, b, score in zip(s.sentences1, s.sentences2, s.scores)
+        if score >= threshold and a.lower().strip(" .") != b.lower().strip(" .")
+    ]
     pairs = list(dict.fromkeys(pairs))
     rng.shuffle(pairs)
     pairs = pairs[:n_queries]
@@ -68,7 +74,7 @@ def paraphrase(sets: list[STSPairs], threshold: float, n_docs: int, n_queries: i
     relevant = list(dict.fromkeys(b for _, b in pairs if b not in query_texts))
     others = sorted({t for s in sets for t in (*s.sentences1, *s.sentences2)} - query_texts - set(relevant))
     rng.shuffle(others)
-    documents = relevant + others[:max(0, n_docs - len(relevant))]
+    documents = relevant + others[: max(0, n_docs - len(relevant))]
     ids = {text: f"d{i}" for i, text in enumerate(documents)}
     corpus = {ids[text]: {"title": "", "text": text} for text in documents}
     kept = [(a, b) for a, b in pairs if b in ids]
@@ -90,8 +96,9 @@ def write_beir(folder: Path, corpus: dict, queries: dict, qrels: dict) -> None:
         for query_id, docs in qrels.items():
             for doc_id, grade in docs.items():
                 out.write(f"{query_id}\t{doc_id}\t{grade}\n")
-    print(f"{folder}: {len(corpus)} documents, {len(queries)} queries, "
-          f"{sum(len(d) for d in qrels.values())} relevance judgements")
+    print(
+        f"{folder}: {len(corpus)} documents, {len(queries)} queries, {sum(len(d) for d in qrels.values())} relevance judgements"
+    )
 
 
 def main() -> None:

@@ -208,10 +208,10 @@ def library_versions() -> dict[str, str]:
 
 def git_commit() -> str | None:
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
@@ -263,8 +263,7 @@ def scifact_documents(data_dir: str | Path, limit: int | None = None) -> list[tu
             if limit is not None and len(documents) >= limit:
                 break
             record = json.loads(line)
-            documents.append((str(record["_id"]), document_text({"title": record.get("title") or "",
-                                                                 "text": record["text"]})))
+            documents.append((str(record["_id"]), document_text({"title": record.get("title") or "", "text": record["text"]})))
     return documents
 
 

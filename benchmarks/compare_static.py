@@ -40,9 +40,11 @@ from isotrope.evaluate.tasks import eval_retrieval, eval_sts
 logger = logging.getLogger(__name__)
 
 TEACHER = "all-MiniLM-L6-v2"
-RECIPES = {"static + whiten-partial": EncoderConfig(model=f"static:{TEACHER}", shape="whiten-partial"),
-           "fast": EncoderConfig(model="fast", shape="whiten-partial"),
-           "teacher": EncoderConfig(model=TEACHER)}
+RECIPES = {
+    "static + whiten-partial": EncoderConfig(model=f"static:{TEACHER}", shape="whiten-partial"),
+    "fast": EncoderConfig(model="fast", shape="whiten-partial"),
+    "teacher": EncoderConfig(model=TEACHER),
+}
 
 
 def model2vec_scores(folder: Path, data_dir: Path, beirs: dict[str, Path]) -> dict[str, float]:
@@ -67,9 +69,17 @@ def model2vec_scores(folder: Path, data_dir: Path, beirs: dict[str, Path]) -> di
     return scores
 
 
-def run(data_dir: Path, cache_dir: Path, model2vec: Path | None, sts_fit_corpus: str, beirs: dict[str, Path],
-        distill_samples: int | None, sts_distill_samples: int | None, fit_samples: int,
-        rows: list[str]) -> dict[str, Any]:
+def run(
+    data_dir: Path,
+    cache_dir: Path,
+    model2vec: Path | None,
+    sts_fit_corpus: str,
+    beirs: dict[str, Path],
+    distill_samples: int | None,
+    sts_distill_samples: int | None,
+    fit_samples: int,
+    rows: list[str],
+) -> dict[str, Any]:
     evaluator = Evaluator(cache_dir=cache_dir, fit_samples=fit_samples)
     table: dict[str, dict[str, float]] = {}
     details: dict[str, Any] = {}
@@ -93,23 +103,38 @@ def run(data_dir: Path, cache_dir: Path, model2vec: Path | None, sts_fit_corpus:
                 result = run_retrieval(evaluator, recipe, beir=path, fit_corpus="corpus")
                 table[row][name] = result["scores"]["ndcg@10"]
                 details[row][name] = {key: result.get(key) for key in ("scores", "fitted_on", "distill")}
-            result = run_sts(evaluator, sts_recipe, tasks=["stsb", "sickr"], data_dir=data_dir,
-                             fit_corpus=None if row == "teacher" else sts_fit_corpus)
+            result = run_sts(
+                evaluator,
+                sts_recipe,
+                tasks=["stsb", "sickr"],
+                data_dir=data_dir,
+                fit_corpus=None if row == "teacher" else sts_fit_corpus,
+            )
             table[row].update(result["scores"])
             details[row]["sts"] = {key: result.get(key) for key in ("scores", "fitted_on", "distill")}
         seconds[row] = round(time.perf_counter() - started, 1)
         logger.info("%s: %s (%.0f s)", row, table[row], seconds[row])
-    return {"table": table, "details": details, "seconds": seconds, "sts_fit_corpus": sts_fit_corpus,
-            "distill_samples": distill_samples, "sts_distill_samples": sts_distill_samples, "fit_samples": fit_samples}
+    return {
+        "table": table,
+        "details": details,
+        "seconds": seconds,
+        "sts_fit_corpus": sts_fit_corpus,
+        "distill_samples": distill_samples,
+        "sts_distill_samples": sts_distill_samples,
+        "fit_samples": fit_samples,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--cache-dir", type=Path, required=True)
-    parser.add_argument("--model2vec", type=Path, help="model2vec.distill of the teacher: read from this folder, or distilled into it")
-    parser.add_argument("--sts-fit-corpus", required=True,
-                        help="text file the static rows are fitted on for STS (never the test sentences)")
+    parser.add_argument(
+        "--model2vec", type=Path, help="model2vec.distill of the teacher: read from this folder, or distilled into it"
+    )
+    parser.add_argument(
+        "--sts-fit-corpus", required=True, help="text file the static rows are fitted on for STS (never the test sentences)"
+    )
     parser.add_argument("--beir", type=Path, action="append", default=[], help="more BEIR folders")
     parser.add_argument("--distill-samples", type=int, help="fast on a retrieval corpus (default: the product's)")
     parser.add_argument("--sts-distill-samples", type=int, help="fast on --sts-fit-corpus (default: the product's)")
@@ -119,8 +144,17 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     beirs = {path.name: path for path in [args.data_dir / "retrieval" / "scifact", *args.beir]}
-    result = run(args.data_dir, args.cache_dir, args.model2vec, args.sts_fit_corpus, beirs, args.distill_samples,
-                 args.sts_distill_samples, args.fit_samples, args.row or ["bm25", "model2vec", *RECIPES])
+    result = run(
+        args.data_dir,
+        args.cache_dir,
+        args.model2vec,
+        args.sts_fit_corpus,
+        beirs,
+        args.distill_samples,
+        args.sts_distill_samples,
+        args.fit_samples,
+        args.row or ["bm25", "model2vec", *RECIPES],
+    )
     print_and_write(result, args.out)
 
 

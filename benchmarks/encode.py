@@ -18,8 +18,7 @@ from benchmarks.common import MAX_SEQ_LENGTH, MODEL, compare, ratio, scifact_doc
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 32  # sentence-transformers' default
-SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 384},
-         "full": {"scifact_abstracts": 1024, "sts_sentences": None}}
+SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 384}, "full": {"scifact_abstracts": 1024, "sts_sentences": None}}
 WARMUP_TEXTS = 16
 
 
@@ -63,8 +62,7 @@ def token_counts(encoder: Any, texts: list[str], batch_size: int) -> dict[str, i
     sorts by character length."""
     from isotrope.backbones.base import plan_batches
 
-    lengths = np.array([len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)[
-        "input_ids"]])
+    lengths = np.array([len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]])
     by_characters = np.argsort([-len(text) for text in texts], kind="stable")
     st_batches = [by_characters[start : start + batch_size] for start in range(0, len(texts), batch_size)]
     ours = plan_batches(lengths, batch_size, encoder.max_batch_tokens)
@@ -72,21 +70,34 @@ def token_counts(encoder: Any, texts: list[str], batch_size: int) -> dict[str, i
     def padded(batches: list[np.ndarray]) -> int:
         return int(sum(lengths[batch].max() * len(batch) for batch in batches))
 
-    return {"tokens": int(lengths.sum()), "padded_tokens_isotrope": padded(ours),
-            "padded_tokens_sentence_transformers": padded(st_batches)}
+    return {
+        "tokens": int(lengths.sum()),
+        "padded_tokens_isotrope": padded(ours),
+        "padded_tokens_sentence_transformers": padded(st_batches),
+    }
 
 
-def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", bf16: bool = False,
-        batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+def run(
+    data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", bf16: bool = False, batch_size: int = BATCH_SIZE
+) -> dict[str, Any]:
     """Texts/s of both sides on each text set, the speedup (isotrope / sentence-transformers) and agreement."""
     isotrope_encoder = load_isotrope(device, batch_size)
     st_model = load_sentence_transformer(device, bf16)
     if isotrope_encoder.backbone.max_length != st_model.max_seq_length:
-        raise RuntimeError(f"max lengths differ: isotrope {isotrope_encoder.backbone.max_length}, "
-                           f"sentence-transformers {st_model.max_seq_length}")
+        raise RuntimeError(
+            f"max lengths differ: isotrope {isotrope_encoder.backbone.max_length}, "
+            f"sentence-transformers {st_model.max_seq_length}"
+        )
     dtype = str(isotrope_encoder.backbone.dtype).removeprefix("torch.")
-    results: dict[str, Any] = {"model": MODEL, "batch_size": batch_size, "max_seq_length": MAX_SEQ_LENGTH,
-                               "device": device, "dtype": dtype, "repeat": repeat, "sets": {}}
+    results: dict[str, Any] = {
+        "model": MODEL,
+        "batch_size": batch_size,
+        "max_seq_length": MAX_SEQ_LENGTH,
+        "device": device,
+        "dtype": dtype,
+        "repeat": repeat,
+        "sets": {},
+    }
     for name, texts in text_sets(data_dir, quick).items():
         outputs: dict[str, np.ndarray] = {}
 
@@ -94,14 +105,17 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", 
             outputs["isotrope"] = isotrope_encoder.encode(texts, batch_size=batch_size)
 
         def run_st(texts: list[str] = texts, outputs: dict[str, np.ndarray] = outputs) -> None:
-            outputs["sentence_transformers"] = st_model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
-                                                               normalize_embeddings=False, show_progress_bar=False)
+            outputs["sentence_transformers"] = st_model.encode(
+                texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False, show_progress_bar=False
+            )
 
         timings = compare(
             {"isotrope": run_isotrope, "sentence_transformers": run_st},
             repeat,
-            warmups={"isotrope": lambda t=texts: run_isotrope(t[:WARMUP_TEXTS]),
-                     "sentence_transformers": lambda t=texts: run_st(t[:WARMUP_TEXTS])},
+            warmups={
+                "isotrope": lambda t=texts: run_isotrope(t[:WARMUP_TEXTS]),
+                "sentence_transformers": lambda t=texts: run_st(t[:WARMUP_TEXTS]),
+            },
         )
         for side in timings.values():
             side["texts_per_s"] = len(texts) / side["median_s"]

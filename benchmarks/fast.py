@@ -38,12 +38,19 @@ def query_latency(encoder: Any, calls: int) -> dict[str, float]:
         start = time.perf_counter()
         encoder.encode([QUERY], kind="query")
         times.append(time.perf_counter() - start)
-    return {"calls": calls, "p50_ms": float(np.percentile(times, 50) * 1e3),
-            "p99_ms": float(np.percentile(times, 99) * 1e3)}
+    return {"calls": calls, "p50_ms": float(np.percentile(times, 50) * 1e3), "p99_ms": float(np.percentile(times, 99) * 1e3)}
 
 
-def run(data_dir: str | Path, encoder_dir: str | Path, *, abstracts: int, sentences: int, repeat: int,
-        fast_passes: int, query_calls: int) -> dict[str, Any]:
+def run(
+    data_dir: str | Path,
+    encoder_dir: str | Path,
+    *,
+    abstracts: int,
+    sentences: int,
+    repeat: int,
+    fast_passes: int,
+    query_calls: int,
+) -> dict[str, Any]:
     """Texts/s of the fast encoder (as saved and at 256 tokens), the tokenizer and the teacher, and ratios."""
     from isotrope.encoder import ShapedEncoder
 
@@ -53,12 +60,21 @@ def run(data_dir: str | Path, encoder_dir: str | Path, *, abstracts: int, senten
     teacher = load_sentence_transformer("cpu")
     tokenizer = teacher.tokenizer._tokenizer  # the Rust tokenizer sentence-transformers calls
     tokenizer.enable_truncation(MAX_SEQ_LENGTH)
-    sets = {"scifact_abstracts": [text for _, text in scifact_documents(data_dir, abstracts)],
-            "sts_sentences": sts_sentences(data_dir, sentences)}
-    results: dict[str, Any] = {"encoder": str(encoder_dir), "fast_fingerprint": fast.fingerprint,
-                               "fast_max_length": fast.backbone.max_length, "teacher_max_length": MAX_SEQ_LENGTH,
-                               "fast_passes_per_run": fast_passes, "repeat": repeat, "sets": {}}
+    sets = {
+        "scifact_abstracts": [text for _, text in scifact_documents(data_dir, abstracts)],
+        "sts_sentences": sts_sentences(data_dir, sentences),
+    }
+    results: dict[str, Any] = {
+        "encoder": str(encoder_dir),
+        "fast_fingerprint": fast.fingerprint,
+        "fast_max_length": fast.backbone.max_length,
+        "teacher_max_length": MAX_SEQ_LENGTH,
+        "fast_passes_per_run": fast_passes,
+        "repeat": repeat,
+        "sets": {},
+    }
     for name, texts in sets.items():
+
         def passes(encoder: Any, texts: list[str] = texts) -> None:
             for _ in range(fast_passes):
                 encoder.encode(texts)
@@ -72,24 +88,36 @@ def run(data_dir: str | Path, encoder_dir: str | Path, *, abstracts: int, senten
         fast_cold.encode(texts)
         cold_seconds = time.perf_counter() - started
         timings = compare(
-            {"fast": lambda: passes(fast), "fast_256": lambda: passes(fast256), "tokenizer_256": tokenize,
-             "teacher": lambda texts=texts: teacher.encode(texts, batch_size=BATCH_SIZE, convert_to_numpy=True,
-                                                          normalize_embeddings=True)},
-            repeat, warmups={"fast": lambda texts=texts: fast.encode(texts), "fast_256": lambda texts=texts: fast256.encode(texts),
-                             "tokenizer_256": lambda texts=texts: tokenizer.encode_batch(texts[:16]),
-                             "teacher": lambda texts=texts: teacher.encode(texts[:16])})
+            {
+                "fast": lambda: passes(fast),
+                "fast_256": lambda: passes(fast256),
+                "tokenizer_256": tokenize,
+                "teacher": lambda texts=texts: teacher.encode(
+                    texts, batch_size=BATCH_SIZE, convert_to_numpy=True, normalize_embeddings=True
+                ),
+            },
+            repeat,
+            warmups={
+                "fast": lambda texts=texts: fast.encode(texts),
+                "fast_256": lambda texts=texts: fast256.encode(texts),
+                "tokenizer_256": lambda texts=texts: tokenizer.encode_batch(texts[:16]),
+                "teacher": lambda texts=texts: teacher.encode(texts[:16]),
+            },
+        )
         teacher_seconds = timings["teacher"]["median_s"]
-        entry: dict[str, Any] = {"texts": len(texts), "teacher_texts_per_s": len(texts) / teacher_seconds,
-                                 "fast_first_pass_texts_per_s": len(texts) / cold_seconds,
-                                 "speedup_first_pass": ratio(teacher_seconds, cold_seconds)}
+        entry: dict[str, Any] = {
+            "texts": len(texts),
+            "teacher_texts_per_s": len(texts) / teacher_seconds,
+            "fast_first_pass_texts_per_s": len(texts) / cold_seconds,
+            "speedup_first_pass": ratio(teacher_seconds, cold_seconds),
+        }
         for side in ("fast", "fast_256", "tokenizer_256"):
             seconds = timings[side]["median_s"] / fast_passes
             entry[f"{side}_texts_per_s"] = len(texts) / seconds
             entry[f"speedup_{side}"] = ratio(teacher_seconds, seconds)
         entry["timings"] = timings
         results["sets"][name] = entry
-        logger.info("%s: %s", name, {key: round(value, 1) for key, value in entry.items()
-                                     if isinstance(value, float)})
+        logger.info("%s: %s", name, {key: round(value, 1) for key, value in entry.items() if isinstance(value, float)})
     results["query"] = query_latency(fast, query_calls)
     return results
 
@@ -108,9 +136,18 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     set_threads(args.threads)
-    result = {"machine": machine_info(args.threads),
-              **run(args.data_dir, args.encoder, abstracts=args.abstracts, sentences=args.sentences,
-                    repeat=args.repeat, fast_passes=args.fast_passes, query_calls=args.query_calls)}
+    result = {
+        "machine": machine_info(args.threads),
+        **run(
+            args.data_dir,
+            args.encoder,
+            abstracts=args.abstracts,
+            sentences=args.sentences,
+            repeat=args.repeat,
+            fast_passes=args.fast_passes,
+            query_calls=args.query_calls,
+        ),
+    }
     print_and_write(result, args.json_out)
 
 

@@ -70,8 +70,9 @@ def bags_of(teacher: Any, texts: list[str], weights: np.ndarray | None = None) -
         rows.append(np.full(len(tokens), row))
         cols.append(tokens)
         values.append(mass / mass.sum())
-    return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
-                             shape=(len(texts), teacher.vocab_size))
+    return sparse.csr_matrix(
+        (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(len(texts), teacher.vocab_size)
+    )
 
 
 def whitener(fit_vectors: np.ndarray) -> Any:
@@ -85,6 +86,7 @@ def whitener(fit_vectors: np.ndarray) -> Any:
         for step in steps:
             out = step.transform(out)
         return out
+
     return apply
 
 
@@ -109,16 +111,18 @@ def cosine_correlation(static: np.ndarray, teacher: np.ndarray, seed: int = 0, n
     right = np.concatenate([nearest, random], axis=1).ravel()
     keep = left != right
     left, right = left[keep], right[keep]
-    return spearman(np.einsum("ij,ij->i", static[left], static[right]),
-                    np.einsum("ij,ij->i", teacher[left], teacher[right]))
+    return spearman(np.einsum("ij,ij->i", static[left], static[right]), np.einsum("ij,ij->i", teacher[left], teacher[right]))
 
 
 def run(data_dir: Path, cache_dir: Path, general_samples: int, teacher_name: str, corpora: list[str]) -> dict[str, Any]:
     test = {"stsb": load_stsb(data_dir, "test"), "sickr": load_sick(data_dir, "test")}
     select = {"stsb-dev": load_stsb(data_dir, "dev"), "sick-trial": load_sick(data_dir, "trial")}
     banned = set().union(*(sentences(p) for p in (*test.values(), *select.values())))
-    stsb_train = [s for s in dict.fromkeys([*load_stsb(data_dir, "train").sentences1,
-                                            *load_stsb(data_dir, "train").sentences2]) if s not in banned]
+    stsb_train = [
+        s
+        for s in dict.fromkeys([*load_stsb(data_dir, "train").sentences1, *load_stsb(data_dir, "train").sentences2])
+        if s not in banned
+    ]
     general = [s for s in reservoir_sample(iter_texts(data_dir / GENERAL), general_samples, 0) if s not in banned]
     texts_of = {"stsb-train": stsb_train, "general": general, "both": list(dict.fromkeys(stsb_train + general))}
     teacher = CachedBackbone(ShapedEncoder.create(model=teacher_name).backbone, cache_dir)
@@ -137,7 +141,8 @@ def run(data_dir: Path, cache_dir: Path, general_samples: int, teacher_name: str
         weightings = {"uniform": None}
         for scheme in ("sif", "usif"):
             weighting = TokenWeighting(scheme=scheme, exclude_special=True).fit(
-                teacher.vocabulary(), teacher.special_ids(), counts)
+                teacher.vocabulary(), teacher.special_ids(), counts
+            )
             weightings[scheme] = np.asarray(weighting.weights_, dtype=np.float64)
         rows: list[dict[str, Any]] = []
         prior = initial_table(passed.fit_sums, input_table)
@@ -153,16 +158,20 @@ def run(data_dir: Path, cache_dir: Path, general_samples: int, teacher_name: str
             for name, table in tables.items():
                 whiten = whitener(train @ table)
 
-                def encode(batch: list[str], table: np.ndarray = table, whiten: Any = whiten,
-                           weights: np.ndarray | None = weights) -> np.ndarray:
+                def encode(
+                    batch: list[str], table: np.ndarray = table, whiten: Any = whiten, weights: np.ndarray | None = weights
+                ) -> np.ndarray:
                     return whiten(bags_of(teacher, batch, weights) @ table)
 
-                row = {"corpus": corpus, "weights": weight_name, "table": name,
-                       "agreement": round(neighbour_agreement(train @ table, held @ table,
-                                                              passed.vectors[holdout]), 4),
-                       "cosine_corr": round(cosine_correlation(whiten(held @ table), passed.vectors[holdout]), 2),
-                       **{key: round(sts_score(encode, pairs), 2) for key, pairs in select.items()},
-                       **{key: round(sts_score(encode, pairs), 2) for key, pairs in test.items()}}
+                row = {
+                    "corpus": corpus,
+                    "weights": weight_name,
+                    "table": name,
+                    "agreement": round(neighbour_agreement(train @ table, held @ table, passed.vectors[holdout]), 4),
+                    "cosine_corr": round(cosine_correlation(whiten(held @ table), passed.vectors[holdout]), 2),
+                    **{key: round(sts_score(encode, pairs), 2) for key, pairs in select.items()},
+                    **{key: round(sts_score(encode, pairs), 2) for key, pairs in test.items()},
+                }
                 row["select_mean"] = round((row["stsb-dev"] + row["sick-trial"]) / 2, 2)
                 row["test_mean"] = round((row["stsb"] + row["sickr"]) / 2, 2)
                 logger.info("%s", row)
@@ -181,8 +190,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    result = run(args.data_dir, args.cache_dir, args.general_samples, args.teacher,
-                 args.corpus or ["stsb-train", "general", "both"])
+    result = run(
+        args.data_dir, args.cache_dir, args.general_samples, args.teacher, args.corpus or ["stsb-train", "general", "both"]
+    )
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

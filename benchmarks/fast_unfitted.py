@@ -33,8 +33,12 @@ def main() -> None:
     evaluator = Evaluator(cache_dir=args.cache_dir)
     result = {}
     for samples in args.samples:
-        scores = run_retrieval(evaluator, EncoderConfig(model="fast", shape="whiten-partial", distill_samples=samples),
-                               beir=args.data_dir / "retrieval" / "scifact", fit_corpus="corpus")
+        scores = run_retrieval(
+            evaluator,
+            EncoderConfig(model="fast", shape="whiten-partial", distill_samples=samples),
+            beir=args.data_dir / "retrieval" / "scifact",
+            fit_corpus="corpus",
+        )
         result[str(samples)] = {key: scores.get(key) for key in ("scores", "fitted_on", "distill")}
         logging.info("unfitted, %d teacher samples: %s", samples, scores["scores"])
     print_and_write(result, args.out)

@@ -81,8 +81,7 @@ def fit_quantile_stream(n: int, subsample: int, seed: int = 0) -> tuple[float, A
     return seconds + time.perf_counter() - start, quantile
 
 
-FITS = {"whiten-stream": fit_whiten, "quantile-materialised": fit_quantile_materialised,
-        "quantile-stream": fit_quantile_stream}
+FITS = {"whiten-stream": fit_whiten, "quantile-materialised": fit_quantile_materialised, "quantile-stream": fit_quantile_stream}
 
 
 def _child(args: Any) -> dict[str, Any]:
@@ -93,21 +92,28 @@ def _child(args: Any) -> dict[str, Any]:
     start = time.perf_counter()
     fit_seconds, _ = FITS[args.method](args.n, args.subsample)
     total = time.perf_counter() - start
-    return {"method": args.method, "n": args.n, "subsample": args.subsample, "fit_s": fit_seconds,
-            "total_s": total, "baseline_rss_mb": baseline, "peak_delta_mb": peak_rss_mb() - baseline,
-            "input_mb": args.n * DIM * 4 / 2**20}
+    return {
+        "method": args.method,
+        "n": args.n,
+        "subsample": args.subsample,
+        "fit_s": fit_seconds,
+        "total_s": total,
+        "baseline_rss_mb": baseline,
+        "peak_delta_mb": peak_rss_mb() - baseline,
+        "input_mb": args.n * DIM * 4 / 2**20,
+    }
 
 
 def run(*, quick: bool, threads: int) -> dict[str, Any]:
     """Every method at both sizes, one process each; memory growth between the sizes."""
     mode = "quick" if quick else "full"
     sizes, subsample = SIZES[mode], SUBSAMPLE[mode]
-    results: dict[str, Any] = {"dim": DIM, "sizes": list(sizes), "block_rows": BLOCK, "subsample": subsample,
-                               "methods": {}}
+    results: dict[str, Any] = {"dim": DIM, "sizes": list(sizes), "block_rows": BLOCK, "subsample": subsample, "methods": {}}
     for method in METHODS:
-        entry = {str(n): run_child("benchmarks.fitting",
-                                   ["--method", method, "--n", str(n), "--subsample", str(subsample)], threads)
-                 for n in sizes}
+        entry = {
+            str(n): run_child("benchmarks.fitting", ["--method", method, "--n", str(n), "--subsample", str(subsample)], threads)
+            for n in sizes
+        }
         small, large = entry[str(sizes[0])], entry[str(sizes[-1])]
         entry["memory_growth"] = large["peak_delta_mb"] / max(small["peak_delta_mb"], 1.0)
         results["methods"][method] = entry

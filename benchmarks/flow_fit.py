@@ -28,8 +28,18 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     flow = FlowTransform().fit(vectors)
     seconds = time.perf_counter() - start
-    print(json.dumps({"n": len(vectors), "dim": vectors.shape[1], "fit_seconds": round(seconds, 1),
-                      "epochs": flow.history_[-1]["epoch"], "history": flow.history_}, indent=2))
+    print(
+        json.dumps(
+            {
+                "n": len(vectors),
+                "dim": vectors.shape[1],
+                "fit_seconds": round(seconds, 1),
+                "epochs": flow.history_[-1]["epoch"],
+                "history": flow.history_,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,15 @@ from typing import Any
 
 MODEL, SHAPE = "static:all-MiniLM-L6-v2", "whiten-partial"
 #: (label, dtype, dims) of the folded variants measured
-VARIANTS = [("float32", "float32", None), ("float16", "float16", None), ("int8", "int8", None),
-            ("float16, 256 dims", "float16", 256), ("float16, 128 dims", "float16", 128),
-            ("float16, 64 dims", "float16", 64), ("int8, 128 dims", "int8", 128)]
+VARIANTS = [
+    ("float32", "float32", None),
+    ("float16", "float16", None),
+    ("int8", "int8", None),
+    ("float16, 256 dims", "float16", 256),
+    ("float16, 128 dims", "float16", 128),
+    ("float16, 64 dims", "float16", 64),
+    ("int8, 128 dims", "int8", 128),
+]
 QUERY = "what causes the immune response to a vaccine"
 
 
@@ -63,19 +69,32 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
         for index, (label, candidate) in enumerate(variants):
             scores = eval_retrieval(encode_function(candidate), dataset, k_values=(10, 100))
             folder = candidate.save(Path(work) / f"encoder-{index}")
-            rows.append({"encoder": label, "dims": candidate.dim, "ndcg@10": round(scores["ndcg@10"], 2),
-                         "recall@100": round(scores["recall@100"], 2), "folder_mb": round(folder_mb(folder), 2)})
+            rows.append(
+                {
+                    "encoder": label,
+                    "dims": candidate.dim,
+                    "ndcg@10": round(scores["ndcg@10"], 2),
+                    "recall@100": round(scores["recall@100"], 2),
+                    "folder_mb": round(folder_mb(folder), 2),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
-    return {"model": MODEL, "shape": SHAPE, "beir": str(args.beir), "rows": rows,
-            "note": "the unfolded folder holds only the fitted arrays: it also needs the model package (its table) and torch"}
+    return {
+        "model": MODEL,
+        "shape": SHAPE,
+        "beir": str(args.beir),
+        "rows": rows,
+        "note": "the unfolded folder holds only the fitted arrays: it also needs the model package (its table) and torch",
+    }
 
 
 def timed_child(command: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS MB) of one fresh process, measured by GNU time: a child forked from this
     (large) process would report this process's RSS as its peak (ru_maxrss survives exec)."""
     started = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "PEAK_RSS_KB %M", *command], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "PEAK_RSS_KB %M", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-500:]}")
@@ -85,9 +104,11 @@ def timed_child(command: list[str]) -> tuple[float, float]:
 
 def cold(command: list[str], repeat: int) -> dict[str, float]:
     runs = [timed_child(command) for _ in range(repeat)]
-    return {"wall_s_median": round(statistics.median(w for w, _ in runs), 3),
-            "wall_s_min": round(min(w for w, _ in runs), 3),
-            "peak_rss_mb_max": round(max(r for _, r in runs), 1)}
+    return {
+        "wall_s_median": round(statistics.median(w for w, _ in runs), 3),
+        "wall_s_min": round(min(w for w, _ in runs), 3),
+        "peak_rss_mb_max": round(max(r for _, r in runs), 1),
+    }
 
 
 def query_latency(encoder: Any, repeat: int = 2000) -> dict[str, float]:
@@ -123,15 +144,21 @@ def measure_speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for name, candidate in (("unfolded", encoder), ("folded", fold_encoder(encoder, dtype=args.dtype))):
             index_documents(documents, f"faiss:{stores[name]}", encoder=candidate, show_progress=False)
     isotrope = str(Path(sys.executable).with_name("isotrope"))
-    library = ("import sys\nfrom isotrope.search import Collection\n"
-               "with Collection.open(sys.argv[1]) as c: c.search(sys.argv[2], k=10)")
-    result: dict[str, Any] = {"model": MODEL, "shape": SHAPE, "folded_dtype": args.dtype, "repeat": args.repeat,
-                              "query": QUERY, "workdir": str(work)}
+    library = (
+        "import sys\nfrom isotrope.search import Collection\nwith Collection.open(sys.argv[1]) as c: c.search(sys.argv[2], k=10)"
+    )
+    result: dict[str, Any] = {
+        "model": MODEL,
+        "shape": SHAPE,
+        "folded_dtype": args.dtype,
+        "repeat": args.repeat,
+        "query": QUERY,
+        "workdir": str(work),
+    }
     result["floor: python -c 'import numpy, faiss'"] = cold([sys.executable, "-c", "import numpy, faiss"], args.repeat)
     for name, path in stores.items():
         result[f"cli search, {name} store"] = cold([isotrope, "search", f"faiss:{path}", QUERY, "-k", "10"], args.repeat)
-        result[f"library search, {name} store"] = cold([sys.executable, "-c", library, f"faiss:{path}", QUERY],
-                                                       args.repeat)
+        result[f"library search, {name} store"] = cold([sys.executable, "-c", library, f"faiss:{path}", QUERY], args.repeat)
     result["query encode, unfolded"] = query_latency(ShapedEncoder.load(stores["unfolded"] / "encoder"), repeat=500)
     result["query encode, folded"] = query_latency(ShapedEncoder.load(stores["folded"] / "encoder"))
     return result
@@ -144,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--repeat", type=int, default=5, help="speed: cold processes per measurement")
     parser.add_argument("--dtype", default="float16", help="speed: the folded table's storage")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="speed: where the two stores are built (reused when they exist there)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="speed: where the two stores are built (reused when they exist there)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -21,8 +21,9 @@ def faiss_gpus() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
-def run(data_dir: str | Path, *, quick: bool, repeat: int, ingest_repeat: int, threads: int,
-        workdir: str | Path | None = None) -> dict[str, Any]:
+def run(
+    data_dir: str | Path, *, quick: bool, repeat: int, ingest_repeat: int, threads: int, workdir: str | Path | None = None
+) -> dict[str, Any]:
     """Encode and ingestion comparisons with device="cuda" (bf16 on both sides) and GPU FAISS search."""
     device_name = cuda_device()
     if device_name is None:

@@ -36,9 +36,15 @@ def build(path: Path, rows: int, factory: str) -> None:
     for start in range(0, rows, 2048):
         n = min(2048, rows - start)
         ids = [f"{i:016x}" for i in range(start, start + n)]
-        store.add(ids, rng.standard_normal((n, DIM)).astype(np.float32), ["lorem ipsum dolor sit amet " * 12] * n,
-                  [{"source": f"w3s3-{i}", "document": f"w3s3-{i}", "position": 0, "start": 0, "end": 324}
-                   for i in range(start, start + n)])
+        store.add(
+            ids,
+            rng.standard_normal((n, DIM)).astype(np.float32),
+            ["lorem ipsum dolor sit amet " * 12] * n,
+            [
+                {"source": f"w3s3-{i}", "document": f"w3s3-{i}", "position": 0, "start": 0, "end": 324}
+                for i in range(start, start + n)
+            ],
+        )
     store.commit()
     store.close()
 
@@ -67,7 +73,7 @@ def run(rows: int, factory: str, nprobe: int, baseline: Path | None, single: int
         times: dict[str, dict[str, list[float]]] = {name: {"single": [], "batch": []} for name in names}
         for kind, count in (("single", single), ("batch", batches)):
             for i in range(count):
-                for name in names[i % len(names):] + names[: i % len(names)]:  # rotate the order
+                for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate the order
                     x = queries[i % len(queries)][None] if kind == "single" else queries
                     tick = time.perf_counter()
                     sides[name](x)

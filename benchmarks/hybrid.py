@@ -72,8 +72,9 @@ def test(dataset: BeirDataset, evaluator: Evaluator) -> dict:
     for name, recipe in ENCODERS.items():
         encoder = fitted(evaluator, recipe, dataset)
         tick = time.perf_counter()
-        result = eval_through_store(encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"],
-                                    fusions=("convex", "rrf"))
+        result = eval_through_store(
+            encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"], fusions=("convex", "rrf")
+        )
         out[name] = {kind: {label: s["ndcg@10"] for label, s in modes.items()} for kind, modes in result.items()}
         out[name]["seconds"] = round(time.perf_counter() - tick, 1)
     return out
@@ -99,8 +100,9 @@ def held_out(folders: list[Path], evaluator: Evaluator, out: Path | None) -> dic
         for name, recipe in SET_ENCODERS.items():
             tick = time.perf_counter()
             encoder = fitted(evaluator, recipe, dataset)
-            scores = eval_through_store(encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"],
-                                        alphas=(None, *GRID))
+            scores = eval_through_store(
+                encoder, dataset, ["faiss", "lancedb"], ["dense", "lexical", "hybrid"], alphas=(None, *GRID)
+            )
             row[name] = {kind: {label: s["ndcg@10"] for label, s in modes.items()} for kind, modes in scores.items()}
             row[name]["seconds"] = round(time.perf_counter() - tick, 1)
         result[folder.name] = row

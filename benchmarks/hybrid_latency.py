@@ -134,8 +134,15 @@ def llama_index_fusion(store, bm25, candidates: int):
             hits = store.search(np.asarray(query_bundle.embedding, dtype=np.float32)[None], candidates)[0]
             return [NodeWithScore(node=TextNode(id_=h.id, text=h.text), score=h.score) for h in hits]
 
-    fusion = QueryFusionRetriever([StoreRetriever(), bm25], similarity_top_k=10, num_queries=1, use_async=False, llm=MockLLM(),
-                                  mode="relative_score", retriever_weights=[DEFAULT_ALPHA, 1 - DEFAULT_ALPHA])
+    fusion = QueryFusionRetriever(
+        [StoreRetriever(), bm25],
+        similarity_top_k=10,
+        num_queries=1,
+        use_async=False,
+        llm=MockLLM(),
+        mode="relative_score",
+        retriever_weights=[DEFAULT_ALPHA, 1 - DEFAULT_ALPHA],
+    )
 
     def query(pair):
         return fusion.retrieve(QueryBundle(pair[0], embedding=[float(x) for x in pair[1]]))
@@ -158,11 +165,17 @@ def main() -> None:
     query_texts = make_texts(args.queries, 5, 10, seed=2)
     query_vectors = rng.standard_normal((args.queries, DIM)).astype(np.float32)
     pairs = list(zip(query_texts, query_vectors))
-    embedding = {"static:all-MiniLM-L6-v2": encode_seconds("static:all-MiniLM-L6-v2", texts, args.chunks),
-                 "all-MiniLM-L6-v2": encode_seconds("all-MiniLM-L6-v2", texts[: args.minilm_sample], args.chunks)}
+    embedding = {
+        "static:all-MiniLM-L6-v2": encode_seconds("static:all-MiniLM-L6-v2", texts, args.chunks),
+        "all-MiniLM-L6-v2": encode_seconds("all-MiniLM-L6-v2", texts[: args.minilm_sample], args.chunks),
+    }
     bm25, build = bm25_retriever(texts, DEFAULT_CANDIDATES)
-    result: dict = {"chunks": args.chunks, "queries": args.queries, "embedding seconds (scaled to all chunks)": embedding,
-                    "LlamaIndex BM25Retriever build seconds": build}
+    result: dict = {
+        "chunks": args.chunks,
+        "queries": args.queries,
+        "embedding seconds (scaled to all chunks)": embedding,
+        "LlamaIndex BM25Retriever build seconds": build,
+    }
     for kind in ("faiss", "lancedb"):
         with tempfile.TemporaryDirectory() as folder:
             with without_terms():
@@ -174,8 +187,10 @@ def main() -> None:
                 "write seconds, no lexical index": round(plain_seconds, 1),
                 "write seconds": round(seconds, 1),
                 "lexical share of the writes": round(lexical / seconds, 3),
-                **{f"lexical share of ingestion, {model}": round(lexical / (seconds + embed), 3)
-                   for model, embed in embedding.items()},
+                **{
+                    f"lexical share of ingestion, {model}": round(lexical / (seconds + embed), 3)
+                    for model, embed in embedding.items()
+                },
                 "dense p50 ms": p50_ms(lambda q, store=store: store.search(q[1][None], 10), pairs),
                 "lexical p50 ms": p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs),
                 "hybrid p50 ms": p50_ms(lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),

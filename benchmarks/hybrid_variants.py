@@ -89,8 +89,10 @@ def candidate_lists(encoder, dataset: BeirDataset, queries: dict[str, str], dept
     ids, texts = beir_documents(dataset)
     vectors = encoder.encode(texts, kind="document")
     query_ids, query_texts = list(queries), list(queries.values())
-    with tempfile.TemporaryDirectory(prefix="isotrope-variants-") as tmp, \
-            Collection.create(f"faiss:{Path(tmp) / 's'}", encoder, metric="cosine") as collection:
+    with (
+        tempfile.TemporaryDirectory(prefix="isotrope-variants-") as tmp,
+        Collection.create(f"faiss:{Path(tmp) / 's'}", encoder, metric="cosine") as collection,
+    ):
         index_documents(collection, ids, texts, vectors)
         query_vectors = encoder.encode(query_texts, kind="query")
         dense = search_store(collection.store, query_texts, query_vectors, depth, mode="dense")
@@ -117,8 +119,10 @@ def variants(lists: Lists, splits: dict[str, BeirDataset]) -> dict[str, dict[str
             for n, alpha in enumerate(ALPHAS):
                 record(f"convex/{norm}/{depth}@{alpha}", {q: runs[n] for q, runs in per_query.items()})
     for rrf_k in RRF_KS:
-        record(f"rrf/{rrf_k}", {q: {h.id: h.score for h in reciprocal_rank_fusion([d[:100], t[:100]], 10, rrf_k)}
-                                for q, (d, t) in lists.items()})
+        record(
+            f"rrf/{rrf_k}",
+            {q: {h.id: h.score for h in reciprocal_rank_fusion([d[:100], t[:100]], 10, rrf_k)} for q, (d, t) in lists.items()},
+        )
     return out
 
 
@@ -142,10 +146,12 @@ def main() -> None:
                 lists = {q: tuple([Hit(i, s, "", {}) for i, s in side] for side in pair) for q, pair in rows.items()}
             else:
                 lists = candidate_lists(fitted(evaluator, recipe, splits["train"]), splits["train"], queries)
-                saved.write_text(json.dumps({q: [[(h.id, h.score) for h in side] for side in pair]
-                                             for q, pair in lists.items()}))
-            result["encoders"][name] = {"family": family, "variants": variants(lists, splits),
-                                        "seconds": round(time.perf_counter() - tick, 1)}
+                saved.write_text(json.dumps({q: [[(h.id, h.score) for h in side] for side in pair] for q, pair in lists.items()}))
+            result["encoders"][name] = {
+                "family": family,
+                "variants": variants(lists, splits),
+                "seconds": round(time.perf_counter() - tick, 1),
+            }
             print(json.dumps({name: result["encoders"][name]["seconds"]}), flush=True)
     result["chosen"] = {}
     for family, encoders in FAMILIES.items():
@@ -153,8 +159,11 @@ def main() -> None:
         fused = [label for label in tables[0] if label not in ("dense", "lexical")]
         train = {label: np.mean([t[label]["train"] for t in tables]) for label in fused}
         best = max(fused, key=lambda label: train[label])
-        result["chosen"][family] = {"variant": best, "train (mean)": round(float(train[best]), 2),
-                                    "test": {name: result["encoders"][name]["variants"][best]["test"] for name in encoders}}
+        result["chosen"][family] = {
+            "variant": best,
+            "train (mean)": round(float(train[best]), 2),
+            "test": {name: result["encoders"][name]["variants"][best]["test"] for name in encoders},
+        }
     print_and_write(result, args.out)
 
 

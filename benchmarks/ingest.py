@@ -41,8 +41,9 @@ def read_records(corpus: Path) -> list[dict[str, str]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_size: int,
-                    options: dict[str, Any] | None = None) -> dict[str, Any]:
+def ingest_isotrope(
+    corpus: Path, target: Path, store: str, device: str, batch_size: int, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``index_documents`` as ``isotrope index`` runs it. ``options``: ``backend`` (torch, onnx, ...),
     ``model`` (e.g. ``fast``; its shaping is then the model's default), ``encoder`` (a saved encoder
     folder, as ``--encoder``), ``factory`` (the FAISS index, e.g. ``Flat``)."""
@@ -52,9 +53,12 @@ def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_s
 
     options = options or {}
     model = options.get("model") or MODEL
-    config = EncoderConfig(model=model, shape=DEFAULT_SHAPE if model == MODEL else default_shape(model),
-                           max_length=MAX_SEQ_LENGTH if model == MODEL else None,
-                           backend=options.get("backend") or "torch")
+    config = EncoderConfig(
+        model=model,
+        shape=DEFAULT_SHAPE if model == MODEL else default_shape(model),
+        max_length=MAX_SEQ_LENGTH if model == MODEL else None,
+        backend=options.get("backend") or "torch",
+    )
     if options.get("encoder"):
         encoder = ShapedEncoder.load(options["encoder"])
     else:  # fitted by the pipeline
@@ -67,8 +71,11 @@ def ingest_isotrope(corpus: Path, target: Path, store: str, device: str, batch_s
         loader_options={"id_field": "_id"},
         show_progress=False,
     )
-    return {"documents": report.documents, "chunks": report.chunks,
-            "steps_s": {step: round(value, 3) for step, value in report.seconds.items()}}
+    return {
+        "documents": report.documents,
+        "chunks": report.chunks,
+        "steps_s": {step: round(value, 3) for step, value in report.seconds.items()},
+    }
 
 
 def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
@@ -84,8 +91,9 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
         import torch
 
         options["model_kwargs"] = {"dtype": torch.bfloat16}
-    embed_model = HuggingFaceEmbedding(model_name=model_path(), max_length=MAX_SEQ_LENGTH, embed_batch_size=batch_size,
-                                       device=device, normalize=True, **options)
+    embed_model = HuggingFaceEmbedding(
+        model_name=model_path(), max_length=MAX_SEQ_LENGTH, embed_batch_size=batch_size, device=device, normalize=True, **options
+    )
     if store == "faiss":
         from llama_index.vector_stores.faiss import FaissVectorStore
 
@@ -104,12 +112,14 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
     return {"documents": len(documents), "chunks": int(chunks)}
 
 
-def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, batch_size: int,
-             options: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_side(
+    side: str, corpus: Path, workdir: Path, repeat: int, device: str, batch_size: int, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Warm up on a few documents, then ``repeat`` timed ingestions of ``corpus`` into fresh directories.
     ``options`` go to :func:`ingest_isotrope` (an isotrope side only)."""
     library, store = side.split("-")
     if library == "isotrope":
+
         def ingest(*args: Any) -> dict[str, Any]:
             return ingest_isotrope(*args, options=options)
     else:
@@ -128,14 +138,24 @@ def run_side(side: str, corpus: Path, workdir: Path, repeat: int, device: str, b
             shutil.rmtree(options["keep_encoder"], ignore_errors=True)
             shutil.copytree(target / "encoder", options["keep_encoder"])
         shutil.rmtree(target, ignore_errors=True)
-    return {"side": side, **detail, "median_s": statistics.median(times), "min_s": min(times),
-            "runs_s": [round(t, 3) for t in times]}
+    return {
+        "side": side,
+        **detail,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "runs_s": [round(t, 3) for t in times],
+    }
 
 
 def _child(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
-        options = {"backend": args.backend, "model": args.model, "encoder": args.encoder, "factory": args.factory,
-                   "keep_encoder": args.keep_encoder}
+        options = {
+            "backend": args.backend,
+            "model": args.model,
+            "encoder": args.encoder,
+            "factory": args.factory,
+            "keep_encoder": args.keep_encoder,
+        }
         return run_side(args.side, args.corpus, Path(tmp), args.repeat, args.device, args.batch_size, options)
 
 
@@ -162,48 +182,72 @@ def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path())
     chunker = TokenChunker(tokenizer, 256, 32)  # index_documents' defaults
-    isotrope_texts = [chunk.text for document in iter_documents(corpus, id_field="_id")
-                      for chunk in chunker.chunk(document)]
+    isotrope_texts = [chunk.text for document in iter_documents(corpus, id_field="_id") for chunk in chunker.chunk(document)]
     nodes = SentenceSplitter().get_nodes_from_documents(
-        [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)])
+        [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
+    )
     llama_texts = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
 
     def tokens(texts: list[str]) -> int:
         encoded = tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]
         return sum(len(ids) for ids in encoded)
 
-    return {"isotrope": {"chunks": len(isotrope_texts), "model_tokens": tokens(isotrope_texts)},
-            "llamaindex": {"chunks": len(llama_texts), "model_tokens": tokens(llama_texts)}}
+    return {
+        "isotrope": {"chunks": len(isotrope_texts), "model_tokens": tokens(isotrope_texts)},
+        "llamaindex": {"chunks": len(llama_texts), "model_tokens": tokens(llama_texts)},
+    }
 
 
 def merge_runs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """One side's processes (one timed run each) as one entry: median time, the largest peak RSS."""
     times = [entry["median_s"] for entry in entries]
-    merged = {**entries[-1], "median_s": statistics.median(times), "min_s": min(times),
-              "runs_s": [round(t, 3) for t in times],
-              "peak_rss_mb": max(entry["peak_rss_mb"] for entry in entries),
-              "peak_rss_runs_mb": [round(entry["peak_rss_mb"], 1) for entry in entries],
-              "process_wall_s": statistics.median(entry["process_wall_s"] for entry in entries)}
+    merged = {
+        **entries[-1],
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "runs_s": [round(t, 3) for t in times],
+        "peak_rss_mb": max(entry["peak_rss_mb"] for entry in entries),
+        "peak_rss_runs_mb": [round(entry["peak_rss_mb"], 1) for entry in entries],
+        "process_wall_s": statistics.median(entry["process_wall_s"] for entry in entries),
+    }
     if "steps_s" in merged:
         merged["steps_s"] = [entry["steps_s"] for entry in entries]
     return merged
 
 
-def run(data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device: str = "cpu",
-        batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+def run(
+    data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device: str = "cpu", batch_size: int = BATCH_SIZE
+) -> dict[str, Any]:
     """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store."""
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
         corpus = Path(tmp) / "scifact.jsonl"
         documents = write_corpus(data_dir, corpus, SIZES["quick" if quick else "full"])
-        results: dict[str, Any] = {"documents": documents, "model": MODEL, "batch_size": batch_size,
-                                   "max_seq_length": MAX_SEQ_LENGTH, "device": device, "repeat": repeat,
-                                   "chunking": chunk_statistics(corpus), "sides": {}}
+        results: dict[str, Any] = {
+            "documents": documents,
+            "model": MODEL,
+            "batch_size": batch_size,
+            "max_seq_length": MAX_SEQ_LENGTH,
+            "device": device,
+            "repeat": repeat,
+            "chunking": chunk_statistics(corpus),
+            "sides": {},
+        }
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         for round_index in range(repeat):  # interleaved rounds, rotating order: a busy spell hits every side
             shift = round_index % len(SIDES)
             for side in SIDES[shift:] + SIDES[:shift]:
-                args = ["--side", side, "--corpus", str(corpus), "--repeat", "1", "--device", device,
-                        "--batch-size", str(batch_size)]
+                args = [
+                    "--side",
+                    side,
+                    "--corpus",
+                    str(corpus),
+                    "--repeat",
+                    "1",
+                    "--device",
+                    device,
+                    "--batch-size",
+                    str(batch_size),
+                ]
                 runs[side].append(run_child("benchmarks.ingest", args, threads))
                 logger.info("ingest %s round %d: %.1fs", side, round_index + 1, runs[side][-1]["median_s"])
     results["sides"] = {side: merge_runs(entries) for side, entries in runs.items()}

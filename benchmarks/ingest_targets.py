@@ -69,8 +69,10 @@ def write_passages(sentences: list[str], path: Path, count: int, window: int) ->
     written = 0
     with open(path, "w", encoding="utf-8") as handle:
         for begin in range(0, len(sentences) - window + 1, 4096 * window):
-            texts = [" ".join(sentences[start : start + window])
-                     for start in range(begin, min(begin + 4096 * window, len(sentences) - window + 1), window)]
+            texts = [
+                " ".join(sentences[start : start + window])
+                for start in range(begin, min(begin + 4096 * window, len(sentences) - window + 1), window)
+            ]
             lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
             for offset, (text, length) in enumerate(zip(texts, lengths)):
                 if length <= MAX_PASSAGE_TOKENS and written < count:
@@ -95,10 +97,10 @@ def chunkings(corpus: Path) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path())
     chunker = TokenChunker(tokenizer, 256, 32)  # index_documents' defaults
-    texts = {"isotrope": [chunk.text for document in iter_documents(corpus, id_field="_id")
-                          for chunk in chunker.chunk(document)]}
+    texts = {"isotrope": [chunk.text for document in iter_documents(corpus, id_field="_id") for chunk in chunker.chunk(document)]}
     nodes = SentenceSplitter().get_nodes_from_documents(
-        [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)])
+        [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
+    )
     texts["llamaindex"] = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
     result: dict[str, Any] = {
         "isotrope_chunker": "TokenChunker 256/32 word pieces (index_documents' default)",
@@ -106,17 +108,24 @@ def chunkings(corpus: Path) -> dict[str, Any]:
     }
     for side, side_texts in texts.items():
         lengths = [len(ids) for ids in tokenizer(side_texts, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]]
-        result[side] = {"chunks": len(side_texts), "model_tokens": sum(lengths),
-                        "tokens_per_chunk": {"mean": round(statistics.mean(lengths), 1),
-                                             "median": statistics.median(lengths), "min": min(lengths),
-                                             "max": max(lengths)}}
+        result[side] = {
+            "chunks": len(side_texts),
+            "model_tokens": sum(lengths),
+            "tokens_per_chunk": {
+                "mean": round(statistics.mean(lengths), 1),
+                "median": statistics.median(lengths),
+                "min": min(lengths),
+                "max": max(lengths),
+            },
+        }
     result["identical_chunk_texts"] = sum(a == b for a, b in zip(sorted(texts["isotrope"]), sorted(texts["llamaindex"])))
     return result
 
 
 # -- running the sides ------------------------------------------------------------------
-def run_rounds(sides: dict[str, list[str]], corpus: Path, repeat: int, threads: int,
-               batch_size: int) -> dict[str, dict[str, Any]]:
+def run_rounds(
+    sides: dict[str, list[str]], corpus: Path, repeat: int, threads: int, batch_size: int
+) -> dict[str, dict[str, Any]]:
     """Every side ``repeat`` times, each run a process of its own, in rounds of rotating order."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     names = list(sides)
@@ -124,16 +133,21 @@ def run_rounds(sides: dict[str, list[str]], corpus: Path, repeat: int, threads: 
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             side = LLAMAINDEX if name.startswith("llamaindex") else "isotrope-faiss"
-            args = ["--side", side, "--corpus", str(corpus), "--repeat", "1", "--batch-size", str(batch_size),
-                    *sides[name]]
+            args = ["--side", side, "--corpus", str(corpus), "--repeat", "1", "--batch-size", str(batch_size), *sides[name]]
             if side != LLAMAINDEX:
                 args += ["--factory", "Flat"]
             runs[name].append(run_child("benchmarks.ingest", args, threads))
             if PARTIAL:
                 with open(PARTIAL, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps({"corpus": corpus.name, "name": name, **runs[name][-1]}) + "\n")
-            logger.info("%s, %s round %d: %.1f s, peak RSS %.0f MB", corpus.name, name, round_index + 1,
-                        runs[name][-1]["median_s"], runs[name][-1]["peak_rss_mb"])
+            logger.info(
+                "%s, %s round %d: %.1f s, peak RSS %.0f MB",
+                corpus.name,
+                name,
+                round_index + 1,
+                runs[name][-1]["median_s"],
+                runs[name][-1]["peak_rss_mb"],
+            )
     return {name: merge_runs(entries) for name, entries in runs.items()}
 
 
@@ -142,15 +156,25 @@ def transformer(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-", dir=args.workdir) as tmp:
         corpus = Path(tmp) / "passages.jsonl"
         count = write_passages(read_sentences(args.data_dir), corpus, args.chunks, args.window)
-        result: dict[str, Any] = {"passages": count, "window_lines": args.window, "model": MODEL,
-                                  "batch_size": args.batch_size, "repeat": args.repeat,
-                                  "chunking": chunkings(corpus)}
+        result: dict[str, Any] = {
+            "passages": count,
+            "window_lines": args.window,
+            "model": MODEL,
+            "batch_size": args.batch_size,
+            "repeat": args.repeat,
+            "chunking": chunkings(corpus),
+        }
         sides = {LLAMAINDEX: []} | {f"isotrope-{backend}": ["--backend", backend] for backend in args.backends}
         result["sides"] = run_rounds(sides, corpus, args.repeat, args.threads, args.batch_size)
     theirs = result["sides"][LLAMAINDEX]
-    result["ratios"] = {name: {"speedup": ratio(theirs["median_s"], entry["median_s"]),
-                               "peak_rss_ratio": ratio(entry["peak_rss_mb"], theirs["peak_rss_mb"])}
-                        for name, entry in result["sides"].items() if name != LLAMAINDEX}
+    result["ratios"] = {
+        name: {
+            "speedup": ratio(theirs["median_s"], entry["median_s"]),
+            "peak_rss_ratio": ratio(entry["peak_rss_mb"], theirs["peak_rss_mb"]),
+        }
+        for name, entry in result["sides"].items()
+        if name != LLAMAINDEX
+    }
     return result
 
 
@@ -162,11 +186,22 @@ def transformer_from_partial(partial: Path, corpus: Path, command: str) -> dict[
         runs.setdefault(record.pop("name"), []).append(record)
     sides = {name: merge_runs(entries) for name, entries in runs.items()}
     theirs = sides[LLAMAINDEX]
-    return {"command": command, "stopped_early": f"built from {partial.name}: the runs finished before it was stopped",
-            "passages": theirs["documents"], "model": MODEL, "chunking": chunkings(corpus), "sides": sides,
-            "ratios": {name: {"speedup": ratio(theirs["median_s"], entry["median_s"]),
-                              "peak_rss_ratio": ratio(entry["peak_rss_mb"], theirs["peak_rss_mb"])}
-                       for name, entry in sides.items() if name != LLAMAINDEX}}
+    return {
+        "command": command,
+        "stopped_early": f"built from {partial.name}: the runs finished before it was stopped",
+        "passages": theirs["documents"],
+        "model": MODEL,
+        "chunking": chunkings(corpus),
+        "sides": sides,
+        "ratios": {
+            name: {
+                "speedup": ratio(theirs["median_s"], entry["median_s"]),
+                "peak_rss_ratio": ratio(entry["peak_rss_mb"], theirs["peak_rss_mb"]),
+            }
+            for name, entry in sides.items()
+            if name != LLAMAINDEX
+        },
+    }
 
 
 def fast(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,19 +209,27 @@ def fast(args: argparse.Namespace) -> dict[str, Any]:
     kept), then that saved encoder (``--encoder``) at every size, then LlamaIndex at the sizes it can
     be run at, its per-chunk rate projected linearly to the others."""
     sentences = read_sentences(args.data_dir)
-    result: dict[str, Any] = {"window_lines": 1, "model": "fast (teacher all-MiniLM-L6-v2)",
-                              "llamaindex_model": MODEL, "batch_size": args.batch_size, "repeat": args.repeat,
-                              "sizes": {}}
+    result: dict[str, Any] = {
+        "window_lines": 1,
+        "model": "fast (teacher all-MiniLM-L6-v2)",
+        "llamaindex_model": MODEL,
+        "batch_size": args.batch_size,
+        "repeat": args.repeat,
+        "sizes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-", dir=args.workdir) as tmp:
         largest = max(args.sizes + args.llamaindex_sizes + args.end_to_end_sizes)
         corpus = Path(tmp) / f"lines-{largest}.jsonl"
         write_passages(sentences, corpus, largest, 1)
         encoder = Path(tmp) / "fast-encoder"
-        result["encoder_fitted_on"] = (f"the {max(args.end_to_end_sizes):,} lines of the largest end-to-end run "
-                                       "(the encoder that run saved in its store)")
-        plan = ([(size, "isotrope-fast") for size in sorted(args.end_to_end_sizes, reverse=True)]
-                + [(size, "isotrope-fast-encoder") for size in sorted(args.sizes, reverse=True)]
-                + [(size, LLAMAINDEX) for size in sorted(args.llamaindex_sizes)])
+        result["encoder_fitted_on"] = (
+            f"the {max(args.end_to_end_sizes):,} lines of the largest end-to-end run (the encoder that run saved in its store)"
+        )
+        plan = (
+            [(size, "isotrope-fast") for size in sorted(args.end_to_end_sizes, reverse=True)]
+            + [(size, "isotrope-fast-encoder") for size in sorted(args.sizes, reverse=True)]
+            + [(size, LLAMAINDEX) for size in sorted(args.llamaindex_sizes)]
+        )
         for size, name in plan:
             part = corpus if size == largest else Path(tmp) / f"lines-{size}.jsonl"
             if not part.exists():
@@ -208,9 +251,13 @@ def project(sizes: dict[str, Any], targets: list[int]) -> dict[str, Any]:
     """LlamaIndex's time at each size in ``targets``: its per-chunk rate at the largest size it was
     measured at, times the size (linear; also the line through its two largest sizes). isotrope's
     at a size it was not run at: the line through its two largest sizes. Speedups against those."""
+
     def measured(side: str) -> list[tuple[int, float, float]]:
-        return sorted((int(size), entry["sides"][side]["median_s"], entry["sides"][side]["peak_rss_mb"])
-                      for size, entry in sizes.items() if side in entry["sides"])
+        return sorted(
+            (int(size), entry["sides"][side]["median_s"], entry["sides"][side]["peak_rss_mb"])
+            for size, entry in sizes.items()
+            if side in entry["sides"]
+        )
 
     def line(points: list[tuple[int, float, float]], size: int) -> float | None:
         if len(points) < 2:
@@ -220,20 +267,28 @@ def project(sizes: dict[str, Any], targets: list[int]) -> dict[str, Any]:
 
     llama = measured(LLAMAINDEX)
     largest_n, largest_t, largest_rss = llama[-1]
-    result: dict[str, Any] = {"llamaindex_measured_up_to": largest_n,
-                              "llamaindex_s_per_chunk": largest_t / largest_n,
-                              "llamaindex_peak_rss_mb_at_largest": largest_rss, "sizes": {}}
+    result: dict[str, Any] = {
+        "llamaindex_measured_up_to": largest_n,
+        "llamaindex_s_per_chunk": largest_t / largest_n,
+        "llamaindex_peak_rss_mb_at_largest": largest_rss,
+        "sizes": {},
+    }
     for size in targets:
-        row: dict[str, Any] = {"llamaindex_s": largest_t / largest_n * size,
-                               "llamaindex_s_line": line(llama, size),
-                               "llamaindex": "measured" if size == largest_n else "projected"}
+        row: dict[str, Any] = {
+            "llamaindex_s": largest_t / largest_n * size,
+            "llamaindex_s_line": line(llama, size),
+            "llamaindex": "measured" if size == largest_n else "projected",
+        }
         for side in FAST_SIDES:
             points = measured(side)
             at = {n: (t, rss) for n, t, rss in points}
             seconds = at[size][0] if size in at else line(points, size)
-            row[side] = {"s": seconds, "how": "measured" if size in at else "projected",
-                         "speedup": ratio(row["llamaindex_s"], seconds) if seconds else None,
-                         "peak_rss_mb": at[size][1] if size in at else None}
+            row[side] = {
+                "s": seconds,
+                "how": "measured" if size in at else "projected",
+                "speedup": ratio(row["llamaindex_s"], seconds) if seconds else None,
+                "peak_rss_mb": at[size][1] if size in at else None,
+            }
             if size in at:
                 row[side]["peak_rss_vs_llamaindex_at_largest"] = ratio(at[size][1], largest_rss)
         result["sizes"][str(size)] = row
@@ -242,12 +297,13 @@ def project(sizes: dict[str, Any], targets: list[int]) -> dict[str, Any]:
 
 # -- Markdown ---------------------------------------------------------------------------
 def chunking_table(chunking: dict[str, Any]) -> list[str]:
-    lines = ["| chunking | chunks | tokens the model sees | tokens per chunk: mean / median / min / max |",
-             "|---|---:|---:|---|"]
+    lines = ["| chunking | chunks | tokens the model sees | tokens per chunk: mean / median / min / max |", "|---|---:|---:|---|"]
     for side, chunker in (("isotrope", "isotrope_chunker"), ("llamaindex", "llamaindex_chunker")):
         entry, per = chunking[side], chunking[side]["tokens_per_chunk"]
-        lines.append(f"| {side}: {chunking[chunker]} | {entry['chunks']:,} | {entry['model_tokens']:,} | "
-                     f"{per['mean']} / {per['median']} / {per['min']} / {per['max']} |")
+        lines.append(
+            f"| {side}: {chunking[chunker]} | {entry['chunks']:,} | {entry['model_tokens']:,} | "
+            f"{per['mean']} / {per['median']} / {per['min']} / {per['max']} |"
+        )
     lines.append(f"\nIdentical chunk texts on both sides: {chunking['identical_chunk_texts']:,}.")
     return lines
 
@@ -259,34 +315,50 @@ def markdown(result: dict[str, Any]) -> str:
     def load(value: Any) -> Any:
         return value[0] if isinstance(value, list) else value
 
-    lines = [f"`{result['command']}`: {machine['cpu']}, {machine['usable_cores']} cores, {machine['threads']} threads; "
-             f"load average {load(machine['load_average_at_start'])} at the start, "
-             f"{load(machine.get('load_average_at_end', '?'))} at the end; {result['wall_s'] / 60:.0f} min in all.", ""]
+    lines = [
+        f"`{result['command']}`: {machine['cpu']}, {machine['usable_cores']} cores, {machine['threads']} threads; "
+        f"load average {load(machine['load_average_at_start'])} at the start, "
+        f"{load(machine.get('load_average_at_end', '?'))} at the end; {result['wall_s'] / 60:.0f} min in all.",
+        "",
+    ]
     if "sides" in result:  # transformer
-        lines += [*chunking_table(result["chunking"]), "", "| side | median s | runs s | chunks/s | x LlamaIndex | peak RSS MB | RSS / LlamaIndex |", "|---|---:|---|---:|---:|---:|---:|"]
+        lines += [
+            *chunking_table(result["chunking"]),
+            "",
+            "| side | median s | runs s | chunks/s | x LlamaIndex | peak RSS MB | RSS / LlamaIndex |",
+            "|---|---:|---|---:|---:|---:|---:|",
+        ]
         for name, entry in result["sides"].items():
             ratios = result["ratios"].get(name, {"speedup": 1.0, "peak_rss_ratio": 1.0})
-            lines.append(f"| {name} | {entry['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in entry['runs_s'])} | "
-                         f"{entry['chunks'] / entry['median_s']:.1f} | **{ratios['speedup']:.2f}** | "
-                         f"{entry['peak_rss_mb']:,.0f} | {ratios['peak_rss_ratio']:.2f} |")
+            lines.append(
+                f"| {name} | {entry['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in entry['runs_s'])} | "
+                f"{entry['chunks'] / entry['median_s']:.1f} | **{ratios['speedup']:.2f}** | "
+                f"{entry['peak_rss_mb']:,.0f} | {ratios['peak_rss_ratio']:.2f} |"
+            )
         return "\n".join(lines)
-    lines += ["| chunks | side | median s | runs s | steps s (fit / embed / write) | chunks/s | peak RSS MB |",
-              "|---:|---|---:|---|---|---:|---:|"]
+    lines += [
+        "| chunks | side | median s | runs s | steps s (fit / embed / write) | chunks/s | peak RSS MB |",
+        "|---:|---|---:|---|---|---:|---:|",
+    ]
     for size, entry in result["sizes"].items():
         for name, side in entry["sides"].items():
             steps = side.get("steps_s", [{}])[-1]
             step_text = " / ".join(f"{steps[k]:.1f}" for k in ("fit", "embed", "write") if k in steps)
-            lines.append(f"| {int(size):,} | {name} | {side['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in side['runs_s'])} "
-                         f"| {step_text} | {side['chunks'] / side['median_s']:,.0f} | {side['peak_rss_mb']:,.0f} |")
+            lines.append(
+                f"| {int(size):,} | {name} | {side['median_s']:.1f} | {', '.join(f'{t:.1f}' for t in side['runs_s'])} "
+                f"| {step_text} | {side['chunks'] / side['median_s']:,.0f} | {side['peak_rss_mb']:,.0f} |"
+            )
     projection = result["projection"]
-    lines += ["", "| chunks | LlamaIndex s | isotrope fast s | x LlamaIndex | isotrope fast + saved encoder s | x LlamaIndex |",
-              "|---:|---|---|---:|---|---:|"]
+    lines += [
+        "",
+        "| chunks | LlamaIndex s | isotrope fast s | x LlamaIndex | isotrope fast + saved encoder s | x LlamaIndex |",
+        "|---:|---|---|---:|---|---:|",
+    ]
     for size, row in projection["sizes"].items():
         cells = [f"{row['llamaindex_s']:,.0f} ({row['llamaindex']})"]
         for side in FAST_SIDES:
             entry = row[side]
-            cells += ["–", "–"] if entry["s"] is None else [f"{entry['s']:,.1f} ({entry['how']})",
-                                                          f"**{entry['speedup']:.1f}**"]
+            cells += ["–", "–"] if entry["s"] is None else [f"{entry['s']:,.1f} ({entry['how']})", f"**{entry['speedup']:.1f}**"]
         lines.append(f"| {int(size):,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -307,13 +379,22 @@ def main() -> None:
     commands.choices["transformer"].add_argument("--window", type=int, default=4, help="lines per passage")
     commands.choices["transformer"].add_argument("--backends", type=lambda s: s.split(","), default=list(BACKENDS))
     sizes = commands.choices["fast"]
-    sizes.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000],
-                       help="sizes run with the saved fast encoder (--encoder)")
+    sizes.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10_000, 100_000],
+        help="sizes run with the saved fast encoder (--encoder)",
+    )
     sizes.add_argument("--llamaindex-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[2_000, 10_000])
-    sizes.add_argument("--end-to-end-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000],
-                       help="sizes run end to end (teacher pass included); the largest run's encoder is reused")
-    sizes.add_argument("--check-chunking-up-to", type=int, default=100_000,
-                       help="compare both chunkings at sizes up to this many lines")
+    sizes.add_argument(
+        "--end-to-end-sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10_000, 100_000],
+        help="sizes run end to end (teacher pass included); the largest run's encoder is reused",
+    )
+    sizes.add_argument(
+        "--check-chunking-up-to", type=int, default=100_000, help="compare both chunkings at sizes up to this many lines"
+    )
     args = parser.parse_args()
     if args.command == "table":
         print("\n\n".join(markdown(json.loads(path.read_text())) for path in args.results))
@@ -323,8 +404,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     started = time.time()
     info = machine_info(args.threads)
-    result = {"command": " ".join(["python -m benchmarks.ingest_targets", *sys.argv[1:]]), "machine": info,
-              **(transformer(args) if args.command == "transformer" else fast(args))}
+    result = {
+        "command": " ".join(["python -m benchmarks.ingest_targets", *sys.argv[1:]]),
+        "machine": info,
+        **(transformer(args) if args.command == "transformer" else fast(args)),
+    }
     result["wall_s"] = time.time() - started
     result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print_and_write(result, args.out)

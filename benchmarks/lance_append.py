@@ -24,8 +24,10 @@ def run(rows: int) -> dict:
     from isotrope.connectors.lancedb_store import LanceDBStore
 
     root = Path(tempfile.mkdtemp(prefix="isotrope-append-"))
-    stores = {"append": LanceDBStore(root / "a", dim=DIM, index_threshold=None),
-              "merge_insert": LanceDBStore(root / "m", dim=DIM, index_threshold=None)}
+    stores = {
+        "append": LanceDBStore(root / "a", dim=DIM, index_threshold=None),
+        "merge_insert": LanceDBStore(root / "m", dim=DIM, index_threshold=None),
+    }
     rng = np.random.default_rng(0)
     times: dict[str, list[float]] = {name: [] for name in stores}
     for start in range(0, rows, BATCH):
@@ -40,9 +42,16 @@ def run(rows: int) -> dict:
             times[name].append(time.perf_counter() - tick)
     stored = {name: len(store) for name, store in stores.items()}
     shutil.rmtree(root, ignore_errors=True)
-    return {"rows": rows, "batch": BATCH, "dim": DIM, "machine": machine_info(2),
-            **{name: {"total_s": sum(t), "first_batches_s": t[1:4], "last_batches_s": t[-3:], "stored": stored[name]}
-               for name, t in times.items()}}
+    return {
+        "rows": rows,
+        "batch": BATCH,
+        "dim": DIM,
+        "machine": machine_info(2),
+        **{
+            name: {"total_s": sum(t), "first_batches_s": t[1:4], "last_batches_s": t[-3:], "stored": stored[name]}
+            for name, t in times.items()
+        },
+    }
 
 
 def main() -> None:

@@ -55,8 +55,9 @@ def in_process(texts: list[str], repeat: int) -> tuple[dict[str, Any], dict[str,
     load_s = {}
     for backend in BACKENDS:
         start = time.perf_counter()
-        encoders[f"isotrope_{backend}"] = ShapedEncoder.create(MODEL, shape="none", max_length=MAX_SEQ_LENGTH,
-                                                               device="cpu", batch_size=BATCH_SIZE, backend=backend)
+        encoders[f"isotrope_{backend}"] = ShapedEncoder.create(
+            MODEL, shape="none", max_length=MAX_SEQ_LENGTH, device="cpu", batch_size=BATCH_SIZE, backend=backend
+        )
         load_s[f"isotrope_{backend}"] = time.perf_counter() - start  # the first run includes export/quantisation
     st_model = SentenceTransformer(model_path(), device="cpu")
     st_model.max_seq_length = MAX_SEQ_LENGTH
@@ -64,8 +65,9 @@ def in_process(texts: list[str], repeat: int) -> tuple[dict[str, Any], dict[str,
 
     def side(name: str, subset: list[str] = texts) -> Any:
         if name == "st_torch":
-            return lambda: vectors.__setitem__(name, st_model.encode(subset, batch_size=BATCH_SIZE, convert_to_numpy=True,
-                                                                     show_progress_bar=False))
+            return lambda: vectors.__setitem__(
+                name, st_model.encode(subset, batch_size=BATCH_SIZE, convert_to_numpy=True, show_progress_bar=False)
+            )
         return lambda: vectors.__setitem__(name, encoders[name].encode(subset))
 
     names = [*encoders, "st_torch"]
@@ -73,11 +75,28 @@ def in_process(texts: list[str], repeat: int) -> tuple[dict[str, Any], dict[str,
     return {"timings": timings, "load_s": load_s}, vectors
 
 
-def st_onnx_child(python: str, texts: list[str], repeat: int, threads: int, work: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def st_onnx_child(
+    python: str, texts: list[str], repeat: int, threads: int, work: Path
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     (work / "texts.json").write_text(json.dumps(texts))
     out = work / "st.json"
-    command = [python, "-m", "benchmarks.onnx_st", "--texts", str(work / "texts.json"), "--model", model_path(),
-               "--work", str(work), "--repeat", str(repeat), "--threads", str(threads), "--json-out", str(out)]
+    command = [
+        python,
+        "-m",
+        "benchmarks.onnx_st",
+        "--texts",
+        str(work / "texts.json"),
+        "--model",
+        model_path(),
+        "--work",
+        str(work),
+        "--repeat",
+        str(repeat),
+        "--threads",
+        str(threads),
+        "--json-out",
+        str(out),
+    ]
     env = {**os.environ, **thread_env(threads), "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -103,19 +122,42 @@ def main(argv: list[str] | None = None) -> int:
     result, vectors = in_process(texts, args.repeat)
     timings = result["timings"]
     base = timings["st_torch"]["median_s"]
-    rows = {name: {"median_s": side["median_s"], "texts_per_s": len(texts) / side["median_s"], "x_st_torch": base / side["median_s"],
-                   **cosine_stats(vectors["isotrope_torch"], vectors[name])} for name, side in timings.items()}
-    report: dict[str, Any] = {"model": MODEL, "texts": len(texts), "batch_size": BATCH_SIZE, "max_seq_length": MAX_SEQ_LENGTH,
-                              "threads": args.threads, "repeat": args.repeat, "in_process": rows, "load_s": result["load_s"]}
+    rows = {
+        name: {
+            "median_s": side["median_s"],
+            "texts_per_s": len(texts) / side["median_s"],
+            "x_st_torch": base / side["median_s"],
+            **cosine_stats(vectors["isotrope_torch"], vectors[name]),
+        }
+        for name, side in timings.items()
+    }
+    report: dict[str, Any] = {
+        "model": MODEL,
+        "texts": len(texts),
+        "batch_size": BATCH_SIZE,
+        "max_seq_length": MAX_SEQ_LENGTH,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "in_process": rows,
+        "load_s": result["load_s"],
+    }
     if args.st_onnx_python:
         with tempfile.TemporaryDirectory(prefix="isotrope-st-onnx-") as tmp:
             child, st_vectors = st_onnx_child(args.st_onnx_python, texts, args.repeat, args.threads, Path(tmp))
         st_base = child["timings"]["st_torch"]["median_s"]
         report["sentence_transformers_onnx"] = {
-            "versions": child["versions"], "quantization": child["quantization"],
-            "rows": {name: {"median_s": side["median_s"], "texts_per_s": len(texts) / side["median_s"],
-                            "x_st_torch": st_base / side["median_s"], **cosine_stats(vectors["isotrope_torch"], st_vectors[name])}
-                     for name, side in child["timings"].items()}}
+            "versions": child["versions"],
+            "quantization": child["quantization"],
+            "rows": {
+                name: {
+                    "median_s": side["median_s"],
+                    "texts_per_s": len(texts) / side["median_s"],
+                    "x_st_torch": st_base / side["median_s"],
+                    **cosine_stats(vectors["isotrope_torch"], st_vectors[name]),
+                }
+                for name, side in child["timings"].items()
+            },
+        }
     report["loadavg_before_after"] = [list(load_before), list(os.getloadavg())]
     report["machine"] = machine_info(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +173,10 @@ def render(report: dict[str, Any]) -> str:
         sections.append((" (child)", report["sentence_transformers_onnx"]["rows"]))
     for suffix, rows in sections:
         for name, row in rows.items():
-            lines.append(f"| {name}{suffix} | {row['median_s']:.2f} | {row['texts_per_s']:.0f} | {row['x_st_torch']:.2f} | "
-                         f"{row['mean_cosine']:.5f} | {row['min_cosine']:.5f} |")
+            lines.append(
+                f"| {name}{suffix} | {row['median_s']:.2f} | {row['texts_per_s']:.0f} | {row['x_st_torch']:.2f} | "
+                f"{row['mean_cosine']:.5f} | {row['min_cosine']:.5f} |"
+            )
     return "\n".join(lines)
 
 

@@ -35,23 +35,28 @@ def work(args: Any) -> dict[str, Any]:
     models["st_onnx"] = SentenceTransformer(str(folder), device="cpu", backend="onnx")
     models["st_onnx"].save(str(folder))  # writes onnx/model.onnx beside the weights
     export_dynamic_quantized_onnx_model(models["st_onnx"], args.quantization, str(folder))
-    models["st_onnx_int8"] = SentenceTransformer(str(folder), device="cpu", backend="onnx",
-                                                 model_kwargs={"file_name": f"onnx/model_qint8_{args.quantization}.onnx"})
+    models["st_onnx_int8"] = SentenceTransformer(
+        str(folder), device="cpu", backend="onnx", model_kwargs={"file_name": f"onnx/model_qint8_{args.quantization}.onnx"}
+    )
     vectors: dict[str, np.ndarray] = {}
 
     def side(name: str, subset: list[str] = texts) -> Any:
         model = models[name]
         model.max_seq_length = MAX_SEQ_LENGTH
-        return lambda: vectors.__setitem__(name, model.encode(subset, batch_size=BATCH_SIZE, convert_to_numpy=True,
-                                                               show_progress_bar=False))
+        return lambda: vectors.__setitem__(
+            name, model.encode(subset, batch_size=BATCH_SIZE, convert_to_numpy=True, show_progress_bar=False)
+        )
 
-    timings = compare({name: side(name) for name in models}, args.repeat,
-                      warmups={name: side(name, texts[:16]) for name in models})
+    timings = compare(
+        {name: side(name) for name in models}, args.repeat, warmups={name: side(name, texts[:16]) for name in models}
+    )
     for name, array in vectors.items():
         np.save(Path(args.work) / f"{name}.npy", array.astype(np.float32))
-    return {"timings": timings, "versions": {"sentence-transformers": sentence_transformers.__version__,
-                                             "transformers": transformers.__version__},
-            "quantization": args.quantization}
+    return {
+        "timings": timings,
+        "versions": {"sentence-transformers": sentence_transformers.__version__, "transformers": transformers.__version__},
+        "quantization": args.quantization,
+    }
 
 
 if __name__ == "__main__":

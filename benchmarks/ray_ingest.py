@@ -140,8 +140,12 @@ def run_single(corpus: Path, store: str) -> dict[str, Any]:
 
     start = time.perf_counter()
     report = index_documents(corpus, store, **_common_options("cpu"))
-    return {"index_s": time.perf_counter() - start, "report": report.summary(), "chunks": report.chunks,
-            "steps_s": {step: round(value, 3) for step, value in report.seconds.items()}}
+    return {
+        "index_s": time.perf_counter() - start,
+        "report": report.summary(),
+        "chunks": report.chunks,
+        "steps_s": {step: round(value, 3) for step, value in report.seconds.items()},
+    }
 
 
 def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
@@ -195,15 +199,22 @@ def compare_stores(single: str, distributed: str) -> dict[str, Any]:
     return {"same_ids": same_ids, "max_abs_vector_difference": difference, "same_top10": same_top10}
 
 
-def run(data_dir: str | Path, *, threads: int, store_kind: str = "lancedb", limit: int | None = None,
-        workdir: Path | None = None) -> dict[str, Any]:
+def run(
+    data_dir: str | Path, *, threads: int, store_kind: str = "lancedb", limit: int | None = None, workdir: Path | None = None
+) -> dict[str, Any]:
     from benchmarks.ingest import write_corpus
 
     with tempfile.TemporaryDirectory(prefix="isotrope-ray-ingest-", dir=workdir) as tmp:
         corpus = Path(tmp) / "scifact.jsonl"
         documents = write_corpus(data_dir, corpus, limit)
-        results: dict[str, Any] = {"documents": documents, "model": MODEL, "store": store_kind, "threads": threads,
-                                   "machine": machine_info(threads), "sides": {}}
+        results: dict[str, Any] = {
+            "documents": documents,
+            "model": MODEL,
+            "store": store_kind,
+            "threads": threads,
+            "machine": machine_info(threads),
+            "sides": {},
+        }
         stores = {side: f"{store_kind}:{Path(tmp) / side}" for side in SIDES}
         for side in SIDES:
             args = ["--side", side, "--corpus", str(corpus), "--store", stores[side]]
@@ -233,8 +244,12 @@ def parent_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--store", choices=("lancedb", "faiss"), default="lancedb")
     parser.add_argument("--limit", type=int, default=None, help="first N SciFact documents (default: all)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="single side: torch threads; ray side: CPUs and one-thread actors")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="single side: torch threads; ray side: CPUs and one-thread actors",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where the corpus and the stores are written")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

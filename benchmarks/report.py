@@ -17,8 +17,15 @@ from typing import Any
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 #: the issue's "done when" figures
-TARGETS = {"encode_speedup": 1.2, "ingest_speedup": 3.0, "ingest_rss_ratio": 1.0, "shaping_share_pct": 3.0,
-           "search_overhead_pct": 10.0, "static_ratio": 50.0, "fit_memory_growth": 1.25}
+TARGETS = {
+    "encode_speedup": 1.2,
+    "ingest_speedup": 3.0,
+    "ingest_rss_ratio": 1.0,
+    "shaping_share_pct": 3.0,
+    "search_overhead_pct": 10.0,
+    "static_ratio": 50.0,
+    "fit_memory_growth": 1.25,
+}
 
 
 # -- targets ------------------------------------------------------------------------
@@ -35,40 +42,67 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     if _ok(encode := items.get("encode")):
         for name, entry in encode["sets"].items():
-            add(f"encode speedup vs sentence-transformers, {name}", f">= {TARGETS['encode_speedup']}x",
-                entry["speedup"], entry["speedup"] >= TARGETS["encode_speedup"])
+            add(
+                f"encode speedup vs sentence-transformers, {name}",
+                f">= {TARGETS['encode_speedup']}x",
+                entry["speedup"],
+                entry["speedup"] >= TARGETS["encode_speedup"],
+            )
     if _ok(ingest := items.get("ingest")):
         for store, entry in ingest["ratios"].items():
-            add(f"ingestion speedup vs LlamaIndex, {store}", f">= {TARGETS['ingest_speedup']}x",
-                entry["speedup"], entry["speedup"] >= TARGETS["ingest_speedup"])
-            add(f"ingestion peak RSS isotrope / LlamaIndex, {store}", f"<= {TARGETS['ingest_rss_ratio']}",
-                entry["peak_rss_ratio"], entry["peak_rss_ratio"] <= TARGETS["ingest_rss_ratio"])
+            add(
+                f"ingestion speedup vs LlamaIndex, {store}",
+                f">= {TARGETS['ingest_speedup']}x",
+                entry["speedup"],
+                entry["speedup"] >= TARGETS["ingest_speedup"],
+            )
+            add(
+                f"ingestion peak RSS isotrope / LlamaIndex, {store}",
+                f"<= {TARGETS['ingest_rss_ratio']}",
+                entry["peak_rss_ratio"],
+                entry["peak_rss_ratio"] <= TARGETS["ingest_rss_ratio"],
+            )
     if _ok(shaping := items.get("shaping")):
         chain = shaping["target_chain"]
         for name, entry in shaping["sets"].items():
             share = entry["chains"][chain]["share_pct"]
-            add(f"shaping share of encode time ({chain}), {name}", f"<= {TARGETS['shaping_share_pct']} %",
-                share, share <= TARGETS["shaping_share_pct"])
+            add(
+                f"shaping share of encode time ({chain}), {name}",
+                f"<= {TARGETS['shaping_share_pct']} %",
+                share,
+                share <= TARGETS["shaping_share_pct"],
+            )
     if _ok(search := items.get("search")):
         for library in ("faiss", "lancedb"):
             for n, indexes in search[library].items():
                 for index, entry in indexes.items():
                     for mode in ("batch", "single"):
                         overhead = entry[mode]["overhead_pct"]
-                        add(f"search overhead, {library} {index} n={n}, {mode} queries",
-                            f"<= {TARGETS['search_overhead_pct']} %", overhead,
-                            overhead <= TARGETS["search_overhead_pct"])
+                        add(
+                            f"search overhead, {library} {index} n={n}, {mode} queries",
+                            f"<= {TARGETS['search_overhead_pct']} %",
+                            overhead,
+                            overhead <= TARGETS["search_overhead_pct"],
+                        )
     if _ok(static := items.get("static")):
         for name, entry in static["encoders"].items():
             if name != static["transformer"]:
-                add(f"static docs/s vs transformer, {name}", f">= {TARGETS['static_ratio']}x",
-                    entry["ratio_to_transformer"], entry["ratio_to_transformer"] >= TARGETS["static_ratio"])
+                add(
+                    f"static docs/s vs transformer, {name}",
+                    f">= {TARGETS['static_ratio']}x",
+                    entry["ratio_to_transformer"],
+                    entry["ratio_to_transformer"] >= TARGETS["static_ratio"],
+                )
     if _ok(fitting := items.get("fitting")):
         small, large = fitting["sizes"][0], fitting["sizes"][-1]
         for method in ("whiten-stream", "quantile-stream"):
             growth = fitting["methods"][method]["memory_growth"]
-            add(f"fit memory growth n={large:,} / n={small:,}, {method}", f"<= {TARGETS['fit_memory_growth']}",
-                growth, growth <= TARGETS["fit_memory_growth"])
+            add(
+                f"fit memory growth n={large:,} / n={small:,}, {method}",
+                f"<= {TARGETS['fit_memory_growth']}",
+                growth,
+                growth <= TARGETS["fit_memory_growth"],
+            )
     return rows
 
 
@@ -87,8 +121,7 @@ def num(value: Any, digits: int = 2) -> str:
 
 def table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(num(cell) if not isinstance(cell, str) else cell for cell in row) + " |"
-              for row in rows]
+    lines += ["| " + " | ".join(num(cell) if not isinstance(cell, str) else cell for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -113,27 +146,57 @@ def render_machine(results: dict[str, Any]) -> str:
         f"- {versions}",
     ]
     if busy:
-        lines.append("- **the machine was busy** (load average above the core count): other work shared the "
-                     "cores, so absolute figures are low and noisy; ratios are less affected (interleaved runs)")
+        lines.append(
+            "- **the machine was busy** (load average above the core count): other work shared the "
+            "cores, so absolute figures are low and noisy; ratios are less affected (interleaved runs)"
+        )
     return "\n".join(lines)
 
 
 def render_targets(rows: list[dict[str, Any]]) -> str:
     mark = {True: "yes", False: "**no**", None: "–"}
-    return table(["figure", "goal", "measured", "met"],
-                 [[row["what"], row["goal"], row["measured"], mark[row["met"]]] for row in rows])
+    return table(
+        ["figure", "goal", "measured", "met"], [[row["what"], row["goal"], row["measured"], mark[row["met"]]] for row in rows]
+    )
 
 
 def render_encode(item: dict[str, Any]) -> str:
-    head = (f"{item['model']}, batch size {item['batch_size']}, max_seq_length {item['max_seq_length']}, "
-            f"{item['device']} {item['dtype']}, median of {item['repeat']} after a warm-up.\n\n")
-    rows = [[name, e["texts"], e["tokens"], _padding(e, "isotrope"), _padding(e, "sentence_transformers"),
-             e["isotrope"]["texts_per_s"], e["sentence_transformers"]["texts_per_s"], f"{e['speedup']:.2f}x",
-             f"{e['max_abs_diff']:.1e}", runs(e["isotrope"]), runs(e["sentence_transformers"])]
-            for name, e in item["sets"].items()]
-    return head + table(["texts", "n", "tokens", "isotrope padded/real", "s-t padded/real", "isotrope texts/s",
-                         "sentence-transformers texts/s", "speedup", "max abs diff", "isotrope runs (s)",
-                         "s-t runs (s)"], rows)
+    head = (
+        f"{item['model']}, batch size {item['batch_size']}, max_seq_length {item['max_seq_length']}, "
+        f"{item['device']} {item['dtype']}, median of {item['repeat']} after a warm-up.\n\n"
+    )
+    rows = [
+        [
+            name,
+            e["texts"],
+            e["tokens"],
+            _padding(e, "isotrope"),
+            _padding(e, "sentence_transformers"),
+            e["isotrope"]["texts_per_s"],
+            e["sentence_transformers"]["texts_per_s"],
+            f"{e['speedup']:.2f}x",
+            f"{e['max_abs_diff']:.1e}",
+            runs(e["isotrope"]),
+            runs(e["sentence_transformers"]),
+        ]
+        for name, e in item["sets"].items()
+    ]
+    return head + table(
+        [
+            "texts",
+            "n",
+            "tokens",
+            "isotrope padded/real",
+            "s-t padded/real",
+            "isotrope texts/s",
+            "sentence-transformers texts/s",
+            "speedup",
+            "max abs diff",
+            "isotrope runs (s)",
+            "s-t runs (s)",
+        ],
+        rows,
+    )
 
 
 def _padding(entry: dict[str, Any], side: str) -> str:
@@ -143,21 +206,41 @@ def _padding(entry: dict[str, Any], side: str) -> str:
 
 def render_ingest(item: dict[str, Any]) -> str:
     chunking = item["chunking"]
-    head = (f"{item['documents']:,} SciFact documents, {item['model']}, batch size {item['batch_size']}, "
-            f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
-            f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n")
-    chunks = table(["chunking", "chunks", "tokens the model sees"],
-                   [["isotrope (TokenChunker 256/32 tokens)", chunking["isotrope"]["chunks"],
-                     chunking["isotrope"]["model_tokens"]],
-                    ["LlamaIndex (SentenceSplitter 1024/200, default)", chunking["llamaindex"]["chunks"],
-                     chunking["llamaindex"]["model_tokens"]]])
-    sides = table(["side", "chunks", "median s", "runs (s)", "model tokens/s", "peak RSS MB", "process wall s"],
-                  [[name, e["chunks"], e["median_s"], runs(e), e["model_tokens_per_s"], e["peak_rss_mb"],
-                    e["process_wall_s"]] for name, e in item["sides"].items()])
-    ratios = table(["store", "speedup (LlamaIndex s / isotrope s)", "peak RSS isotrope / LlamaIndex",
-                    "token throughput isotrope / LlamaIndex"],
-                   [[store, f"{e['speedup']:.2f}x", e["peak_rss_ratio"], e["token_throughput_ratio"]]
-                    for store, e in item["ratios"].items()])
+    head = (
+        f"{item['documents']:,} SciFact documents, {item['model']}, batch size {item['batch_size']}, "
+        f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
+        f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n"
+    )
+    chunks = table(
+        ["chunking", "chunks", "tokens the model sees"],
+        [
+            ["isotrope (TokenChunker 256/32 tokens)", chunking["isotrope"]["chunks"], chunking["isotrope"]["model_tokens"]],
+            [
+                "LlamaIndex (SentenceSplitter 1024/200, default)",
+                chunking["llamaindex"]["chunks"],
+                chunking["llamaindex"]["model_tokens"],
+            ],
+        ],
+    )
+    sides = table(
+        ["side", "chunks", "median s", "runs (s)", "model tokens/s", "peak RSS MB", "process wall s"],
+        [
+            [name, e["chunks"], e["median_s"], runs(e), e["model_tokens_per_s"], e["peak_rss_mb"], e["process_wall_s"]]
+            for name, e in item["sides"].items()
+        ],
+    )
+    ratios = table(
+        [
+            "store",
+            "speedup (LlamaIndex s / isotrope s)",
+            "peak RSS isotrope / LlamaIndex",
+            "token throughput isotrope / LlamaIndex",
+        ],
+        [
+            [store, f"{e['speedup']:.2f}x", e["peak_rss_ratio"], e["token_throughput_ratio"]]
+            for store, e in item["ratios"].items()
+        ],
+    )
     return "\n\n".join([head + chunks, sides, ratios])
 
 
@@ -165,37 +248,79 @@ def render_shaping(item: dict[str, Any]) -> str:
     rows = []
     for name, entry in item["sets"].items():
         for chain, timing in entry["chains"].items():
-            rows.append([name, entry["texts"], chain, entry["embed_raw"]["median_s"], 1000 * timing["median_s"],
-                         f"{timing['share_pct']:.3f}"])
+            rows.append(
+                [
+                    name,
+                    entry["texts"],
+                    chain,
+                    entry["embed_raw"]["median_s"],
+                    1000 * timing["median_s"],
+                    f"{timing['share_pct']:.3f}",
+                ]
+            )
     head = f"Chains fitted on {item['fitted_on']}; share = apply / (embed_raw + apply).\n\n"
     return head + table(["texts", "n", "chain", "embed_raw s", "apply_transforms ms", "share %"], rows)
 
 
 def render_static(item: dict[str, Any]) -> str:
     split = item["quality_split"]
-    where = (f"a subset of SciFact test ({split['queries']} queries, {split['documents']:,} documents)"
-             if split["subset"] else f"SciFact test ({split['queries']} queries, {split['documents']:,} documents)")
-    head = (f"Throughput on {item['throughput_docs']} abstracts, batch size {item['batch_size']}, median of "
-            f"{item['repeat']}; quality on {where}; static encoders fitted on {item['fitted_on']}.\n\n")
-    rows = [[name, e["docs_per_s"], f"{e['ratio_to_transformer']:.1f}x", e["ndcg@10"], e["recall@100"]]
-            for name, e in item["encoders"].items()]
+    where = (
+        f"a subset of SciFact test ({split['queries']} queries, {split['documents']:,} documents)"
+        if split["subset"]
+        else f"SciFact test ({split['queries']} queries, {split['documents']:,} documents)"
+    )
+    head = (
+        f"Throughput on {item['throughput_docs']} abstracts, batch size {item['batch_size']}, median of "
+        f"{item['repeat']}; quality on {where}; static encoders fitted on {item['fitted_on']}.\n\n"
+    )
+    rows = [
+        [name, e["docs_per_s"], f"{e['ratio_to_transformer']:.1f}x", e["ndcg@10"], e["recall@100"]]
+        for name, e in item["encoders"].items()
+    ]
     return head + table(["encoder", "docs/s", "x transformer", "nDCG@10", "recall@100"], rows)
 
 
 def render_search(item: dict[str, Any]) -> str:
     settings = ", ".join(f"{k} {v}" for k, v in item["settings"].items())
-    head = (f"{item['queries']} queries per batch, {item['single_queries']} one at a time, k={item['k']}, "
-            f"dim {item['dim']}, median of {item['repeat']}; {settings}.\n\n")
+    head = (
+        f"{item['queries']} queries per batch, {item['single_queries']} one at a time, k={item['k']}, "
+        f"dim {item['dim']}, median of {item['repeat']}; {settings}.\n\n"
+    )
     rows = []
     for library in ("faiss", "lancedb"):
         for n, indexes in item.get(library, {}).items():
             for index, e in indexes.items():
-                rows.append([library, int(n), index, e["recall@10"], e["batch"]["isotrope"]["queries_per_s"],
-                             e["batch"]["bare"]["queries_per_s"], f"{e['batch']['overhead_pct']:+.1f}",
-                             e["single"]["isotrope"]["latency_ms"], e["single"]["bare"]["latency_ms"],
-                             f"{e['single']['overhead_pct']:+.1f}", e["build_s"]])
-    return head + table(["store", "n", "index", "recall@10", "isotrope q/s", "bare q/s", "batch overhead %",
-                         "isotrope ms/query", "bare ms/query", "single overhead %", "build s"], rows)
+                rows.append(
+                    [
+                        library,
+                        int(n),
+                        index,
+                        e["recall@10"],
+                        e["batch"]["isotrope"]["queries_per_s"],
+                        e["batch"]["bare"]["queries_per_s"],
+                        f"{e['batch']['overhead_pct']:+.1f}",
+                        e["single"]["isotrope"]["latency_ms"],
+                        e["single"]["bare"]["latency_ms"],
+                        f"{e['single']['overhead_pct']:+.1f}",
+                        e["build_s"],
+                    ]
+                )
+    return head + table(
+        [
+            "store",
+            "n",
+            "index",
+            "recall@10",
+            "isotrope q/s",
+            "bare q/s",
+            "batch overhead %",
+            "isotrope ms/query",
+            "bare ms/query",
+            "single overhead %",
+            "build s",
+        ],
+        rows,
+    )
 
 
 def render_fitting(item: dict[str, Any]) -> str:
@@ -205,8 +330,10 @@ def render_fitting(item: dict[str, Any]) -> str:
             e = entry[str(n)]
             rows.append([method, n, e["fit_s"], e["peak_delta_mb"], e["input_mb"]])
         rows.append([method, "growth", "", f"{entry['memory_growth']:.2f}x", ""])
-    head = (f"dim {item['dim']}, blocks of {item['block_rows']:,} rows, quantile subsample {item['subsample']:,}; "
-            "peak delta = peak RSS minus RSS before the data, one process per row.\n\n")
+    head = (
+        f"dim {item['dim']}, blocks of {item['block_rows']:,} rows, quantile subsample {item['subsample']:,}; "
+        "peak delta = peak RSS minus RSS before the data, one process per row.\n\n"
+    )
     return head + table(["method", "n", "fit s", "peak delta MB", "input MB"], rows)
 
 

@@ -41,8 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="data root with retrieval/scifact and sts/stsbenchmark")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--only", default=",".join(ITEMS), help=f"comma-separated subset of {','.join(ITEMS)}")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for torch, faiss and BLAS (default: the usable cores)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for torch, faiss and BLAS (default: the usable cores)")
     parser.add_argument("--repeat", type=int, default=None, help="timed repeats per comparison (default per item)")
     parser.add_argument("--workdir", type=Path, default=None, help="where temporary stores are written")
     args = parser.parse_args(argv)
@@ -94,8 +93,14 @@ def run_item(item: str, args: argparse.Namespace) -> dict[str, Any]:
         return fitting.run(quick=args.quick, threads=args.threads)
     from benchmarks import gpu
 
-    return gpu.run(args.data_dir, quick=args.quick, repeat=repeat("gpu"), ingest_repeat=repeat("ingest"),
-                   threads=args.threads, workdir=args.workdir)
+    return gpu.run(
+        args.data_dir,
+        quick=args.quick,
+        repeat=repeat("gpu"),
+        ingest_repeat=repeat("ingest"),
+        threads=args.threads,
+        workdir=args.workdir,
+    )
 
 
 def _cpu_seconds() -> float:
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     # absolute paths are recorded relative to the repository, so results read the same on every machine
     command = "python -m benchmarks.run " + " ".join(
-        os.path.relpath(arg, REPO_ROOT) if os.path.isabs(arg) else arg for arg in arguments)
+        os.path.relpath(arg, REPO_ROOT) if os.path.isabs(arg) else arg for arg in arguments
+    )
     results: dict[str, Any] = {
         "command": command,
         "mode": "quick" if args.quick else "full",
@@ -142,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results["targets"] = check_targets(results)
     args.out.write_text(json.dumps(results, indent=1))
-    logger.info("wrote %s in %.0fs%s", args.out, results["total_seconds"],
-                f"; FAILED: {', '.join(failed)}" if failed else "")
+    logger.info("wrote %s in %.0fs%s", args.out, results["total_seconds"], f"; FAILED: {', '.join(failed)}" if failed else "")
     return 1 if failed else 0
 
 

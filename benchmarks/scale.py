@@ -90,8 +90,10 @@ def prepare_encoder(sentences: list[str], encoder_dir: Path | None, workdir: Pat
     encoder = ShapedEncoder.create(model="static:all-MiniLM-L6-v2", shape="whiten-partial")
     encoder.fit([text for _, text in passages(sentences, FIT_PASSAGES)])
     path = encoder.save(workdir / "encoder")
-    return path, {"encoder": "static:all-MiniLM-L6-v2 + whiten-partial, fitted on 20,000 passages",
-                  "fit_s": time.perf_counter() - start}
+    return path, {
+        "encoder": "static:all-MiniLM-L6-v2 + whiten-partial, fitted on 20,000 passages",
+        "fit_s": time.perf_counter() - start,
+    }
 
 
 # -- child: index -----------------------------------------------------------------------
@@ -102,17 +104,30 @@ def index_child(args: argparse.Namespace) -> dict[str, Any]:
     sentences = read_sentences(args.data_dir)
     encoder = ShapedEncoder.load(args.encoder)
     start = time.perf_counter()
-    report = index_documents(documents(sentences, args.chunks), f"{args.kind}:{args.path}", encoder=encoder,
-                             chunk_tokens=0, batch_size=ADD_BATCH, show_progress=False)
+    report = index_documents(
+        documents(sentences, args.chunks),
+        f"{args.kind}:{args.path}",
+        encoder=encoder,
+        chunk_tokens=0,
+        batch_size=ADD_BATCH,
+        show_progress=False,
+    )
     wall = time.perf_counter() - start
     disk = sum(f.stat().st_size for f in Path(args.path).rglob("*") if f.is_file())
-    return {"chunks": report.added, "index_wall_s": wall, "stages_s": report.seconds,
-            "chunks_per_s": report.added / wall, "disk_bytes": disk, "disk_bytes_per_chunk": disk / report.added}
+    return {
+        "chunks": report.added,
+        "index_wall_s": wall,
+        "stages_s": report.seconds,
+        "chunks_per_s": report.added / wall,
+        "disk_bytes": disk,
+        "disk_bytes_per_chunk": disk / report.added,
+    }
 
 
 # -- timing -----------------------------------------------------------------------------
-def time_pair(ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray,
-              single: int, batch_repeats: int) -> dict[str, Any]:
+def time_pair(
+    ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray, single: int, batch_repeats: int
+) -> dict[str, Any]:
     """Single-query and batch latencies of both sides, interleaved; p50/p99 and our overhead."""
     for _ in range(2):  # warm-up
         ours(queries[:1]), bare(queries[:1])
@@ -193,9 +208,15 @@ def faiss_types(n: int) -> dict[str, str]:
     from isotrope.stores.index_plan import nlist_for
 
     nlist = nlist_for(n)
-    return {"flat": "Flat", "ivf": f"IVF{nlist},Flat", "hnsw": "HNSW32", "ivf_sq8": f"IVF{nlist},SQ8",
-            "ivf_pq_refine": f"IVF{nlist},PQ48,RFlat", "ivf_sq8_refine": f"IVF{nlist},SQ8",
-            "ivf_sq4_refine": f"IVF{nlist},SQ4"}
+    return {
+        "flat": "Flat",
+        "ivf": f"IVF{nlist},Flat",
+        "hnsw": "HNSW32",
+        "ivf_sq8": f"IVF{nlist},SQ8",
+        "ivf_pq_refine": f"IVF{nlist},PQ48,RFlat",
+        "ivf_sq8_refine": f"IVF{nlist},SQ8",
+        "ivf_sq4_refine": f"IVF{nlist},SQ4",
+    }
 
 
 def bare_refined(store: Any, factory: str, refine: int) -> tuple[Any, Callable[[np.ndarray], Any]]:
@@ -266,12 +287,17 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
             extra["bare_index_bytes"] = (path / "index.faiss").stat().st_size + 4 * store.dim * len(store)
         found = [[key_of[hit.id] for hit in hits] for hits in ours(queries)]
         index_bytes = (path / "index.faiss").stat().st_size
-        row: dict[str, Any] = {"factory": factory, "build_s": build_s, **store.index_info(), **extra,
-                               "index_bytes": index_bytes,
-                               "index_fraction_of_flat": index_bytes / (len(store) * (4 * store.dim + 8)),
-                               "recall_at_10": recall_at_10(found, truth),
-                               "bare_recall_at_10": recall_at_10(bare(queries)[1].tolist(), truth),
-                               **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
+        row: dict[str, Any] = {
+            "factory": factory,
+            "build_s": build_s,
+            **store.index_info(),
+            **extra,
+            "index_bytes": index_bytes,
+            "index_fraction_of_flat": index_bytes / (len(store) * (4 * store.dim + 8)),
+            "recall_at_10": recall_at_10(found, truth),
+            "bare_recall_at_10": recall_at_10(bare(queries)[1].tolist(), truth),
+            **time_pair(ours, bare, queries, args.single, args.batch_repeats),
+        }
         if name in ("flat", "ivf"):
             ivf = faiss.try_extract_index_ivf(bare_index)
             if ivf is not None:
@@ -279,11 +305,16 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
             llama = FaissVectorStore(faiss_index=bare_index)
             row["llama_index_p50_ms_single"] = single_p50_ms(
                 lambda q, llama=llama: llama.query(VectorStoreQuery(query_embedding=q[0].tolist(), similarity_top_k=K)),
-                queries, args.single)
+                queries,
+                args.single,
+            )
         result[name] = row
         save_partial(args, result)
-        logger.warning("faiss %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
-                                                                   "overhead_pct_single", "overhead_pct_batch")})
+        logger.warning(
+            "faiss %s: %s",
+            name,
+            {k: row[k] for k in ("recall_at_10", "p50_ms_single", "overhead_pct_single", "overhead_pct_batch")},
+        )
     store.close()
     return result
 
@@ -333,8 +364,12 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
             return store.search(q, K)
 
         def bare(q: np.ndarray, indexed: bool = indexed) -> Any:
-            query = (table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
-                     .distance_type(distance).limit(K).select(["id", "text", "metadata", "_distance"]))
+            query = (
+                table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
+                .distance_type(distance)
+                .limit(K)
+                .select(["id", "text", "metadata", "_distance"])
+            )
             if indexed:
                 query = query.nprobes(store.nprobes)
                 if store.refine_factor:
@@ -342,12 +377,19 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
             return query.to_arrow()
 
         found = [[position[hit.id] for hit in hits] for hits in ours(queries)]
-        row = {"build_s": build_s, **store.index_info(), "recall_at_10": recall_at_10(found, truth),
-               **time_pair(ours, bare, queries, args.single, args.batch_repeats)}
+        row = {
+            "build_s": build_s,
+            **store.index_info(),
+            "recall_at_10": recall_at_10(found, truth),
+            **time_pair(ours, bare, queries, args.single, args.batch_repeats),
+        }
         result[name] = row
         save_partial(args, result)
-        logger.warning("lancedb %s: %s", name, {k: row[k] for k in ("recall_at_10", "p50_ms_single",
-                                                                     "overhead_pct_single", "overhead_pct_batch")})
+        logger.warning(
+            "lancedb %s: %s",
+            name,
+            {k: row[k] for k in ("recall_at_10", "p50_ms_single", "overhead_pct_single", "overhead_pct_batch")},
+        )
     store.close()
     return result
 
@@ -357,15 +399,33 @@ CHILDREN = {"index": index_child, "search-faiss": search_faiss_child, "search-la
 DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_sq8_refine,ivf_sq4_refine", "lancedb": "flat,ivf_pq,ivf_hnsw_sq"}
 
 
-def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: list[str], threads: int,
-        search_threads: int, queries: int, single: int, batch_repeats: int, workdir: str | None, keep: bool,
-        types: dict[str, str] | None = None) -> dict[str, Any]:
+def run(
+    chunks: int,
+    data_dir: str,
+    out: Path,
+    encoder: Path | None,
+    stores: list[str],
+    threads: int,
+    search_threads: int,
+    queries: int,
+    single: int,
+    batch_repeats: int,
+    workdir: str | None,
+    keep: bool,
+    types: dict[str, str] | None = None,
+) -> dict[str, Any]:
     types = {**DEFAULT_TYPES, **(types or {})}
-    result: dict[str, Any] = {"chunks": chunks, "k": K, "queries": queries, "single_queries": single,
-                              "passages": f"windows of consecutive sentences of {SENTENCES}: disjoint "
-                                          f"{FIRST_WINDOW}-sentence windows, then sliding windows of "
-                                          f"{', '.join(map(str, SLIDING_WINDOWS))} sentences",
-                              "machine": {**machine_info(threads), "search_threads": search_threads}, "stores": {}}
+    result: dict[str, Any] = {
+        "chunks": chunks,
+        "k": K,
+        "queries": queries,
+        "single_queries": single,
+        "passages": f"windows of consecutive sentences of {SENTENCES}: disjoint "
+        f"{FIRST_WINDOW}-sentence windows, then sliding windows of "
+        f"{', '.join(map(str, SLIDING_WINDOWS))} sentences",
+        "machine": {**machine_info(threads), "search_threads": search_threads},
+        "stores": {},
+    }
     tmp = Path(tempfile.mkdtemp(prefix="isotrope-scale-", dir=workdir))
     try:
         sentences = read_sentences(data_dir)
@@ -373,15 +433,29 @@ def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: lis
         del sentences
         for kind in stores:
             path = tmp / f"{kind}-{chunks}"
-            common = ["--data-dir", str(data_dir), "--encoder", str(encoder_dir), "--kind", kind,
-                      "--path", str(path), "--chunks", str(chunks), "--queries", str(queries),
-                      "--single", str(single), "--batch-repeats", str(batch_repeats)]
+            common = [
+                "--data-dir",
+                str(data_dir),
+                "--encoder",
+                str(encoder_dir),
+                "--kind",
+                kind,
+                "--path",
+                str(path),
+                "--chunks",
+                str(chunks),
+                "--queries",
+                str(queries),
+                "--single",
+                str(single),
+                "--batch-repeats",
+                str(batch_repeats),
+            ]
             logger.warning("indexing %d chunks into %s", chunks, kind)
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
             logger.warning("%s: %s", kind, indexing)
             logger.warning("searching %s", kind)
-            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", types[kind],
-                                                    *common], search_threads)
+            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", types[kind], *common], search_threads)
             result["stores"][kind] = {"indexing": indexing, "search": search}
             out.write_text(json.dumps(result, indent=2))
     finally:
@@ -394,29 +468,42 @@ def run(chunks: int, data_dir: str, out: Path, encoder: Path | None, stores: lis
 
 def markdown(results: list[dict[str, Any]]) -> str:
     """The docs tables: indexing per size and store, then search per size, store and index type."""
-    lines = ["| chunks | store | index wall s | embed s | write s | chunks/s | peak RSS MB | disk B/chunk |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| chunks | store | index wall s | embed s | write s | chunks/s | peak RSS MB | disk B/chunk |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for result in results:
         for kind, data in result["stores"].items():
             ix = data["indexing"]
-            lines.append(f"| {result['chunks']:,} | {kind} | {ix['index_wall_s']:.1f} | {ix['stages_s']['embed']:.1f} | "
-                         f"{ix['stages_s']['write']:.1f} | {ix['chunks_per_s']:.0f} | {ix['peak_rss_mb']:.0f} | "
-                         f"{ix['disk_bytes_per_chunk']:.0f} |")
-    lines += ["", "| chunks | store | index | settings | build s | recall@10 | p50 ms single | bare p50 ms | "
-              "overhead single % | overhead batch % | LlamaIndex p50 ms |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {result['chunks']:,} | {kind} | {ix['index_wall_s']:.1f} | {ix['stages_s']['embed']:.1f} | "
+                f"{ix['stages_s']['write']:.1f} | {ix['chunks_per_s']:.0f} | {ix['peak_rss_mb']:.0f} | "
+                f"{ix['disk_bytes_per_chunk']:.0f} |"
+            )
+    lines += [
+        "",
+        "| chunks | store | index | settings | build s | recall@10 | p50 ms single | bare p50 ms | "
+        "overhead single % | overhead batch % | LlamaIndex p50 ms |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for result in results:
         for kind, data in result["stores"].items():
             for name, row in data["search"].items():
                 if not isinstance(row, dict) or "recall_at_10" not in row:
                     continue
-                settings = ", ".join(f"{key}={row[key]}" for key in ("nlist", "nprobe", "ef_search", "num_partitions",
-                                                                      "num_sub_vectors", "nprobes") if key in row)
+                settings = ", ".join(
+                    f"{key}={row[key]}"
+                    for key in ("nlist", "nprobe", "ef_search", "num_partitions", "num_sub_vectors", "nprobes")
+                    if key in row
+                )
                 llama = row.get("llama_index_p50_ms_single")
                 index = row.get("factory", name) + (f" + refine x{row['refine']} (bare: RFlat)" if row.get("refine") else "")
-                lines.append(f"| {result['chunks']:,} | {kind} | {index} | {settings} | "
-                             f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
-                             f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
-                             f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |")
+                lines.append(
+                    f"| {result['chunks']:,} | {kind} | {index} | {settings} | "
+                    f"{row['build_s']:.1f} | {row['recall_at_10']:.3f} | {row['p50_ms_single']:.2f} | "
+                    f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
+                    f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |"
+                )
     return "\n".join(lines)
 
 
@@ -427,8 +514,11 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("index_wall_s", "indexing wall time (s)"), ("peak_rss_mb", "peak RSS while indexing (MB)"),
-              ("disk_bytes_per_chunk", "disk per chunk (bytes)"))
+    panels = (
+        ("index_wall_s", "indexing wall time (s)"),
+        ("peak_rss_mb", "peak RSS while indexing (MB)"),
+        ("disk_bytes_per_chunk", "disk per chunk (bytes)"),
+    )
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for axis, (key, label) in zip(axes, panels):
         for kind in ("faiss", "lancedb"):
@@ -475,8 +565,12 @@ def main() -> None:
     parser.add_argument("--encoder", type=Path, help="a saved encoder folder (e.g. fitted with --model fast)")
     parser.add_argument("--stores", default="faiss,lancedb")
     parser.add_argument("--threads", type=int, default=2, help="threads for indexing")
-    parser.add_argument("--search-threads", type=int, default=1,
-                        help="threads for search (1: on a shared machine, OpenMP hand-offs dominate small searches)")
+    parser.add_argument(
+        "--search-threads",
+        type=int,
+        default=1,
+        help="threads for search (1: on a shared machine, OpenMP hand-offs dominate small searches)",
+    )
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--single", type=int, default=200, help="single queries timed per side")
     parser.add_argument("--batch-repeats", type=int, default=5)
@@ -486,10 +580,21 @@ def main() -> None:
     parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    run(args.chunks, args.data_dir, args.out, args.encoder, args.stores.split(","), args.threads,
-        args.search_threads, args.queries,
-        args.single, args.batch_repeats, args.workdir, args.keep,
-        {"faiss": args.faiss_types, "lancedb": args.lancedb_types})
+    run(
+        args.chunks,
+        args.data_dir,
+        args.out,
+        args.encoder,
+        args.stores.split(","),
+        args.threads,
+        args.search_threads,
+        args.queries,
+        args.single,
+        args.batch_repeats,
+        args.workdir,
+        args.keep,
+        {"faiss": args.faiss_types, "lancedb": args.lancedb_types},
+    )
 
 
 if __name__ == "__main__":

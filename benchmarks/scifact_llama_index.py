@@ -67,8 +67,10 @@ def main() -> None:
 
         tick = time.perf_counter()
         retriever = VectorStoreIndex.from_vector_store(store, embed_model=embedding).as_retriever(similarity_top_k=10)
-        run = {qid: {hit.node.node_id: float(hit.score) for hit in retriever.retrieve(query)}
-               for qid, query in dataset.queries.items()}
+        run = {
+            qid: {hit.node.node_id: float(hit.score) for hit in retriever.retrieve(query)}
+            for qid, query in dataset.queries.items()
+        }
         llama_ndcg = 100.0 * ndcg_at_k(run, dataset.qrels, 10)
         retrieve_s = time.perf_counter() - tick
 
@@ -84,10 +86,16 @@ def main() -> None:
         harness_s = time.perf_counter() - tick
 
     figures = {
-        "model": args.model, "shape": args.shape, "store": args.store, "reencode": args.reencode,
-        "ndcg@10_llama_index": round(llama_ndcg, 3), "ndcg@10_harness": round(harness["ndcg@10"], 3),
+        "model": args.model,
+        "shape": args.shape,
+        "store": args.store,
+        "reencode": args.reencode,
+        "ndcg@10_llama_index": round(llama_ndcg, 3),
+        "ndcg@10_harness": round(harness["ndcg@10"], 3),
         "difference": round(llama_ndcg - harness["ndcg@10"], 3),
-        "index_s": round(index_s, 1), "retrieve_s": round(retrieve_s, 1), "harness_s": round(harness_s, 1),
+        "index_s": round(index_s, 1),
+        "retrieve_s": round(retrieve_s, 1),
+        "harness_s": round(harness_s, 1),
     }
     print(f"nDCG@10 LlamaIndex retriever (top-10): {llama_ndcg:.2f}")
     print(f"nDCG@10 evaluation harness:             {harness['ndcg@10']:.2f}")

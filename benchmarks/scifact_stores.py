@@ -41,10 +41,15 @@ def main() -> None:
     encoder.backbone = CachedBackbone(encoder.backbone, args.cache_dir)
     if encoder.needs_corpus:
         encoder.fit_sample([document_text(doc) for doc in dataset.corpus.values()], fitted_on="SciFact corpus")
-    results = {"model": args.model, "shape": args.shape,
-               "harness ndcg@10": round(eval_retrieval(encode_function(encoder), dataset)["ndcg@10"], 2)}
-    documents = [Document(source="corpus.jsonl", text=document_text(doc), metadata={"doc_id": doc_id}, position=i, id=doc_id)
-                 for i, (doc_id, doc) in enumerate(dataset.corpus.items())]
+    results = {
+        "model": args.model,
+        "shape": args.shape,
+        "harness ndcg@10": round(eval_retrieval(encode_function(encoder), dataset)["ndcg@10"], 2),
+    }
+    documents = [
+        Document(source="corpus.jsonl", text=document_text(doc), metadata={"doc_id": doc_id}, position=i, id=doc_id)
+        for i, (doc_id, doc) in enumerate(dataset.corpus.items())
+    ]
     query_ids = list(dataset.queries)
     for kind in ("faiss", "lancedb"):
         with tempfile.TemporaryDirectory() as folder:

@@ -90,13 +90,19 @@ def _ids(start: int, count: int) -> list[str]:
 
 
 # -- one comparison -----------------------------------------------------------------
-def compare_search(ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray,
-                   single: int, repeat: int) -> dict[str, Any]:
+def compare_search(
+    ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray, single: int, repeat: int
+) -> dict[str, Any]:
     """Batch throughput and single-query latency of both sides, and our overhead in %."""
     batch = compare({"isotrope": lambda: ours(queries), "bare": lambda: bare(queries)}, repeat)
     one = queries[:single]
-    latency = compare({"isotrope": lambda: [ours(one[i : i + 1]) for i in range(single)],
-                       "bare": lambda: [bare(one[i : i + 1]) for i in range(single)]}, repeat)
+    latency = compare(
+        {
+            "isotrope": lambda: [ours(one[i : i + 1]) for i in range(single)],
+            "bare": lambda: [bare(one[i : i + 1]) for i in range(single)],
+        },
+        repeat,
+    )
     result = {"batch": {}, "single": {}}
     for side in ("isotrope", "bare"):
         result["batch"][side] = {**batch[side], "queries_per_s": len(queries) / batch[side]["median_s"]}
@@ -107,8 +113,9 @@ def compare_search(ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray
     return result
 
 
-def bench_faiss(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray, single: int, repeat: int,
-                workdir: Path, gpu: bool = False) -> dict[str, Any]:
+def bench_faiss(
+    mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray, single: int, repeat: int, workdir: Path, gpu: bool = False
+) -> dict[str, Any]:
     """FaissStore vs the bare faiss index it committed, for each index type (flat and IVF only on a GPU)."""
     import faiss
 
@@ -119,16 +126,18 @@ def bench_faiss(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray
         if gpu and name == "hnsw":  # faiss has no GPU HNSW
             continue
         path = workdir / f"faiss-{name}-{n}"
-        store = FaissStore(path, dim=DIM, factory=factory, metric="ip", nprobe=NPROBE, ef_search=EF_SEARCH,
-                           use_gpu=gpu)
+        store = FaissStore(path, dim=DIM, factory=factory, metric="ip", nprobe=NPROBE, ef_search=EF_SEARCH, use_gpu=gpu)
         start = time.perf_counter()
         for begin, vectors in mixture.blocks(n):
             store.add(_ids(begin, len(vectors)), vectors)
         store.commit()
         build_s = time.perf_counter() - start
         bare_index = faiss.read_index(str(path / "index.faiss"))
-        params = {"flat": None, "ivf": faiss.SearchParametersIVF(nprobe=NPROBE),
-                  "hnsw": faiss.SearchParametersHNSW(efSearch=EF_SEARCH)}[name]
+        params = {
+            "flat": None,
+            "ivf": faiss.SearchParametersIVF(nprobe=NPROBE),
+            "hnsw": faiss.SearchParametersHNSW(efSearch=EF_SEARCH),
+        }[name]
         if gpu:
             bare_index, params = faiss.index_cpu_to_all_gpus(bare_index), None
             if name == "ivf":
@@ -157,15 +166,15 @@ def bench_faiss(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray
     return results
 
 
-def bench_lancedb(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray, single: int, repeat: int,
-                  workdir: Path) -> dict[str, Any]:
+def bench_lancedb(
+    mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarray, single: int, repeat: int, workdir: Path
+) -> dict[str, Any]:
     import lancedb
 
     from isotrope.connectors.lancedb_store import LanceDBStore
 
     path = workdir / f"lancedb-{n}"
-    store = LanceDBStore(path, dim=DIM, metric="ip", index_threshold=None, nprobes=LANCE_NPROBES,
-                         refine_factor=LANCE_REFINE)
+    store = LanceDBStore(path, dim=DIM, metric="ip", index_threshold=None, nprobes=LANCE_NPROBES, refine_factor=LANCE_REFINE)
     start = time.perf_counter()
     for begin, vectors in mixture.blocks(n):
         store.add(_ids(begin, len(vectors)), vectors)
@@ -183,15 +192,22 @@ def bench_lancedb(mixture: Mixture, n: int, queries: np.ndarray, truth: np.ndarr
             return store.search(q, K)
 
         def bare(q: np.ndarray, indexed: bool = name != "flat") -> Any:
-            query = (table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
-                     .distance_type("dot").limit(K).select(["id", "text", "metadata", "_distance"]))
+            query = (
+                table.search(q[0] if len(q) == 1 else list(q), vector_column_name="vector")
+                .distance_type("dot")
+                .limit(K)
+                .select(["id", "text", "metadata", "_distance"])
+            )
             if indexed:
                 query = query.nprobes(LANCE_NPROBES).refine_factor(LANCE_REFINE)
             return query.to_arrow()
 
         found = [[int(hit.id) for hit in hits] for hits in ours(queries)]
-        results[name] = {"build_s": build_s, "recall@10": recall_at_k(found, truth),
-                         **compare_search(ours, bare, queries, single, repeat)}
+        results[name] = {
+            "build_s": build_s,
+            "recall@10": recall_at_k(found, truth),
+            **compare_search(ours, bare, queries, single, repeat),
+        }
         logger.info("search lancedb %s n=%d: overhead %.1f%%", name, n, results[name]["batch"]["overhead_pct"])
     store.close()
     shutil.rmtree(path, ignore_errors=True)
@@ -206,10 +222,21 @@ def run(*, quick: bool, repeat: int, workdir: str | Path | None = None, gpu: boo
     sizes = SIZES["quick" if quick else "full"]
     mixture = Mixture()
     queries = mixture.draw(sizes["queries"], stream=1)
-    results: dict[str, Any] = {"dim": DIM, "k": K, "queries": len(queries), "single_queries": sizes["single"],
-                               "repeat": repeat, "faiss": {}, "lancedb": {},
-                               "settings": {"nprobe": NPROBE, "efSearch": EF_SEARCH, "lancedb_nprobes": LANCE_NPROBES,
-                                            "lancedb_refine_factor": LANCE_REFINE}}
+    results: dict[str, Any] = {
+        "dim": DIM,
+        "k": K,
+        "queries": len(queries),
+        "single_queries": sizes["single"],
+        "repeat": repeat,
+        "faiss": {},
+        "lancedb": {},
+        "settings": {
+            "nprobe": NPROBE,
+            "efSearch": EF_SEARCH,
+            "lancedb_nprobes": LANCE_NPROBES,
+            "lancedb_refine_factor": LANCE_REFINE,
+        },
+    }
     with tempfile.TemporaryDirectory(prefix="isotrope-search-", dir=workdir) as tmp:
         for n in sorted(set(sizes["faiss"]) | (set() if gpu else set(sizes["lancedb"]))):
             truth = exact_top_k(mixture, n, queries)

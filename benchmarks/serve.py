@@ -49,8 +49,9 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
     return sentences
 
 
-def build_store(store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000,
-                factory: str | None = None) -> None:
+def build_store(
+    store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000, factory: str | None = None
+) -> None:
     """Index one chunk per sentence (skipped when the store exists); ``factory``: a FAISS store's index."""
     from isotrope.config import EncoderConfig
     from isotrope.ingest.loaders import Document
@@ -60,8 +61,14 @@ def build_store(store: str, sentences: list[str], model: str, shape: str, fit_sa
     if Collection.exists(store):
         return
     documents = [Document(source=CORPUS, text=text, metadata={"line": i + 1}, position=i) for i, text in enumerate(sentences)]
-    report = index_documents(documents, store, config=EncoderConfig(model=model, shape=shape), chunk_tokens=0,
-                             fit_samples=fit_samples, store_options={"factory": factory} if factory else None)
+    report = index_documents(
+        documents,
+        store,
+        config=EncoderConfig(model=model, shape=shape),
+        chunk_tokens=0,
+        fit_samples=fit_samples,
+        store_options={"factory": factory} if factory else None,
+    )
     print(f"built {store}: {report.summary()}", file=sys.stderr)
     with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index
         if hasattr(collection.store, "optimize"):
@@ -132,10 +139,14 @@ def load(url: str, queries: list[str], clients: int, k: int, answers: dict[int, 
     wall = time.perf_counter() - started
     ordered = sorted(latencies)
     return {
-        "queries": len(latencies), "clients": clients, "errors": len(errors), "first_errors": errors[:3],
+        "queries": len(latencies),
+        "clients": clients,
+        "errors": len(errors),
+        "first_errors": errors[:3],
         "p50_ms": round(statistics.median(ordered), 2),
         "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
-        "qps": round(len(latencies) / wall, 1), "seconds": round(wall, 2),
+        "qps": round(len(latencies) / wall, 1),
+        "seconds": round(wall, 2),
     }
 
 
@@ -176,23 +187,33 @@ def main() -> None:
     sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
     if len(sentences) < args.chunks + args.queries + args.warmup:
         raise SystemExit(f"{args.data_dir / CORPUS} has only {len(sentences)} sentences")
-    build_store(args.store, sentences[:args.chunks], args.model, args.shape, args.fit_samples, args.factory)
-    queries = sentences[args.chunks:]  # held out: never indexed
+    build_store(args.store, sentences[: args.chunks], args.model, args.shape, args.fit_samples, args.factory)
+    queries = sentences[args.chunks :]  # held out: never indexed
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(Path(sys.executable).parent / "isotrope"), "serve", args.store, "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning", *shlex.split(args.serve_args)]
+    command = [
+        str(Path(sys.executable).parent / "isotrope"),
+        "serve",
+        args.store,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *shlex.split(args.serve_args),
+    ]
     load_before = [round(x, 2) for x in os.getloadavg()]
     server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         tick = time.perf_counter()
         wait_healthy(url, server, args.startup_timeout)
         startup = time.perf_counter() - tick
-        load(url, queries[:args.warmup], args.clients, args.k)
+        load(url, queries[: args.warmup], args.clients, args.k)
         answers: dict[int, list[str]] = {}
-        measured = queries[args.warmup:args.warmup + args.queries]
+        measured = queries[args.warmup : args.warmup + args.queries]
         result = load(url, measured, args.clients, args.k, answers)
-        single = load(url, queries[args.warmup:args.warmup + args.single], 1, args.k)
+        single = load(url, queries[args.warmup : args.warmup + args.single], 1, args.k)
         load_after = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.terminate()
@@ -202,15 +223,28 @@ def main() -> None:
             server.kill()
     checked = min(args.recall_queries, len(measured))
     recall = served_recall(args.store, measured[:checked], answers, args.k) if checked else None
-    print_and_write({
-        "store": args.store, "model": args.model, "shape": args.shape, "chunks": args.chunks,
-        "serve_args": args.serve_args, "startup_seconds": round(startup, 1), "concurrent": result,
-        "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
-        f"recall@{args.k}": recall, "recall_queries": checked,
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
-                    "load_average_after": load_after},
-        "commit": git_commit(),
-    }, args.out)
+    print_and_write(
+        {
+            "store": args.store,
+            "model": args.model,
+            "shape": args.shape,
+            "chunks": args.chunks,
+            "serve_args": args.serve_args,
+            "startup_seconds": round(startup, 1),
+            "concurrent": result,
+            "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
+            f"recall@{args.k}": recall,
+            "recall_queries": checked,
+            "machine": {
+                "cpu": cpu_model(),
+                "cores": os.cpu_count(),
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+            },
+            "commit": git_commit(),
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -48,12 +48,18 @@ def main() -> None:
     from isotrope.search import Collection
     from isotrope.stores.memory import exact_scores, top_k
 
-    queries = read_sentences(args.data_dir, args.chunks + args.queries)[args.chunks:]
+    queries = read_sentences(args.data_dir, args.chunks + args.queries)[args.chunks :]
     with Collection.open(args.store) as collection:
         store = collection.store
         ids = store.ids()
-        truth = top_k(exact_scores(np.asarray(collection.encoder.encode(queries, kind="query"), dtype=np.float64),
-                                   np.asarray(store.vectors(ids), dtype=np.float64), store.metric), 10)
+        truth = top_k(
+            exact_scores(
+                np.asarray(collection.encoder.encode(queries, kind="query"), dtype=np.float64),
+                np.asarray(store.vectors(ids), dtype=np.float64),
+                store.metric,
+            ),
+            10,
+        )
         truth_ids = [{ids[j] for j in row} for row in truth]
         vectors = collection.encoder.encode(queries, kind="query")
         setting = "ef_search" if "ef_search" in store.index_info() else "nprobe"
@@ -66,13 +72,27 @@ def main() -> None:
             per_query = (time.perf_counter() - tick) / len(queries) * 1000
             recall = float(np.mean([len({h.id for h in found} & expected) / 10 for found, expected in zip(hits, truth_ids)]))
             batch = best_of(3, lambda: store.search(vectors[:8], 10))
-            singles = best_of(3, lambda: [store.search(vectors[i:i + 1], 10) for i in range(8)])
-            rows.append({"breadth": breadth, "index": store.index_info(), "recall@10": round(recall, 4),
-                         "ms_per_query_in_a_batch_of_all": round(per_query, 2), "ms_8_as_one_batch": round(batch, 2),
-                         "ms_8_one_by_one": round(singles, 2)})
-    print_and_write({"store": args.store, "queries": len(queries), "rows": rows,
-                     "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())},
-                     "commit": git_commit()}, args.out)
+            singles = best_of(3, lambda: [store.search(vectors[i : i + 1], 10) for i in range(8)])
+            rows.append(
+                {
+                    "breadth": breadth,
+                    "index": store.index_info(),
+                    "recall@10": round(recall, 4),
+                    "ms_per_query_in_a_batch_of_all": round(per_query, 2),
+                    "ms_8_as_one_batch": round(batch, 2),
+                    "ms_8_one_by_one": round(singles, 2),
+                }
+            )
+    print_and_write(
+        {
+            "store": args.store,
+            "queries": len(queries),
+            "rows": rows,
+            "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())},
+            "commit": git_commit(),
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

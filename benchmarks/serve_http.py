@@ -27,8 +27,15 @@ def serve_canned(port: int, loop: str, http: str) -> None:
     from isotrope.connectors.server import create_app
     from isotrope.stores.base import Hit
 
-    hits = [Hit(f"id{i}", 0.5 - i / 100, "a stored sentence of about twelve words, like those of the corpus",
-                {"source": "corpus.txt.gz", "line": i}) for i in range(10)]
+    hits = [
+        Hit(
+            f"id{i}",
+            0.5 - i / 100,
+            "a stored sentence of about twelve words, like those of the corpus",
+            {"source": "corpus.txt.gz", "line": i},
+        )
+        for i in range(10)
+    ]
     canned = SimpleNamespace(kind="canned", path="/", search=lambda queries, **options: [list(hits) for _ in queries])
     uvicorn.run(create_app(canned), host="127.0.0.1", port=port, log_level="warning", loop=loop, http=http)
 
@@ -52,15 +59,26 @@ def main() -> None:
         load_before = [round(x, 2) for x in os.getloadavg()]
         load(url, queries[:200], args.clients, 10)
         concurrent = load(url, queries[200:], args.clients, 10)
-        single = load(url, queries[200:200 + args.queries // 4], 1, 10)
+        single = load(url, queries[200 : 200 + args.queries // 4], 1, 10)
     finally:
         server.terminate()
         server.join(timeout=30)
-    print_and_write({"loop": args.loop, "http": args.http, "concurrent": concurrent,
-                     "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
-                     "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
-                                 "load_average_after": [round(x, 2) for x in os.getloadavg()]},
-                     "commit": git_commit()}, args.out)
+    print_and_write(
+        {
+            "loop": args.loop,
+            "http": args.http,
+            "concurrent": concurrent,
+            "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
+            "machine": {
+                "cpu": cpu_model(),
+                "cores": os.cpu_count(),
+                "load_average_before": load_before,
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            },
+            "commit": git_commit(),
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

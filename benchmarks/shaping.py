@@ -19,8 +19,7 @@ logger = logging.getLogger(__name__)
 CHAINS = ("center,l2", "center,whiten,l2", "abtt,l2", "quantile,l2")
 #: the chain the issue's target names
 TARGET_CHAIN = "center,whiten,l2"
-SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 512},
-         "full": {"scifact_abstracts": 512, "sts_sentences": None}}
+SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 512}, "full": {"scifact_abstracts": 512, "sts_sentences": None}}
 TRANSFORM_REPEAT = 25  # the chain takes micro- to milliseconds: more runs for a stable median
 
 
@@ -50,20 +49,25 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
     base = ShapedEncoder.create(MODEL, shape="none", max_length=MAX_SEQ_LENGTH, device="cpu")
     raw_timings, raw_vectors = {}, {}
     for name, texts in sets.items():
+
         def embed(texts: list[str] = texts, name: str = name) -> None:
             raw_vectors[name] = base.embed_raw(texts)
 
-        raw_timings[name] = compare({"embed_raw": embed}, repeat,
-                                    warmups={"embed_raw": lambda t=texts: base.embed_raw(t[:16])})["embed_raw"]
+        raw_timings[name] = compare({"embed_raw": embed}, repeat, warmups={"embed_raw": lambda t=texts: base.embed_raw(t[:16])})[
+            "embed_raw"
+        ]
     encoders = shaped_encoders(base.backbone, np.concatenate(list(raw_vectors.values())))
-    results: dict[str, Any] = {"model": MODEL, "chains": list(CHAINS), "target_chain": TARGET_CHAIN,
-                               "fitted_on": f"raw vectors of the {sum(map(len, sets.values()))} benchmark texts",
-                               "sets": {}}
+    results: dict[str, Any] = {
+        "model": MODEL,
+        "chains": list(CHAINS),
+        "target_chain": TARGET_CHAIN,
+        "fitted_on": f"raw vectors of the {sum(map(len, sets.values()))} benchmark texts",
+        "sets": {},
+    }
     for name, texts in sets.items():
         entry: dict[str, Any] = {"texts": len(texts), "embed_raw": raw_timings[name], "chains": {}}
         for chain, encoder in encoders.items():
-            timing = compare({"apply": lambda e=encoder, r=raw_vectors[name]: e.apply_transforms(r)},
-                             TRANSFORM_REPEAT)["apply"]
+            timing = compare({"apply": lambda e=encoder, r=raw_vectors[name]: e.apply_transforms(r)}, TRANSFORM_REPEAT)["apply"]
             # share of the whole encode: embed_raw + apply_transforms
             timing["share_pct"] = 100.0 * timing["median_s"] / (raw_timings[name]["median_s"] + timing["median_s"])
             entry["chains"][chain] = timing

@@ -28,8 +28,10 @@ STATIC_ENCODERS: dict[str, dict[str, Any]] = {
 #: a static encoder is timed over this many passes of the texts per run, so that one run lasts long
 #: enough (about as long as the transformer's single pass) for a busy machine's spikes to average out
 STATIC_PASSES = 20
-SIZES = {"quick": {"throughput_docs": 32, "quality_queries": 20, "quality_docs": 150, "fit_docs": 1000},
-         "full": {"throughput_docs": 512, "quality_queries": None, "quality_docs": None, "fit_docs": None}}
+SIZES = {
+    "quick": {"throughput_docs": 32, "quality_queries": 20, "quality_docs": 150, "fit_docs": 1000},
+    "full": {"throughput_docs": 512, "quality_queries": None, "quality_docs": None, "fit_docs": None},
+}
 
 
 def quality_dataset(data_dir: str | Path, queries: int | None, documents: int | None) -> Any:
@@ -46,20 +48,26 @@ def quality_dataset(data_dir: str | Path, queries: int | None, documents: int | 
         if len(keep) >= (documents or 0):
             break
         keep.add(doc_id)
-    return BeirDataset(corpus={d: full.corpus[d] for d in full.corpus if d in keep},
-                       queries={q: full.queries[q] for q in query_ids},
-                       qrels={q: full.qrels[q] for q in query_ids})
+    return BeirDataset(
+        corpus={d: full.corpus[d] for d in full.corpus if d in keep},
+        queries={q: full.queries[q] for q in query_ids},
+        qrels={q: full.qrels[q] for q in query_ids},
+    )
 
 
 def build_encoders(fit_texts: list[str]) -> dict[str, Any]:
     """The transformer (plain mean pooling, l2) and each static encoder fitted on ``fit_texts``."""
     from isotrope.encoder import ShapedEncoder
 
-    encoders = {"transformer (all-MiniLM-L6-v2)": ShapedEncoder.create(MODEL, shape="none", max_length=MAX_SEQ_LENGTH,
-                                                                       device="cpu", batch_size=BATCH_SIZE)}
+    encoders = {
+        "transformer (all-MiniLM-L6-v2)": ShapedEncoder.create(
+            MODEL, shape="none", max_length=MAX_SEQ_LENGTH, device="cpu", batch_size=BATCH_SIZE
+        )
+    }
     for name, options in STATIC_ENCODERS.items():
         encoders[name] = ShapedEncoder.create(**options, batch_size=BATCH_SIZE).fit(
-            fit_texts, fitted_on="SciFact corpus documents")
+            fit_texts, fitted_on="SciFact corpus documents"
+        )
     return encoders
 
 
@@ -78,17 +86,26 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
         for _ in range(passes[name]):
             encoders[name].encode(texts)
 
-    timings = compare({name: lambda n=name: encode_passes(n) for name in encoders}, repeat,
-                      warmups={name: lambda e=encoder: e.encode(texts[:16]) for name, encoder in encoders.items()})
+    timings = compare(
+        {name: lambda n=name: encode_passes(n) for name in encoders},
+        repeat,
+        warmups={name: lambda e=encoder: e.encode(texts[:16]) for name, encoder in encoders.items()},
+    )
     for name, timing in timings.items():  # seconds per pass over the texts
-        timing.update(passes=passes[name], median_s=timing["median_s"] / passes[name],
-                      min_s=timing["min_s"] / passes[name])
+        timing.update(passes=passes[name], median_s=timing["median_s"] / passes[name], min_s=timing["min_s"] / passes[name])
     dataset = quality_dataset(data_dir, sizes["quality_queries"], sizes["quality_docs"])
     results: dict[str, Any] = {
-        "throughput_docs": len(texts), "batch_size": BATCH_SIZE, "repeat": repeat, "transformer": transformer,
-        "quality_split": {"queries": len(dataset.queries), "documents": len(dataset.corpus),
-                          "subset": sizes["quality_queries"] is not None},
-        "fitted_on": f"{len(corpus)} SciFact corpus documents (no queries)", "encoders": {},
+        "throughput_docs": len(texts),
+        "batch_size": BATCH_SIZE,
+        "repeat": repeat,
+        "transformer": transformer,
+        "quality_split": {
+            "queries": len(dataset.queries),
+            "documents": len(dataset.corpus),
+            "subset": sizes["quality_queries"] is not None,
+        },
+        "fitted_on": f"{len(corpus)} SciFact corpus documents (no queries)",
+        "encoders": {},
     }
     for name, encoder in encoders.items():
         start = time.perf_counter()

@@ -87,8 +87,9 @@ _FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, to
 #: the metadata keys of the stored rows, with the number of rows having each
 _FIELDS_SCHEMA = "CREATE TABLE IF NOT EXISTS metadata_fields (name TEXT PRIMARY KEY, rows INTEGER NOT NULL)"
 #: the key counts of some stored rows' metadata (``{placeholders}`` filled with their keys)
-_COUNT_FIELDS = ("SELECT j.key, COUNT(*) FROM items, json_each(items.metadata) AS j "
-                 "WHERE items.key IN ({placeholders}) GROUP BY j.key")
+_COUNT_FIELDS = (
+    "SELECT j.key, COUNT(*) FROM items, json_each(items.metadata) AS j WHERE items.key IN ({placeholders}) GROUP BY j.key"
+)
 
 
 def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -107,8 +108,7 @@ def _load_metadata(value: str) -> dict[str, Any]:
 
 #: the SELECT of the rows hits show (key, id, text, metadata) for 1 to 900 keys: one statement text per
 #: count, built once (sqlite3 prepares each once and finds it again by the string)
-_ROWS_SQL = [f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * count)})"
-             for count in range(_CHUNK + 1)]
+_ROWS_SQL = [f"SELECT key, id, text, metadata FROM items WHERE key IN ({','.join('?' * count)})" for count in range(_CHUNK + 1)]
 
 
 def _inner(index: faiss.Index) -> faiss.Index:
@@ -154,7 +154,8 @@ def _params_for(
         base = _params_for(index.base_index, selector, nprobe, ef_search)
         # re-rank at least 4k candidates: the factory's default (k_factor 1) makes refinement a no-op
         params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # the stubs lack the SWIG keyword constructor
-            k_factor=max(index.k_factor, 4.0), base_index_params=base)
+            k_factor=max(index.k_factor, 4.0), base_index_params=base
+        )
         params.referenced_objects = [base]  # type: ignore[attr-defined]  # keeps base alive (SWIG attribute, not in the stubs)
         return params
     if isinstance(index, faiss.IndexIVF):
@@ -225,8 +226,9 @@ class FaissStore(VectorStore):
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._conn = self._connect(dim, factory, metric, refine)
-        self._has_fields_table = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
+        self._has_fields_table = (
+            self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
+        )
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
         self.factory = meta["factory"]
@@ -237,8 +239,9 @@ class FaissStore(VectorStore):
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
         self._train_min_given = train_min
         self._built_rows = int(meta.get("index_rows", 0))
-        self._use_factory(meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self.factory == _AUTO
-                                                         else self.factory))
+        self._use_factory(
+            meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self.factory == _AUTO else self.factory)
+        )
         self._index, self._mapped = self._open_index(meta.get("index_sha256"))
 
     def _use_factory(self, factory: str) -> None:
@@ -270,8 +273,9 @@ class FaissStore(VectorStore):
             except RuntimeError as error:
                 raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
             self.path.mkdir(parents=True, exist_ok=True)
-            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric,
-                                 "refine": str(_check_refine(refine or 0))})
+            _create_db(
+                db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric, "refine": str(_check_refine(refine or 0))}
+            )
         try:
             # WAL: readers see the last commit while a writer writes; the busy timeout waits out
             # the short moments (checkpoints, switching the mode) when SQLite must lock the file
@@ -293,8 +297,11 @@ class FaissStore(VectorStore):
                 f"got {meta.get('format')!r} version {meta.get('format_version')!r}"
             )
         stored = {"dim": meta["dim"], "factory": meta["factory"], "metric": meta["metric"]}
-        given = {"dim": None if dim is None else str(int(dim)), "factory": factory,
-                 "metric": None if metric is None else check_metric(metric)}
+        given = {
+            "dim": None if dim is None else str(int(dim)),
+            "factory": factory,
+            "metric": None if metric is None else check_metric(metric),
+        }
         for name, value in given.items():
             if value is not None and value != stored[name]:
                 raise StoreFormatError(f"{self.path} was created with {name}={stored[name]}; got {name}={value}")
@@ -341,9 +348,7 @@ class FaissStore(VectorStore):
     def _exact_index(self) -> faiss.Index:
         return faiss.IndexIDMap2(faiss.IndexFlat(self.dim, self._faiss_metric))
 
-    def _iter_vectors(
-        self, where_sql: str = "1", params: Sequence[Any] = ()
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _iter_vectors(self, where_sql: str = "1", params: Sequence[Any] = ()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(keys, vectors) batches of the rows matching a trusted SQL condition, in key order."""
         cursor = self._conn.execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
         while rows := cursor.fetchmany(_ADD_BATCH):
@@ -541,8 +546,9 @@ class FaissStore(VectorStore):
         if not changes:
             return
         self._conn.executemany(
-            "INSERT INTO metadata_fields (name, rows) VALUES (?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET rows = rows + excluded.rows", changes)
+            "INSERT INTO metadata_fields (name, rows) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET rows = rows + excluded.rows",
+            changes,
+        )
         self._conn.execute("DELETE FROM metadata_fields WHERE rows <= 0")
 
     def _ensure_fields_table(self) -> None:
@@ -551,8 +557,10 @@ class FaissStore(VectorStore):
             return
         logger.info("%s: counting the metadata fields of its %d rows", self.path, len(self))
         self._conn.execute(_FIELDS_SCHEMA)
-        self._conn.execute("INSERT INTO metadata_fields (name, rows) SELECT j.key, COUNT(*) "
-                           "FROM items, json_each(items.metadata) AS j GROUP BY j.key")
+        self._conn.execute(
+            "INSERT INTO metadata_fields (name, rows) SELECT j.key, COUNT(*) "
+            "FROM items, json_each(items.metadata) AS j GROUP BY j.key"
+        )
         self._has_fields_table = True
 
     def metadata_fields(self) -> set[str]:
@@ -622,9 +630,7 @@ class FaissStore(VectorStore):
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         self._begin()
-        self._conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (_file_sha256(tmp),)
-        )
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (_file_sha256(tmp),))
         self._conn.execute("COMMIT")
         os.replace(tmp, self.path / INDEX_NAME)
         _fsync_dir(self.path)
@@ -670,17 +676,22 @@ class FaissStore(VectorStore):
         keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
         chosen = np.random.default_rng(1).choice(keys, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
         order = np.argsort(chosen)
-        stored = np.concatenate([v for _, v in self._iter_vectors(
-            f"key IN ({','.join('?' * len(chosen))})", np.sort(chosen).tolist())])
+        stored = np.concatenate(
+            [v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(chosen))})", np.sort(chosen).tolist())]
+        )
         queries = index_plan.calibration_queries(stored[np.argsort(order)])  # back in the random order
         truth = index_plan.exact_neighbours(queries, self._iter_vectors(), k, self.metric)
-        name, ladder = ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist]) if ivf is not None \
+        name, ladder = (
+            ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
+            if ivf is not None
             else ("ef_search", list(index_plan.EF_LADDER))
+        )
 
         def search(value: int) -> np.ndarray:
             setattr(self, name, value)
-            return self._refined(queries, k, lambda fetch: self._index.search(
-                queries, fetch, params=self._search_params(None)))[1]
+            return self._refined(queries, k, lambda fetch: self._index.search(queries, fetch, params=self._search_params(None)))[
+                1
+            ]
 
         value, reached = index_plan.calibrate(ladder, search, truth, target)
         setattr(self, name, value)
@@ -714,8 +725,7 @@ class FaissStore(VectorStore):
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        info: dict[str, Any] = {"index": self.factory, "index_built": self.index_factory,
-                                "index_exact": self.is_exact}
+        info: dict[str, Any] = {"index": self.factory, "index_built": self.index_factory, "index_exact": self.is_exact}
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None and not self.is_exact:
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
@@ -827,8 +837,9 @@ class FaissStore(VectorStore):
         rows = np.arange(len(q))[:, None]
         return self._hits(all_keys[best], scores[rows, best])
 
-    def _refined(self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def _refined(
+        self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``search(k)``'s (distances, labels); with ``refine``, the best ``k`` of ``refine * k`` candidates
         by exact scores on the stored vectors (faiss's conventions: squared distances for l2)."""
         if not self.refine or self.is_exact:

@@ -76,8 +76,15 @@ _META_FIELDS = "isotrope.metadata_fields"
 _META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 _AUTO = "auto"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
-_FTS_CONFIG = {"base_tokenizer": "whitespace", "lower_case": False, "stem": False, "remove_stop_words": False,
-                   "ascii_folding": False, "max_token_length": None, "with_position": False}
+_FTS_CONFIG = {
+    "base_tokenizer": "whitespace",
+    "lower_case": False,
+    "stem": False,
+    "remove_stop_words": False,
+    "ascii_folding": False,
+    "max_token_length": None,
+    "with_position": False,
+}
 
 
 def _is_uri(path: str | os.PathLike[str]) -> bool:
@@ -406,8 +413,12 @@ class LanceDBStore(ReshapableStore):
         if self.vector_index is None and n >= self.index_threshold:
             logger.info("table %r reached %d rows: building a %s index", self.table_name, n, self.index_type)
             self.create_index()
-        elif self.index_type == _AUTO and self.vector_index is not None and self._indexed_rows and \
-                n >= index_plan.REBUILD_GROWTH * self._indexed_rows:
+        elif (
+            self.index_type == _AUTO
+            and self.vector_index is not None
+            and self._indexed_rows
+            and n >= index_plan.REBUILD_GROWTH * self._indexed_rows
+        ):
             logger.info("table %r grew to %d rows: rebuilding its index", self.table_name, n)
             self.create_index()
         elif self.vector_index is not None:
@@ -489,14 +500,16 @@ class LanceDBStore(ReshapableStore):
             config = self._planned_config()
         elif getattr(config, "distance_type", distance) != distance:
             raise ValueError(
-                f"index distance_type {config.distance_type!r} does not match the store metric "
-                f"{self.metric!r} ({distance!r})"
+                f"index distance_type {config.distance_type!r} does not match the store metric {self.metric!r} ({distance!r})"
             )
         self._index_type = False
         self._table.create_index("vector", config=config, replace=True)
         self._indexed_rows = len(self)
-        params = {name: getattr(config, name) for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
-                  if isinstance(getattr(config, name, None), int)}
+        params = {
+            name: getattr(config, name)
+            for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
+            if isinstance(getattr(config, name, None), int)
+        }
         self._set_meta({_META_PARAMS: json.dumps(params)})
         if self.index_type == _AUTO:
             self.calibrate()
@@ -668,8 +681,10 @@ class LanceDBStore(ReshapableStore):
         if not self._fields_exact:
             self._known_fields(exact=True)
         meta = self._table.schema.metadata or {}
-        if meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode() and \
-                meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode():
+        if (
+            meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode()
+            and meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode()
+        ):
             return
         # one schema-metadata update is one new version: the stamp names it
         self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_VERSION: str(self.version + 1)})

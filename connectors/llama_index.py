@@ -62,12 +62,12 @@ from isotrope.stores.layout import ENCODER_DIR
 logger = logging.getLogger(__name__)
 
 
-
 def _pointer_path(persist_path: str) -> str:
     """``.../<namespace>__vector_store.json`` -> ``.../<namespace>__isotrope_store.json``: not a name LlamaIndex
     loads as a SimpleVectorStore (which would silently hold no vectors)."""
     folder, name = os.path.split(persist_path)
     return os.path.join(folder, name.removesuffix("vector_store.json") + "isotrope_store.json")
+
 
 #: one lock for lazy encoder loads (a lock is not picklable, so it is not an attribute)
 _LOAD_LOCK = threading.Lock()
@@ -98,7 +98,9 @@ class IsotropeEmbedding(BaseEmbedding):
     fingerprint: str = Field(description="sha256 fingerprint of the encoder; part of the ingestion-cache key.")
     device: str = Field(default="auto", description="Device the encoder is loaded on.")
     embed_batch_size: int = Field(
-        default=64, gt=0, le=2048,
+        default=64,
+        gt=0,
+        le=2048,
         description="Texts per encode call; the encoder splits them into length-sorted batches of its own size.",
     )
 
@@ -108,9 +110,7 @@ class IsotropeEmbedding(BaseEmbedding):
         spec = read_spec(os.fspath(encoder_path))
         expected = kwargs.pop("fingerprint", None)
         if expected is not None and expected != spec["fingerprint"]:
-            raise EncoderMismatchError(
-                f"{encoder_path} holds encoder {spec['fingerprint']}, not the expected {expected}"
-            )
+            raise EncoderMismatchError(f"{encoder_path} holds encoder {spec['fingerprint']}, not the expected {expected}")
         backbone = spec["backbone"]
         name = backbone.get("model") or backbone.get("source")
         kwargs.setdefault("model_name", f"isotrope:{name}:{format_shape(spec['transforms'])}")
@@ -389,7 +389,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
                 self._warned_keys.add(key)
                 logger.warning(
                     "metadata %r of node %s is a %s: kept with the node but not filterable "
-                    "(only str, int, float, bool and None values are)", key, node.node_id, type(value).__name__,
+                    "(only str, int, float, bool and None values are)",
+                    key,
+                    node.node_id,
+                    type(value).__name__,
                 )
         row[NODE_CONTENT_KEY] = content[NODE_CONTENT_KEY]
         row[NODE_TYPE_KEY] = content[NODE_TYPE_KEY]
@@ -490,7 +493,9 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             json.dump({"uri": self.uri, "fingerprint": self.fingerprint}, handle)
 
     @classmethod
-    def from_persist_dir(cls, persist_dir: str | os.PathLike[str], namespace: str = "default", **kwargs: Any) -> IsotropeVectorStore:
+    def from_persist_dir(
+        cls, persist_dir: str | os.PathLike[str], namespace: str = "default", **kwargs: Any
+    ) -> IsotropeVectorStore:
         """Reopen the store that ``StorageContext.persist(persist_dir)`` recorded, checking its fingerprint.
 
         LlamaIndex's convention for stores that keep their own data (as ``FaissVectorStore``)::
@@ -506,8 +511,9 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             with open(path) as handle:
                 pointer = json.load(handle)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path} not found: {persist_dir} holds no persisted IsotropeVectorStore "
-                                    f"(persist a StorageContext that has one)") from None
+            raise FileNotFoundError(
+                f"{path} not found: {persist_dir} holds no persisted IsotropeVectorStore (persist a StorageContext that has one)"
+            ) from None
         return cls(pointer["uri"], fingerprint=pointer["fingerprint"], **kwargs)
 
     def close(self) -> None:
@@ -526,8 +532,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         mode = _MODES.get(query.mode)
         if mode is None:
             raise ValueError(
-                f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, "
-                f"not {query.mode.value!r}"
+                f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, not {query.mode.value!r}"
             )
         if mode != "dense" and not query.query_str:
             raise ValueError(f"query mode {query.mode.value!r} needs query_str")
@@ -548,9 +553,16 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             _in(REF_DOC_ID_KEY, query.doc_ids or None),  # an empty list is "no restriction" here:
             _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
-        hits = search_store(self._collection.store, [query.query_str or ""], vector, query.similarity_top_k,
-                            where=where, mode=mode, alpha=query.alpha if mode == "hybrid" else None,
-                            group_by=kwargs.get("group_by"))[0]
+        hits = search_store(
+            self._collection.store,
+            [query.query_str or ""],
+            vector,
+            query.similarity_top_k,
+            where=where,
+            mode=mode,
+            alpha=query.alpha if mode == "hybrid" else None,
+            group_by=kwargs.get("group_by"),
+        )[0]
         return VectorStoreQueryResult(
             nodes=[metadata_dict_to_node(hit.metadata, hit.text) for hit in hits],
             similarities=[hit.score for hit in hits],

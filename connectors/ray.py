@@ -271,9 +271,7 @@ def _read_chunks(plan: IngestPlan, chunker: TokenChunker | None) -> _Chunks:
 def _select_rows(batch: dict[str, np.ndarray], drop_ids: Any, repeated: Any) -> dict[str, np.ndarray]:
     """Drop rows whose id is in ``drop_ids`` and rows whose (unit, id) is in ``repeated``."""
     drop_ids, repeated = ray.get(drop_ids), ray.get(repeated)
-    keep = np.array(
-        [not (i in drop_ids or (int(u), i) in repeated) for i, u in zip(batch["id"], batch["unit"])], dtype=bool
-    )
+    keep = np.array([not (i in drop_ids or (int(u), i) in repeated) for i, u in zip(batch["id"], batch["unit"])], dtype=bool)
     return {name: column[keep] for name, column in batch.items()}
 
 
@@ -423,7 +421,9 @@ def _collect(dataset: ray.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
 def _reduce_counts(dataset: ray.data.Dataset, backbone: Any) -> TokenCounts:
     view = _tokenizer_view(backbone)
     total = TokenCounts(backbone.vocab_size)
-    for batch in _collect(dataset.map_batches(_count_tokens, fn_kwargs={"backbone": view}, batch_size=None, batch_format="numpy")):
+    for batch in _collect(
+        dataset.map_batches(_count_tokens, fn_kwargs={"backbone": view}, batch_size=None, batch_format="numpy")
+    ):
         for counts, doc_freq, n_texts in zip(batch["counts"], batch["doc_freq"], batch["n_texts"]):
             part = TokenCounts(len(counts))
             part.counts, part.doc_freq, part.n_texts = counts.astype(np.int64), doc_freq.astype(np.int64), int(n_texts)
@@ -459,8 +459,9 @@ def _reduce_reservoir(dataset: ray.data.Dataset, fitted: list[Transform], dim: i
     return vectors[keep][order]
 
 
-def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
-         actors: _Actors) -> tuple[ray.data.Dataset | None, FitStatistics | None]:
+def _fit(
+    target: Target, marked: ray.data.Dataset, sample_ids: list[str], actors: _Actors
+) -> tuple[ray.data.Dataset | None, FitStatistics | None]:
     """Fit the target's encoder on the sample; returns the materialized raw vectors (or None) and the statistics.
 
     ``shape="auto"`` (scoring candidate shapings), a context-averaged table and a distilled ``fast``
@@ -478,8 +479,9 @@ def _fit(target: Target, marked: ray.data.Dataset, sample_ids: list[str],
     return raw, statistics
 
 
-def _fit_encoder(encoder: ShapedEncoder, marked: ray.data.Dataset, sample_ids: list[str],
-                 actors: _Actors) -> tuple[ray.data.Dataset | None, FitStatistics]:
+def _fit_encoder(
+    encoder: ShapedEncoder, marked: ray.data.Dataset, sample_ids: list[str], actors: _Actors
+) -> tuple[ray.data.Dataset | None, FitStatistics]:
     """Fit the weighting, then each transform in order; returns the materialized raw vectors (or None)."""
     statistics = FitStatistics(sample_ids)
     backbone = encoder.backbone
@@ -489,8 +491,9 @@ def _fit_encoder(encoder: ShapedEncoder, marked: ray.data.Dataset, sample_ids: l
     if not any(transform.requires_fit for transform in encoder.transforms):
         return None, statistics
     # every chunk is embedded here, once: the write pass only applies the fitted chain
-    raw_encoder = ShapedEncoder(backbone, encoder.pooling, encoder.weighting, [], encoder.batch_size,
-                                max_batch_tokens=encoder.max_batch_tokens)
+    raw_encoder = ShapedEncoder(
+        backbone, encoder.pooling, encoder.weighting, [], encoder.batch_size, max_batch_tokens=encoder.max_batch_tokens
+    )
     raw = actors.map(marked, raw_encoder, shape=False).materialize()
     dim = backbone.dim
     for index, transform in enumerate(encoder.transforms):
@@ -578,8 +581,9 @@ def run_on_ray(plan: IngestPlan, options: RayOptions | None = None) -> RayIngest
         started = time.perf_counter()
         if dataset is not None:
             if raw is not None:  # embedded while fitting: only the fitted chain is left to apply
-                shaped = raw.map_batches(_shape_cached, fn_kwargs={"transforms": target.encoder.transforms},
-                                         batch_size=None, batch_format="numpy")
+                shaped = raw.map_batches(
+                    _shape_cached, fn_kwargs={"transforms": target.encoder.transforms}, batch_size=None, batch_format="numpy"
+                )
             else:
                 shaped = actors.map(dataset, target.encoder, shape=True)
             report.added = _write(target, shaped, committed=len(existing))

@@ -49,13 +49,14 @@ def test_passage_proxy_cuts_a_sentence_out_of_its_text() -> None:
 
 def test_lead_proxy_is_the_first_sentence_against_the_body() -> None:
     assert lead_query(TEXT, random.Random(0)) == (
-        "The river rises in spring.", "Farmers watch the water closely. Floods reach the old mill. The town builds a wall.")
+        "The river rises in spring.",
+        "Farmers watch the water closely. Floods reach the old mill. The town builds a wall.",
+    )
     assert lead_query("Short one. Two. Three.", random.Random(0)) is None  # lead too short to be a query
 
 
 def test_neighbour_proxy_pairs_the_two_halves_of_a_text() -> None:
-    halves = {"The river rises in spring. Farmers watch the water closely.",
-              "Floods reach the old mill. The town builds a wall."}
+    halves = {"The river rises in spring. Farmers watch the water closely.", "Floods reach the old mill. The town builds a wall."}
     seen = set()
     for seed in range(10):
         query, document = neighbour_query(TEXT, random.Random(seed))
@@ -154,8 +155,9 @@ def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path:
     first = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
     second = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=candidates, proxy="passage", seed=0)
     report = first.metadata["auto_shape"]
-    seconds = [r.pop(key) for r in (report, second.metadata["auto_shape"])
-               for key in ("selection_seconds", "selection_cpu_seconds")]
+    seconds = [
+        r.pop(key) for r in (report, second.metadata["auto_shape"]) for key in ("selection_seconds", "selection_cpu_seconds")
+    ]
     assert all(s >= 0 for s in seconds)
     assert report == second.metadata["auto_shape"]
     assert report["proxy"] == "passage" and report["pseudo_queries"] >= 200 and report["splits"] == 3
@@ -179,10 +181,10 @@ def test_choose_shape_reports_its_evidence_and_is_deterministic(tiny_glove_path:
 
 
 def test_one_sentence_texts_fall_back_to_the_masked_proxy(tiny_glove_path: str) -> None:
-    texts = [" ".join(np.random.default_rng(i).choice(["cat", "dog", "sat", "mat", "runs", "fast"], 8)) + "."
-             for i in range(300)]
-    encoder = choose_shape(texts, EncoderConfig(model=tiny_glove_path), candidates=[{"shape": "none"}, {"shape": "center"}],
-                           proxy="passage")
+    texts = [" ".join(np.random.default_rng(i).choice(["cat", "dog", "sat", "mat", "runs", "fast"], 8)) + "." for i in range(300)]
+    encoder = choose_shape(
+        texts, EncoderConfig(model=tiny_glove_path), candidates=[{"shape": "none"}, {"shape": "center"}], proxy="passage"
+    )
     assert encoder.metadata["auto_shape"]["proxy"] == "masked"
     assert encoder.metadata["auto_shape"]["margin"] == 2 * STATIC_MARGIN  # the fallback proxy's higher bar
     assert "doubled for the masked proxy" in encoder.metadata["auto_shape"]["rule"]
@@ -193,8 +195,9 @@ def test_the_backbone_runs_once_over_the_sample(tiny_bert_path: str) -> None:
     backbone = ShapedEncoder.create(tiny_bert_path).backbone
     seen: list[str] = []
     iter_batches = backbone.iter_batches
-    backbone.iter_batches = lambda batch_texts, *args, **kwargs: seen.extend(batch_texts) or iter_batches(
-        batch_texts, *args, **kwargs)
+    backbone.iter_batches = lambda batch_texts, *args, **kwargs: (
+        seen.extend(batch_texts) or iter_batches(batch_texts, *args, **kwargs)
+    )
     encoder = choose_shape(texts, EncoderConfig(model=tiny_bert_path), proxy="passage", backbone=backbone)
     report = encoder.metadata["auto_shape"]
     assert len(report["candidates"]) == 6
@@ -246,8 +249,7 @@ def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path
         chain = _fresh_chain(preset)
         _fit_chain(chain, fit_raw, moments)
         reference = ShapedEncoder.create(tiny_glove_path, shape=preset).fit_transforms(fit_raw)
-        np.testing.assert_allclose(apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6,
-                                   err_msg=preset)
+        np.testing.assert_allclose(apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6, err_msg=preset)
 
 
 def test_auto_on_fast_fits_the_presets_recipe_and_folds_it(tiny_bert_path: str) -> None:
@@ -255,8 +257,9 @@ def test_auto_on_fast_fits_the_presets_recipe_and_folds_it(tiny_bert_path: str) 
     ``--shape PRESET`` is, and the chosen chain is folded into one table as that recipe is."""
     texts = make_sentences(400, seed=6)
     model = f"fast:{tiny_bert_path}"
-    auto = choose_shape(texts, EncoderConfig(model=model, distill_samples=150),
-                        candidates=[{"weights": "sif", "shape": "whiten-partial"}])
+    auto = choose_shape(
+        texts, EncoderConfig(model=model, distill_samples=150), candidates=[{"weights": "sif", "shape": "whiten-partial"}]
+    )
     reference = ShapedEncoder.create(model=model, weights="sif", shape="whiten-partial", distill_samples=150).fit(texts)
     assert auto.spec["backbone"]["type"] == "folded" and auto.shape == "l2"
     assert auto.metadata["auto_shape"]["chosen"] == {"weights": "sif", "shape": "whiten-partial"}

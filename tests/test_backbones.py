@@ -58,8 +58,16 @@ def test_parse_layers(layers, expected):
     assert parse_layers(layers, 6) == expected
 
 
-@pytest.mark.parametrize(("layers", "message"), [(7, "layer 7 is out of range"), (-8, "layer -8"), ([1, 9], "layer 9"),
-                                                 ("middle", "unknown layers 'middle'"), ([], "at least one")])
+@pytest.mark.parametrize(
+    ("layers", "message"),
+    [
+        (7, "layer 7 is out of range"),
+        (-8, "layer -8"),
+        ([1, 9], "layer 9"),
+        ("middle", "unknown layers 'middle'"),
+        ([], "at least one"),
+    ],
+)
 def test_parse_layers_errors(layers, message):
     with pytest.raises(ValueError, match=message):
         parse_layers(layers, 6)
@@ -262,8 +270,14 @@ def test_unknown_static_source():
 
 @pytest.mark.parametrize(
     ("name", "static"),
-    [("static:bert-base-uncased", True), ("RANDOM:x", True), ("glove-6b-50d", True), ("w.vec.gz", True),
-     ("bert-base-uncased", False), ("./models/minilm", False)],
+    [
+        ("static:bert-base-uncased", True),
+        ("RANDOM:x", True),
+        ("glove-6b-50d", True),
+        ("w.vec.gz", True),
+        ("bert-base-uncased", False),
+        ("./models/minilm", False),
+    ],
 )
 def test_is_static_source(name, static):
     assert is_static_source(name) is static

@@ -15,12 +15,15 @@ from isotrope.ingest.loaders import LoadReport, iter_documents
 
 def write_beir(folder, documents: list[str], queries: list[str]) -> None:
     (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n"
-                                                 for i, text in enumerate(documents)))
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
-                                                  for i, text in enumerate(queries)))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                               + "".join(f"q{i}\td{i}\t1\n" for i in range(len(queries))))
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n" for i, text in enumerate(documents))
+    )
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n" for i, text in enumerate(queries))
+    )
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(queries)))
+    )
 
 
 def test_retrieval_eval_skips_and_counts_empty_documents_and_queries(tiny_glove_path, tmp_path, caplog):
@@ -45,8 +48,12 @@ def test_an_empty_query_says_so(tiny_glove_path, tmp_path):
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat")
-    index_documents(tmp_path / "docs", f"faiss:{tmp_path / 'store'}", config=EncoderConfig(model=tiny_glove_path, shape="none"),
-                    show_progress=False)
+    index_documents(
+        tmp_path / "docs",
+        f"faiss:{tmp_path / 'store'}",
+        config=EncoderConfig(model=tiny_glove_path, shape="none"),
+        show_progress=False,
+    )
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         for query in ("", "  \n\t"):
             with pytest.raises(ValueError, match=r"^the query is empty$"):
@@ -61,8 +68,9 @@ def test_index_skips_whitespace_only_documents(tiny_glove_path, tmp_path):
     from isotrope.ingest.pipeline import index_documents
 
     documents = [Document("a", "the cat sat"), Document("b", "   \n "), Document("c", "")]
-    report = index_documents(documents, f"faiss:{tmp_path / 'store'}", show_progress=False,
-                             config=EncoderConfig(model=tiny_glove_path, shape="center"))
+    report = index_documents(
+        documents, f"faiss:{tmp_path / 'store'}", show_progress=False, config=EncoderConfig(model=tiny_glove_path, shape="center")
+    )
     assert report.documents == 1 and report.added == 1 and report.empty == 2
 
 
@@ -105,7 +113,10 @@ def test_one_huge_file_does_not_crowd_out_the_fit_sample():
     stream = [("huge.txt", f"h{i}") for i in range(5000)] + [(f"small{j}.txt", f"s{j}.{i}") for j in range(9) for i in range(6)]
     sample = fair_sample(stream, 100)
     assert len(sample) == 100 and len(set(sample)) == 100
-    by_file = {name: sum(item.startswith(prefix) for item in sample) for name, prefix in [("huge", "h")] + [(f"s{j}", f"s{j}.") for j in range(9)]}
+    by_file = {
+        name: sum(item.startswith(prefix) for item in sample)
+        for name, prefix in [("huge", "h")] + [(f"s{j}", f"s{j}.") for j in range(9)]
+    }
     assert all(by_file[f"s{j}"] == 6 for j in range(9))  # each small file gives all its 6 chunks
     assert by_file["huge"] == 100 - 54
     # a plain reservoir would have taken ~1 chunk per small file
@@ -134,8 +145,19 @@ def test_a_skipped_file_is_reported_once(tiny_glove_path, tmp_path, caplog):
     (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat")
     (tmp_path / "docs" / "b.txt").write_bytes(b"\x00\x01binary")
     with caplog.at_level(logging.WARNING):  # what the CLI's log handler would print, at its default level
-        result = CliRunner().invoke(app, ["index", str(tmp_path / "docs"), "--store", f"faiss:{tmp_path / 's'}",
-                                          "--model", tiny_glove_path, "--shape", "center"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "index",
+                str(tmp_path / "docs"),
+                "--store",
+                f"faiss:{tmp_path / 's'}",
+                "--model",
+                tiny_glove_path,
+                "--shape",
+                "center",
+            ],
+        )
     assert result.exit_code == 0, result.output
     logged = sum("b.txt" in record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING)
     printed = result.output.count("b.txt")  # stdout and stderr, mixed by the runner

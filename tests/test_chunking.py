@@ -14,7 +14,93 @@ from isotrope.ingest import chunking
 from isotrope.ingest.chunking import Chunk, LlamaIndexChunker, TokenChunker, chunk_id, split_sentences
 from isotrope.ingest.loaders import Document
 
-WORDS = ["the", "a", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "with", "as", "be", "at", "by", "this", "from", "or", "have", "an", "they", "which", "one", "you", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "been", "has", "more", "if", "no", "out", "so", "said", "who", "its", "time", "only", "new", "some", "could", "these", "two", "may", "first", "then", "do", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "be",
+    "at",
+    "by",
+    "this",
+    "from",
+    "or",
+    "have",
+    "an",
+    "they",
+    "which",
+    "one",
+    "you",
+    "had",
+    "not",
+    "but",
+    "what",
+    "all",
+    "were",
+    "when",
+    "we",
+    "there",
+    "can",
+    "been",
+    "has",
+    "more",
+    "if",
+    "no",
+    "out",
+    "so",
+    "said",
+    "who",
+    "its",
+    "time",
+    "only",
+    "new",
+    "some",
+    "could",
+    "these",
+    "two",
+    "may",
+    "first",
+    "then",
+    "do",
+    "any",
+    "like",
+    "my",
+    "now",
+    "over",
+    "such",
+    "our",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +153,7 @@ def assert_cover_in_order(text: str, chunks: list[Chunk]) -> None:
 
 
 def test_split_sentences_spans() -> None:
-    text = (
-        '  First one. Second, e.g. this is it!  "Quoted?" Next\nline here.\n\n'
-        "New para\n\n\u4e2d\u6587\u3002\u597d\u3002 End"
-    )
+    text = '  First one. Second, e.g. this is it!  "Quoted?" Next\nline here.\n\nNew para\n\n\u4e2d\u6587\u3002\u597d\u3002 End'
     spans = split_sentences(text)
     assert [text[s:e] for s, e in spans] == [
         "First one.",

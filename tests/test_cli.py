@@ -51,8 +51,7 @@ def test_help_lists_the_commands(monkeypatch, capsys):
 
 def test_fit_text_file_then_encode(monkeypatch, capsys, tmp_path, tiny_bert_path, corpus, texts):
     out_dir = tmp_path / "encoder"
-    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", out_dir, "--model", tiny_bert_path,
-                             "--shape", "whiten")
+    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", out_dir, "--model", tiny_bert_path, "--shape", "whiten")
     assert code == 0, err
     loaded = ShapedEncoder.load(out_dir, device="cpu")
     assert f"fingerprint {loaded.fingerprint}" in out
@@ -77,8 +76,22 @@ def test_fit_jsonl_with_a_text_field(monkeypatch, capsys, tmp_path, tiny_bert_pa
     records = [{"body": text, "id": index} for index, text in enumerate(texts[:50])]
     path.write_text("\n".join(json.dumps(record) for record in records) + "\n\n")
     out_dir = tmp_path / "encoder"
-    code, _, err = run_cli(monkeypatch, capsys, "fit", path, "-o", out_dir, "-m", tiny_bert_path, "-s", "center",
-                           "--text-field", "body", "--weights", "idf")
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        "fit",
+        path,
+        "-o",
+        out_dir,
+        "-m",
+        tiny_bert_path,
+        "-s",
+        "center",
+        "--text-field",
+        "body",
+        "--weights",
+        "idf",
+    )
     assert code == 0, err
     expected = ShapedEncoder.create(tiny_bert_path, shape="center", weights="idf", device="cpu").fit(texts[:50])
     assert ShapedEncoder.load(out_dir, device="cpu").fingerprint == expected.fingerprint
@@ -122,8 +135,18 @@ def test_debug_lets_the_exception_through(monkeypatch, capsys, tmp_path, tiny_be
 @pytest.mark.slow
 def test_entry_point_prints_a_traceback_with_debug(tmp_path, tiny_glove_path):
     missing = tmp_path / "nowhere.txt"
-    command = [sys.executable, "-m", "isotrope.cli", "--debug", "fit", str(missing), "-o", str(tmp_path / "out"),
-               "-m", tiny_glove_path]  # a static table: the quickest model to start
+    command = [
+        sys.executable,
+        "-m",
+        "isotrope.cli",
+        "--debug",
+        "fit",
+        str(missing),
+        "-o",
+        str(tmp_path / "out"),
+        "-m",
+        tiny_glove_path,
+    ]  # a static table: the quickest model to start
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert result.returncode != 0
     assert "Traceback (most recent call last)" in result.stderr

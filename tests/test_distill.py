@@ -100,8 +100,11 @@ def test_a_fit_that_does_not_help_falls_back_to_the_unfitted_table(teacher, inpu
     texts = make_sentences(300, seed=4)
     unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=())
     rng = np.random.default_rng(0)
-    monkeypatch.setattr(distill, "solve_table",  # a "fit" that scrambles the table
-                        lambda bags, targets, table, *args, **kwargs: rng.standard_normal(table.shape) * 100)
+    monkeypatch.setattr(
+        distill,
+        "solve_table",  # a "fit" that scrambles the table
+        lambda bags, targets, table, *args, **kwargs: rng.standard_normal(table.shape) * 100,
+    )
     table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), min_fit_texts=0)
     assert report["fitted"] is False and "no fit beat" in report["reason"]
     assert max(report["validation"]["1"], report["validation"]["0.1"]) < report["validation"]["unfitted"]
@@ -172,22 +175,46 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
 def test_fit_then_index_and_eval_with_the_saved_encoder(monkeypatch, capsys, tmp_path, tiny_bert_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(make_sentences(200, seed=8)) + "\n")
-    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--model", f"fast:{tiny_bert_path}",
-                             "--distill-samples", "120", "--out", tmp_path / "enc")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--model",
+        f"fast:{tiny_bert_path}",
+        "--distill-samples",
+        "120",
+        "--out",
+        tmp_path / "enc",
+    )
     assert code == 0, err
     encoder = ShapedEncoder.load(tmp_path / "enc")
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "a.txt").write_text("the cat sleeps on the house.\n\nthe dog runs in the rain.")
     (docs / "b.txt").write_text("music is good and the sun is big.")
-    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", f"faiss:{tmp_path / 's'}",
-                             "--encoder", tmp_path / "enc", "--chunk-tokens", "64", "--overlap-tokens", "8")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "index",
+        docs,
+        "--store",
+        f"faiss:{tmp_path / 's'}",
+        "--encoder",
+        tmp_path / "enc",
+        "--chunk-tokens",
+        "64",
+        "--overlap-tokens",
+        "8",
+    )
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "info", f"faiss:{tmp_path / 's'}")
     assert json.loads(out)["fingerprint"] == encoder.fingerprint
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("the cat runs\tthe cat walks\t4.0\nthe dog eats\tthe sun is red\t0.5\n"
-                     "music is good\tmusic is bad\t2.5\nthe car is fast\ta car is fast\t5.0\n")
+    pairs.write_text(
+        "the cat runs\tthe cat walks\t4.0\nthe dog eats\tthe sun is red\t0.5\n"
+        "music is good\tmusic is bad\t2.5\nthe car is fast\ta car is fast\t5.0\n"
+    )
     code, out, err = run_cli(monkeypatch, capsys, "eval", "sts", "--encoder", tmp_path / "enc", "--pairs", pairs)
     assert code == 0, err
     result = json.loads(out)

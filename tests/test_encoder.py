@@ -218,9 +218,11 @@ def test_unfitted_encoder_raises(tiny_bert_path):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"pooling": "median"}, "unknown pooling 'median'"),
-     ({"shape": "center,bogus"}, "unknown transform 'bogus'"),
-     ({"weights": "bm25"}, "unknown weighting scheme")],
+    [
+        ({"pooling": "median"}, "unknown pooling 'median'"),
+        ({"shape": "center,bogus"}, "unknown transform 'bogus'"),
+        ({"weights": "bm25"}, "unknown weighting scheme"),
+    ],
 )
 def test_bad_create_options(tiny_bert_path, options, message):
     with pytest.raises(ValueError, match=message):
@@ -268,8 +270,9 @@ def test_chain_spec_with_positional_and_keyword_arguments():
 
 
 def test_chain_spec_builds_a_working_encoder(tiny_bert_path, fit_texts):
-    encoder = ShapedEncoder.create(tiny_bert_path, shape="center,abtt(3),whiten(power=-0.25,n_components=16),l2",
-                                   device="cpu").fit(fit_texts[:80])
+    encoder = ShapedEncoder.create(
+        tiny_bert_path, shape="center,abtt(3),whiten(power=-0.25,n_components=16),l2", device="cpu"
+    ).fit(fit_texts[:80])
     assert [t.kind for t in encoder.transforms] == ["center", "abtt", "whiten", "l2"]
     assert encoder.transforms[1].components_.shape == (3, 32)
     assert encoder.dim == 16 and encoder.encode(TEXTS).shape == (len(TEXTS), 16)

@@ -105,10 +105,14 @@ def test_a_malformed_corpus_is_a_data_format_error(monkeypatch, capsys, tmp_path
 @pytest.mark.parametrize(
     ("error", "line"),
     [
-        (errors.EncoderMismatchError("store s was written by encoder a but the encoder given has fingerprint b"),
-         "store s was written by encoder a but the encoder given has fingerprint b"),
-        (errors.ReshapeInProgressError("s is being reshaped;\nopen it when the reshape has finished"),
-         "s is being reshaped; | open it when the reshape has finished"),
+        (
+            errors.EncoderMismatchError("store s was written by encoder a but the encoder given has fingerprint b"),
+            "store s was written by encoder a but the encoder given has fingerprint b",
+        ),
+        (
+            errors.ReshapeInProgressError("s is being reshaped;\nopen it when the reshape has finished"),
+            "s is being reshaped; | open it when the reshape has finished",
+        ),
         (RuntimeError("faiss: out of memory"), "faiss: out of memory"),
         (ZeroDivisionError("division by zero"), "ZeroDivisionError: division by zero"),
     ],

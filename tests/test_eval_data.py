@@ -30,7 +30,7 @@ def _write(path: Path, text: str | bytes) -> Path:
 
 STSB_ROWS = (
     "main-captions\tMSRvid\t2012test\t0001\t5.000\tA man is playing a flute.\tA man plays the flute.\n"
-    "main-news\theadlines\t2013\t0002\t0.250\tStocks fall.\tIt rains \"today\".\t2013-xyz\tmore notes\n"
+    'main-news\theadlines\t2013\t0002\t0.250\tStocks fall.\tIt rains "today".\t2013-xyz\tmore notes\n'
     "main-forums\tanswers\t2015\t0003\t2.400\tWhat is it? \tThat is it.\n"
 )
 
@@ -81,8 +81,7 @@ def test_load_sick(tmp_path):
 def test_load_pairs(tmp_path):
     path = _write(tmp_path / "my.tsv", "s1\ts2\tscore\nhello\thi\t4.5\n\nbye\thello\t0\n")
     pairs = load_pairs(path, header=True)
-    assert (pairs.name, pairs.sentences1, pairs.sentences2, pairs.scores) == ("my", ["hello", "bye"],
-                                                                             ["hi", "hello"], [4.5, 0.0])
+    assert (pairs.name, pairs.sentences1, pairs.sentences2, pairs.scores) == ("my", ["hello", "bye"], ["hi", "hello"], [4.5, 0.0])
     with pytest.raises(DataFormatError, match=r"my\.tsv:1: score is not a number: 'score'"):
         load_pairs(path)
     _write(path, "a\tb\t1\na\tb\tc\t2\n")
@@ -91,11 +90,12 @@ def test_load_pairs(tmp_path):
 
 
 def _beir_folder(root: Path, qrels: str) -> Path:
-    corpus = [{"_id": "d1", "title": "Cats", "text": "Cats purr."},
-              {"_id": "d2", "title": "", "text": "Dogs bark."},
-              {"_id": "d3", "text": "No title field."}]
-    queries = [{"_id": "q1", "text": "what purrs"}, {"_id": "q2", "text": "who barks"},
-               {"_id": "q3", "text": "not judged"}]
+    corpus = [
+        {"_id": "d1", "title": "Cats", "text": "Cats purr."},
+        {"_id": "d2", "title": "", "text": "Dogs bark."},
+        {"_id": "d3", "text": "No title field."},
+    ]
+    queries = [{"_id": "q1", "text": "what purrs"}, {"_id": "q2", "text": "who barks"}, {"_id": "q3", "text": "not judged"}]
     _write(root / "corpus.jsonl", "".join(json.dumps(d) + "\n" for d in corpus))
     _write(root / "queries.jsonl", "".join(json.dumps(q) + "\n" for q in queries))
     _write(root / "qrels/test.tsv", qrels)
@@ -128,13 +128,16 @@ def test_load_beir_without_header_and_errors(tmp_path):
 
 
 def test_load_clustering_gzip_with_split(tmp_path):
-    records = [{"split": "train", "label": 3, "text": "a"}, {"split": "test", "label": 1, "text": "b"},
-               {"split": "test", "label": 3, "text": "c"}, {"split": "test", "label": 1, "text": "d"}]
+    records = [
+        {"split": "train", "label": 3, "text": "a"},
+        {"split": "test", "label": 1, "text": "b"},
+        {"split": "test", "label": 3, "text": "c"},
+        {"split": "test", "label": 1, "text": "d"},
+    ]
     path = tmp_path / "news.jsonl.gz"
     path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
     test = load_clustering(path, split="test")
-    assert (test.name, test.texts, test.labels, test.label_names) == ("news-test", ["b", "c", "d"],
-                                                                      [0, 1, 0], ("1", "3"))
+    assert (test.name, test.texts, test.labels, test.label_names) == ("news-test", ["b", "c", "d"], [0, 1, 0], ("1", "3"))
     assert len(load_clustering(path)) == 4
     with pytest.raises(DataFormatError, match="no records with split 'dev'"):
         load_clustering(path, split="dev")

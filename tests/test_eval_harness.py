@@ -33,8 +33,16 @@ PAIRS = [
     ("mat , house , river", "the fast dog", 0.4),
     ("the dog sat on the mat", "the cat sat on the mat", 2.7),
 ]
-FIT_TEXTS = ["the cat sat", "the dog runs fast .", "a house on the river", "mat , cat , dog", "the river runs",
-             "the house , the mat", "on the mat sat the cat", "fast , fast , fast"]
+FIT_TEXTS = [
+    "the cat sat",
+    "the dog runs fast .",
+    "a house on the river",
+    "mat , cat , dog",
+    "the river runs",
+    "the house , the mat",
+    "on the mat sat the cat",
+    "fast , fast , fast",
+]
 
 
 def _write_pairs(path: Path) -> Path:
@@ -230,13 +238,13 @@ def test_context_corpus_fits_the_table_apart_from_the_shaping(tiny_bert_path, tm
     assert fitted_on == f"the retrieval corpus (12 texts); context table: {table_corpus} (30 texts)"
     table_only, _ = evaluator.fit(EncoderConfig(model=recipe.model), str(table_corpus))
     assert table_only.backbone is encoder.backbone  # the table came from the context corpus
-    np.testing.assert_allclose(encoder.transforms[0].mean_, encoder.embed_raw(documents).astype(np.float64).mean(0),
-                               atol=1e-5)
+    np.testing.assert_allclose(encoder.transforms[0].mean_, encoder.embed_raw(documents).astype(np.float64).mean(0), atol=1e-5)
     _, fitted_on = evaluator.fit(EncoderConfig(model=recipe.model), None, context_corpus=str(table_corpus))
     assert fitted_on == f"context table: {table_corpus} (30 texts)"
     with pytest.raises(ValueError, match="has none"):
-        evaluator.fit(EncoderConfig(model=f"static:{tiny_bert_path}", shape="center"), documents,
-                      context_corpus=str(table_corpus))
+        evaluator.fit(
+            EncoderConfig(model=f"static:{tiny_bert_path}", shape="center"), documents, context_corpus=str(table_corpus)
+        )
 
 
 # -- evaluate ----------------------------------------------------------------------
@@ -250,15 +258,17 @@ def test_evaluate_sts_on_a_pairs_file(tiny_glove_path, tmp_path):
 
     corpus = tmp_path / "fit.txt"
     corpus.write_text("\n".join(FIT_TEXTS) + "\n")
-    centred = evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
-                       fit_corpus=str(corpus))
+    centred = evaluate(
+        "sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs], fit_corpus=str(corpus)
+    )
     table = read_glove(tiny_glove_path)
     mean = np.mean([_glove_average(table, text) for text in FIT_TEXTS], axis=0)
     assert centred["scores"]["tiny_pairs"] == pytest.approx(_reference_spearman(tiny_glove_path, mean), abs=0.006)
     assert centred["transductive"] is False
 
-    labelled = evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs],
-                        transductive=True)
+    labelled = evaluate(
+        "sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs], transductive=True
+    )
     assert labelled["transductive"] is True and labelled["fitted_on"].startswith("TRANSDUCTIVE")
     with pytest.raises(ValueError, match="needs a fit corpus"):
         evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs])
@@ -271,8 +281,9 @@ def test_cli_eval_sts_prints_and_writes_json(tiny_glove_path, tmp_path, monkeypa
 
     pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", ["isotrope", "eval", "sts", "--model", tiny_glove_path, "--pairs", str(pairs),
-                                      "--json", str(out)])
+    monkeypatch.setattr(
+        sys, "argv", ["isotrope", "eval", "sts", "--model", tiny_glove_path, "--pairs", str(pairs), "--json", str(out)]
+    )
     main()
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
@@ -285,8 +296,21 @@ def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, 
     pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
     table_corpus = tmp_path / "general.txt"
     table_corpus.write_text("\n".join(make_sentences(20, seed=1)) + "\n")
-    monkeypatch.setattr(sys, "argv", ["isotrope", "eval", "sts", "--model", f"static:{tiny_bert_path}+context:{tiny_bert_path}",
-                                      "--pairs", str(pairs), "--context-corpus", str(table_corpus)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "isotrope",
+            "eval",
+            "sts",
+            "--model",
+            f"static:{tiny_bert_path}+context:{tiny_bert_path}",
+            "--pairs",
+            str(pairs),
+            "--context-corpus",
+            str(table_corpus),
+        ],
+    )
     main()
     assert json.loads(capsys.readouterr().out)["fitted_on"] == f"context table: {table_corpus} (20 texts)"
 
@@ -309,10 +333,12 @@ def test_evaluate_retrieval_fits_on_the_documents_never_the_queries(tiny_glove_p
     documents = ["the cat sat on the mat", "the dog runs fast", "a house on the river", "mat , river , fast"]
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n"
-                                               for i, text in enumerate(documents)))
-    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
-                                                for i, text in enumerate(documents)))
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n" for i, text in enumerate(documents))
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n" for i, text in enumerate(documents))
+    )
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4)))
     recipe = EncoderConfig(model=tiny_glove_path, shape="center")
     result = evaluate("retrieval", recipe, Evaluator(), beir=beir, fit_corpus="corpus", split=None)
@@ -337,8 +363,11 @@ def test_clustering_limit_samples_across_a_label_sorted_file(tiny_glove_path, tm
 
 def test_clustering_fits_on_another_split_of_the_file(tiny_glove_path, tmp_path):
     path = tmp_path / "clusters.jsonl"
-    rows = [{"text": f"{word} {word} the", "label": label, "split": "test"}
-            for label, word in enumerate(["cat", "dog", "house"]) for _ in range(4)]
+    rows = [
+        {"text": f"{word} {word} the", "label": label, "split": "test"}
+        for label, word in enumerate(["cat", "dog", "house"])
+        for _ in range(4)
+    ]
     rows += [{"text": f"the {word} river", "label": 0, "split": "train"} for word in ["cat", "dog", "green", "red", "old"]]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     recipe = EncoderConfig(model=tiny_glove_path, shape="center")
@@ -368,9 +397,11 @@ def test_run_sweep_writes_json_and_markdown(tiny_glove_path, tiny_bert_path, tmp
     path.write_text(json.dumps(config))
     rows = run_sweep(path, tmp_path / "out" / "tiny")
 
-    assert [row["recipe"] for row in rows] == [f"{tiny_glove_path} pool=mean shape=none",
-                                               f"{tiny_glove_path} pool=mean shape=center",
-                                               f"{tiny_bert_path} pool=mean shape=none"]
+    assert [row["recipe"] for row in rows] == [
+        f"{tiny_glove_path} pool=mean shape=none",
+        f"{tiny_glove_path} pool=mean shape=center",
+        f"{tiny_bert_path} pool=mean shape=none",
+    ]
     assert json.loads((tmp_path / "out" / "tiny.json").read_text()) == rows
     assert rows[0]["scores"]["tiny_pairs"] == pytest.approx(_reference_spearman(tiny_glove_path), abs=0.006)
     assert rows[1]["fitted_on"] == f"fit.txt ({len(FIT_TEXTS)} texts)"  # paths relative to data_dir, as in the files
@@ -380,7 +411,7 @@ def test_run_sweep_writes_json_and_markdown(tiny_glove_path, tiny_bert_path, tmp
     markdown = (tmp_path / "out" / "tiny.md").read_text().splitlines()
     assert markdown[0] == "### sts"
     header = markdown.index("| recipe | fitted on | tiny_pairs | avg |")
-    body = markdown[header + 2: header + 5]
+    body = markdown[header + 2 : header + 5]
     for line, row in zip(body, rows):
         assert line == f"| {row['recipe']} | {row['fitted_on']} | {row['scores']['tiny_pairs']} | {row['average']} |"
     assert "| fit.txt (8 texts) |" in body[1]
@@ -394,8 +425,10 @@ def test_run_sweep_task_fit_corpus_is_a_default(tiny_glove_path, tmp_path):
     config = {
         "data_dir": str(data),
         "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"], "fit_corpus": "fit.txt"}},
-        "recipes": [{"model": tiny_glove_path, "shape": "center"},
-                    {"model": tiny_glove_path, "shape": "center", "fit_corpus": "other.txt"}],
+        "recipes": [
+            {"model": tiny_glove_path, "shape": "center"},
+            {"model": tiny_glove_path, "shape": "center", "fit_corpus": "other.txt"},
+        ],
     }
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(config))
@@ -409,15 +442,19 @@ def test_an_interrupted_sweep_resumes_with_the_rows_it_wrote(tiny_glove_path, tm
     data = tmp_path / "data"
     _write_pairs(data / "tiny_pairs.tsv")
     (data / "fit.txt").write_text("\n".join(FIT_TEXTS) + "\n")
-    config = {"data_dir": str(data), "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"], "fit_corpus": "fit.txt"}},
-              "grid": {"model": [tiny_glove_path], "shape": ["none", "center"]}}
+    config = {
+        "data_dir": str(data),
+        "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"], "fit_corpus": "fit.txt"}},
+        "grid": {"model": [tiny_glove_path], "shape": ["none", "center"]},
+    }
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(config))
     first = run_sweep(path, tmp_path / "out")
     evaluated = []
     real_evaluate = sweep.evaluate
-    monkeypatch.setattr(sweep, "evaluate", lambda task, recipe, *a, **k: evaluated.append(recipe.shape)
-                        or real_evaluate(task, recipe, *a, **k))
+    monkeypatch.setattr(
+        sweep, "evaluate", lambda task, recipe, *a, **k: evaluated.append(recipe.shape) or real_evaluate(task, recipe, *a, **k)
+    )
     config["grid"]["shape"].insert(0, "whiten")  # a new point before the finished ones
     path.write_text(json.dumps(config))
     second = run_sweep(path, tmp_path / "out")
@@ -435,13 +472,18 @@ def test_run_sweep_keeps_frequency_keywords_beside_a_folder_of_that_name(tiny_gl
     _write_pairs(data / "tiny_pairs.tsv")
     (data / "wordfreq").mkdir()  # as in a data root that ships a wordfreq/ folder
     (data / "counts.txt").write_text("the 100\ncat 5\n")
-    config = {"data_dir": str(data), "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"]}},
-              "grid": {"model": [tiny_glove_path], "weights": ["sif"], "frequencies": ["wordfreq", "counts.txt"]}}
+    config = {
+        "data_dir": str(data),
+        "tasks": {"sts": {"pairs": ["tiny_pairs.tsv"]}},
+        "grid": {"model": [tiny_glove_path], "weights": ["sif"], "frequencies": ["wordfreq", "counts.txt"]},
+    }
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(config))
     rows = run_sweep(path, tmp_path / "out")
-    assert [row["recipe"] for row in rows] == [f"{tiny_glove_path} pool=mean w=sif[wordfreq] shape=none",
-                                               f"{tiny_glove_path} pool=mean w=sif[counts.txt] shape=none"]
+    assert [row["recipe"] for row in rows] == [
+        f"{tiny_glove_path} pool=mean w=sif[wordfreq] shape=none",
+        f"{tiny_glove_path} pool=mean w=sif[counts.txt] shape=none",
+    ]
 
 
 def test_run_sweep_rejects_bad_configs(tmp_path):

@@ -10,8 +10,14 @@ from isotrope.encoder import ShapedEncoder
 from isotrope.export import export_encoder
 from isotrope.fold import FoldError, fold_encoder
 
-TEXTS = ["the cat sees a small bird.", "dogs run", "she loves the music of the river and the rain in the city!",
-         "red car , blue house ; old tree", "zzz qqq", "a new word means a new sentence"]
+TEXTS = [
+    "the cat sees a small bird.",
+    "dogs run",
+    "she loves the music of the river and the rain in the city!",
+    "red car , blue house ; old tree",
+    "zzz qqq",
+    "a new word means a new sentence",
+]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -21,8 +27,9 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=["whiten-partial", "center,abtt(1),whiten(power=-0.5),l2"])
 def encoder(request, tiny_bert_path) -> ShapedEncoder:
-    return ShapedEncoder.create(f"static:{tiny_bert_path}", shape=request.param, weights="sif",
-                                exclude_punctuation=True).fit(make_sentences(200))
+    return ShapedEncoder.create(f"static:{tiny_bert_path}", shape=request.param, weights="sif", exclude_punctuation=True).fit(
+        make_sentences(200)
+    )
 
 
 def test_model2vec_loads_the_export(encoder, tmp_path):
@@ -45,7 +52,8 @@ def test_sentence_transformers_loads_the_export(encoder, tmp_path):
 def test_word_vector_export(tiny_glove_path, tmp_path):
     model2vec = pytest.importorskip("model2vec")
     encoder = ShapedEncoder.create(tiny_glove_path, shape="whiten-partial").fit(
-        ["the cat sat on the mat .", "the dog runs fast", "House , River", "the river runs"] * 10)
+        ["the cat sat on the mat .", "the dog runs fast", "House , River", "the river runs"] * 10
+    )
     texts = ["The cat runs fast.", "a dog on the mat", "River House unknownword"]
     model = model2vec.StaticModel.from_pretrained(export_encoder(encoder, tmp_path / "glove", "model2vec"))
     assert cosines(model.encode(texts), encoder.encode(texts)).min() >= 0.9999
@@ -72,21 +80,44 @@ def test_cli_fold_and_export(monkeypatch, capsys, tmp_path, tiny_bert_path):
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(make_sentences(150, seed=2)) + "\n")
-    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "enc",
-                             "--model", f"static:{tiny_bert_path}", "--shape", "whiten-partial")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--out",
+        tmp_path / "enc",
+        "--model",
+        f"static:{tiny_bert_path}",
+        "--shape",
+        "whiten-partial",
+    )
     assert code == 0, err
-    code, out, err = run_cli(monkeypatch, capsys, "fold", tmp_path / "enc", "--out", tmp_path / "folded",
-                             "--dtype", "float16", "--dims", "16")
+    code, out, err = run_cli(
+        monkeypatch, capsys, "fold", tmp_path / "enc", "--out", tmp_path / "folded", "--dtype", "float16", "--dims", "16"
+    )
     assert code == 0 and "16 dims, float16" in out, err
     folded = ShapedEncoder.load(tmp_path / "folded")
     assert folded.dim == 16
-    code, out, err = run_cli(monkeypatch, capsys, "export", tmp_path / "folded", "--format", "model2vec",
-                             "--out", tmp_path / "m2v")
+    code, out, err = run_cli(
+        monkeypatch, capsys, "export", tmp_path / "folded", "--format", "model2vec", "--out", tmp_path / "m2v"
+    )
     assert code == 0 and (tmp_path / "m2v" / "model.safetensors").is_file(), err
 
-    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "quantile",
-                             "--model", f"static:{tiny_bert_path}", "--shape", "quantile(n_quantiles=20),l2")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--out",
+        tmp_path / "quantile",
+        "--model",
+        f"static:{tiny_bert_path}",
+        "--shape",
+        "quantile(n_quantiles=20),l2",
+    )
     assert code == 0, err
-    code, out, err = run_cli(monkeypatch, capsys, "export", tmp_path / "quantile", "--format", "sentence-transformers",
-                             "--out", tmp_path / "st")
+    code, out, err = run_cli(
+        monkeypatch, capsys, "export", tmp_path / "quantile", "--format", "sentence-transformers", "--out", tmp_path / "st"
+    )
     assert code == 1 and err.count("\n") == 1 and "step 0 (quantile) is not linear" in err

@@ -27,8 +27,7 @@ def exact(data, queries, metric):
 
 def build(tmp_path, metric, refine, factory="IVF16,SQ4"):
     data = clustered(N)
-    store = FaissStore(tmp_path / f"{metric}-{refine}", DIM, factory=factory, metric=metric, refine=refine,
-                       nprobe=16)
+    store = FaissStore(tmp_path / f"{metric}-{refine}", DIM, factory=factory, metric=metric, refine=refine, nprobe=16)
     store.add([f"r{i}" for i in range(N)], data, None, [{"half": i % 2} for i in range(N)])
     store.commit()
     return store, data
@@ -66,8 +65,9 @@ def test_refine_persists_filters_and_switches_off(tmp_path):
     assert recall([[type(h)(f"r{(int(h.id[1:]) - 1) // 2}", h.score, None) for h in row] for row in hits], truth) >= 0.95
     for row, found in enumerate(hits):
         assert len(found) == K and all(int(h.id[1:]) % 2 == 1 for h in found)
-        np.testing.assert_allclose([h.score for h in found], scores[row, [(int(h.id[1:]) - 1) // 2 for h in found]],
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            [h.score for h in found], scores[row, [(int(h.id[1:]) - 1) // 2 for h in found]], rtol=1e-4, atol=1e-4
+        )
     assert FaissStore(tmp_path / "ip-4", refine=0).refine == 0  # for that handle only
     store.optimize(refine=0)
     store.close()

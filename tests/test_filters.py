@@ -24,7 +24,7 @@ from isotrope.stores.filters import matches, parse_where, to_lance, to_sqlite
         ("x <> 'b'", {"x": {"$ne": "b"}}),
         ("flag == TRUE", {"flag": {"$eq": True}}),
         ("lang in ('en','fr')", {"lang": {"$in": ["en", "fr"]}}),
-        ("lang NOT IN (\"en\", 2)", {"lang": {"$nin": ["en", 2]}}),
+        ('lang NOT IN ("en", 2)', {"lang": {"$nin": ["en", 2]}}),
         ("name = 'O''Brien'", {"name": {"$eq": "O'Brien"}}),
         (
             "source = 'a.txt' and year >= 2020",

@@ -144,9 +144,7 @@ def test_density_integrates_to_one() -> None:
     assert np.exp(flow.log_prob(grid)).sum() * cell == pytest.approx(1.0, abs=0.01)
 
 
-def test_save_load_gives_identical_outputs(
-    fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray], tmp_path
-) -> None:
+def test_save_load_gives_identical_outputs(fitted: FlowTransform, data: tuple[np.ndarray, np.ndarray], tmp_path) -> None:
     state = fitted.get_state()
     assert sorted(state) == sorted(FlowTransform.state_names)
     assert state["actnorm_bias_"].shape == (3, 8) and state["mixing_lower_"].shape == (3, 8, 8)

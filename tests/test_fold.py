@@ -16,8 +16,14 @@ from isotrope.encoder import ShapedEncoder
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import EncoderFormatError
 
-TEXTS = ["the cat sees a small bird.", "dogs run", "she loves the music of the river and the rain in the city!",
-         "red car , blue house ; old tree", "i", "a new word means a new sentence"]
+TEXTS = [
+    "the cat sees a small bird.",
+    "dogs run",
+    "she loves the music of the river and the rain in the city!",
+    "red car , blue house ; old tree",
+    "i",
+    "a new word means a new sentence",
+]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -34,12 +40,15 @@ def tiny_static(tiny_bert_path) -> str:
     return f"static:{tiny_bert_path}"
 
 
-@pytest.mark.parametrize("shape, options", [
-    ("whiten-partial", {"weights": "sif"}),
-    ("center,abtt(2),whiten(power=-0.25),l2", {"weights": "idf", "drop_top": 3, "exclude_punctuation": True}),
-    ("zscore,sif_removal(1),pca(12),l2", {}),
-    ("none", {"weights": "usif"}),
-])
+@pytest.mark.parametrize(
+    "shape, options",
+    [
+        ("whiten-partial", {"weights": "sif"}),
+        ("center,abtt(2),whiten(power=-0.25),l2", {"weights": "idf", "drop_top": 3, "exclude_punctuation": True}),
+        ("zscore,sif_removal(1),pca(12),l2", {}),
+        ("none", {"weights": "usif"}),
+    ],
+)
 def test_folded_vectors_equal_the_chain(tiny_static, shape, options):
     encoder = fitted(tiny_static, shape, **options)
     folded = fold_encoder(encoder)
@@ -65,7 +74,8 @@ def test_a_chain_without_l2_keeps_its_weights_and_scale(tiny_static):
 
 def test_word_vector_table_folds(tiny_glove_path):
     encoder = ShapedEncoder.create(tiny_glove_path, shape="whiten-partial").fit(
-        ["the cat sat on the mat .", "the dog runs fast", "House , River", "the river runs"] * 10)
+        ["the cat sat on the mat .", "the dog runs fast", "House , River", "the river runs"] * 10
+    )
     texts = ["The cat runs fast.", "a dog on the mat", "River House unknownword"]
     assert cosines(fold_encoder(encoder).encode(texts), encoder.encode(texts)).min() >= 0.9999
 
@@ -128,10 +138,13 @@ def test_a_text_of_zero_weight_tokens_encodes_to_zero(tiny_static):
     assert np.linalg.norm(encoder.encode(["! ? ."])) == pytest.approx(1.0, abs=1e-5)
 
 
-@pytest.mark.parametrize("shape, message", [
-    ("quantile(n_quantiles=20),l2", r"step 0 \(quantile\) is not linear"),
-    ("center,l2,whiten", r"step 1 \(l2\) is not the last step"),
-])
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ("quantile(n_quantiles=20),l2", r"step 0 \(quantile\) is not linear"),
+        ("center,l2,whiten", r"step 1 \(l2\) is not the last step"),
+    ],
+)
 def test_chains_that_cannot_fold_name_the_step(tiny_static, shape, message):
     with pytest.raises(FoldError, match=message):
         fold_encoder(fitted(tiny_static, shape))
@@ -154,8 +167,9 @@ def test_folded_encoder_chunks_and_indexes(tiny_static, tmp_path):
     folded = fold_encoder(fitted(tiny_static, "whiten-partial"))
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("\n\n".join(make_sentences(30, seed=3)))
-    index_documents(tmp_path / "docs", f"faiss:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16,
-                    overlap_tokens=0, show_progress=False)
+    index_documents(
+        tmp_path / "docs", f"faiss:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16, overlap_tokens=0, show_progress=False
+    )
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         hit = collection.search("the cat sees a small bird", k=1)[0]
         expected = folded.encode([hit.text])[0] @ folded.encode(["the cat sees a small bird"])[0]
@@ -185,10 +199,16 @@ def test_loading_and_searching_a_folded_encoder_imports_no_torch(tiny_static, tm
     folder = folded.save(tmp_path / "folded")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("\n\n".join(make_sentences(20, seed=5)))
-    index_documents(tmp_path / "docs", f"{kind}:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16,
-                    overlap_tokens=0, show_progress=False)
-    result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(folder), f"{kind}:{tmp_path / 'store'}"],
-                            capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
+    index_documents(
+        tmp_path / "docs", f"{kind}:{tmp_path / 'store'}", encoder=folded, chunk_tokens=16, overlap_tokens=0, show_progress=False
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE, str(folder), f"{kind}:{tmp_path / 'store'}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert result.stdout.split() == ["3", str(folded.dim), "[]"], result.stderr
 
 
@@ -200,8 +220,7 @@ def test_cli_search_on_a_folded_store_imports_no_torch(tiny_static, tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("\n\n".join(make_sentences(20, seed=6)))
     store = f"faiss:{tmp_path / 'store'}"
-    index_documents(tmp_path / "docs", store, encoder=folded, chunk_tokens=16,
-                    overlap_tokens=0, show_progress=False)
+    index_documents(tmp_path / "docs", store, encoder=folded, chunk_tokens=16, overlap_tokens=0, show_progress=False)
     script = textwrap.dedent(f"""
         import sys
         sys.argv = ["isotrope", "search", {store!r}, "a cat", "-k", "2", "--json"]
@@ -225,14 +244,26 @@ def test_real_minilm_table_with_whiten_partial_folds():
     import json as json_module
     import pathlib
 
-    texts = [line.strip() for module in (json_module, pathlib, inspect, os)
-             for line in (inspect.getdoc(module) or "").splitlines() if len(line.strip()) > 30]
-    texts += [inspect.getdoc(getattr(pathlib.Path, name)) for name in dir(pathlib.Path)
-              if not name.startswith("_") and inspect.getdoc(getattr(pathlib.Path, name))]
+    texts = [
+        line.strip()
+        for module in (json_module, pathlib, inspect, os)
+        for line in (inspect.getdoc(module) or "").splitlines()
+        if len(line.strip()) > 30
+    ]
+    texts += [
+        inspect.getdoc(getattr(pathlib.Path, name))
+        for name in dir(pathlib.Path)
+        if not name.startswith("_") and inspect.getdoc(getattr(pathlib.Path, name))
+    ]
     assert len(texts) >= 100
     encoder = ShapedEncoder.create("static:all-MiniLM-L6-v2", shape="whiten-partial").fit(texts)
-    queries = ["how do I read a file", "JSON encoder for python objects", "get the current working directory",
-               "inspect the signature of a function", "the cat sees a small bird"]
+    queries = [
+        "how do I read a file",
+        "JSON encoder for python objects",
+        "get the current working directory",
+        "inspect the signature of a function",
+        "the cat sees a small bird",
+    ]
     folded = fold_encoder(encoder)
     assert cosines(folded.encode(queries, kind="query"), encoder.encode(queries, kind="query")).min() >= 0.9999
     assert cosines(folded.encode(texts[:200]), encoder.encode(texts[:200])).min() >= 0.9999
@@ -251,12 +282,16 @@ def test_chunking_leaves_the_encoders_truncation_alone(tiny_static):
     assert len(folded.backbone.core_tokenizer.encode(long_text).ids) == 8
 
 
-@pytest.mark.parametrize("config", [{"type": "hf", "model": "all-MiniLM-L6-v2"},
-                                    {"type": "static", "source": "static:all-MiniLM-L6-v2"}])
+@pytest.mark.parametrize(
+    "config", [{"type": "hf", "model": "all-MiniLM-L6-v2"}, {"type": "static", "source": "static:all-MiniLM-L6-v2"}]
+)
 def test_a_transformer_without_the_extra_names_what_to_install(monkeypatch, config):
     from isotrope.backbones import make_backbone
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
-    with pytest.raises(ImportError, match=r"needs torch and transformers \(torch is not installed\): "
-                                          r"pip install 'isotrope\[transformers\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"needs torch and transformers \(torch is not installed\): "
+        r"pip install 'isotrope\[transformers\]'",
+    ):
         make_backbone(config)

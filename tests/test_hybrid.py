@@ -25,9 +25,58 @@ from isotrope.connectors.lancedb_store import LanceDBStore
 
 DIM = 8
 K = 7
-WORDS = ["run", "runs", "running", "runner", "jumps", "jumping", "jumped", "quick", "fox", "foxes", "dog", "dogs", "lazy", "café", "cafe", "naïve", "river", "rivers", "bank", "banks", "orchid", "zygomorphic", "the", "a", "and", "of", "to", "is", "not", "in", "protein", "proteins", "cell", "cells", "x42", "3d"]
-QUERIES = ["quick fox", "running dogs", "cafe naive", '"fox" AND -dog*', "protein NEAR(cell)", "the and of",
-           "zygomorphic orchid banks", "x42 3D", "RUNNERS jumped!", "", "fox OR", "^rivers: col:bank"]
+WORDS = [
+    "run",
+    "runs",
+    "running",
+    "runner",
+    "jumps",
+    "jumping",
+    "jumped",
+    "quick",
+    "fox",
+    "foxes",
+    "dog",
+    "dogs",
+    "lazy",
+    "café",
+    "cafe",
+    "naïve",
+    "river",
+    "rivers",
+    "bank",
+    "banks",
+    "orchid",
+    "zygomorphic",
+    "the",
+    "a",
+    "and",
+    "of",
+    "to",
+    "is",
+    "not",
+    "in",
+    "protein",
+    "proteins",
+    "cell",
+    "cells",
+    "x42",
+    "3d",
+]
+QUERIES = [
+    "quick fox",
+    "running dogs",
+    "cafe naive",
+    '"fox" AND -dog*',
+    "protein NEAR(cell)",
+    "the and of",
+    "zygomorphic orchid banks",
+    "x42 3D",
+    "RUNNERS jumped!",
+    "",
+    "fox OR",
+    "^rivers: col:bank",
+]
 #: the IDF each engine uses (isotrope.lexical): LanceDB and the reference store Lucene's, FTS5 its own
 IDF = {"memory": "lucene", "faiss": "fts5", "lance": "lucene"}
 
@@ -265,19 +314,30 @@ def test_collection_modes_group_by_and_unknown_fields(collection_uri):
 def test_cli_search_modes(collection_uri, monkeypatch, capsys):
     from test_search import run_cli
 
-    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, 'quick "fox" AND -dog*', "--mode", "lexical",
-                             "--json", "-k", 3)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "search", collection_uri, 'quick "fox" AND -dog*', "--mode", "lexical", "--json", "-k", 3
+    )
     assert code == 0, err
     assert len(json.loads(out)) == 3
-    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "quick fox", "--mode", "hybrid",
-                             "--alpha", 0.7, "--group-by", "source", "--json")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "search",
+        collection_uri,
+        "quick fox",
+        "--mode",
+        "hybrid",
+        "--alpha",
+        0.7,
+        "--group-by",
+        "source",
+        "--json",
+    )
     assert code == 0, err
     sources = [hit["metadata"]["source"] for hit in json.loads(out)]
     assert len(sources) == len(set(sources)) == 6
-    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "fox", "--mode", "lexical",
-                             "--where", "lang = 'en'")
-    assert code == 1 and err.splitlines() == [
-        "error: unknown filter field 'lang'; the stored metadata fields are: source"]
+    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "fox", "--mode", "lexical", "--where", "lang = 'en'")
+    assert code == 1 and err.splitlines() == ["error: unknown filter field 'lang'; the stored metadata fields are: source"]
 
 
 @pytest.mark.parametrize("kind", ["faiss", "lancedb"])
@@ -301,8 +361,9 @@ def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
     collection = store.collection
     text = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4, mode=VectorStoreQueryMode.TEXT_SEARCH))
     assert text.ids == [h.id for h in collection.search("quick fox", k=4, mode="lexical")]
-    hybrid = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4, mode=VectorStoreQueryMode.HYBRID,
-                                          alpha=0.25))
+    hybrid = store.query(
+        VectorStoreQuery(query_str="quick fox", similarity_top_k=4, mode=VectorStoreQueryMode.HYBRID, alpha=0.25)
+    )
     assert hybrid.ids == [h.id for h in collection.search("quick fox", k=4, mode="hybrid", alpha=0.25)]
     dense = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4))
     assert dense.ids == [h.id for h in collection.search("quick fox", k=4)]
@@ -321,13 +382,22 @@ def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
     queries = ["cats sitting", "running dog", "houses", "zzz unknown"]
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n"
-                                               for i, text in enumerate(documents)))
-    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n"
-                                                for i, text in enumerate(queries)))
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n" for i, text in enumerate(documents))
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n" for i, text in enumerate(queries))
+    )
     (beir / "qrels" / "test.tsv").write_text("".join(f"q{i}\td{i}\t1\n" for i in range(4)))
-    result = evaluate("retrieval", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), beir=beir,
-                      fit_corpus="corpus", modes=["dense", "lexical", "hybrid"], stores=["faiss", "lancedb"])
+    result = evaluate(
+        "retrieval",
+        EncoderConfig(model=tiny_glove_path, shape="center"),
+        Evaluator(),
+        beir=beir,
+        fit_corpus="corpus",
+        modes=["dense", "lexical", "hybrid"],
+        stores=["faiss", "lancedb"],
+    )
     for kind in ("faiss", "lancedb"):
         # q0..q2 find their document by a shared stem, first; q3 shares no term: reciprocal rank 0
         assert result["scores"][kind]["lexical"]["mrr@10"] == 75.0

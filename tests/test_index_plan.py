@@ -98,7 +98,8 @@ def test_faiss_nprobe_override_takes_effect(tmp_path, small_threshold):
     bare = faiss.read_index(str(tmp_path / "s" / "index.faiss"))
     _, keys = bare.search(queries, 10, params=faiss.SearchParametersIVF(nprobe=1))
     assert [[int(h.id) for h in row] for row in narrow.search(queries, 10)] == [
-        [int(key) - 1 for key in row if key >= 0] for row in keys]  # keys are 1-based rowids
+        [int(key) - 1 for key in row if key >= 0] for row in keys
+    ]  # keys are 1-based rowids
     narrow.close()
     wide = FaissStore(tmp_path / "s", nprobe=nlist)  # every list: IVF-Flat is exact
     assert recall_of(wide.search(queries, 10), brute_force(queries, data)) == 1.0
@@ -147,7 +148,7 @@ def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path
     assert store.vector_index is None
     fill(store, data[1500:], batch=1500, first=1500)
     info = store.index_info()
-    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000 ** 0.5)
+    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000**0.5)
     assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()
@@ -167,8 +168,22 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     docs.mkdir()
     (docs / "a.txt").write_text("\n\n".join(make_sentences(40, seed=3)))
     store = f"faiss:{tmp_path / 's'}"
-    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", store, "--model", tiny_bert_path,
-                             "--shape", "center", "--chunk-tokens", "16", "--overlap-tokens", "0")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "index",
+        docs,
+        "--store",
+        store,
+        "--model",
+        tiny_bert_path,
+        "--shape",
+        "center",
+        "--chunk-tokens",
+        "16",
+        "--overlap-tokens",
+        "0",
+    )
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "info", store)
     info = json.loads(out)
@@ -179,6 +194,7 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "optimize", store)
     assert code == 0, err and json.loads(out)["chunks"] == info["chunks"]
-    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}",
-                             "--index", "ivf", "--model", tiny_bert_path)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--index", "ivf", "--model", tiny_bert_path
+    )
     assert code != 0 and "--index" in err and "ivf" in err

@@ -66,8 +66,9 @@ def stored_ids(uri: str) -> list[str]:
 
 
 def folder_digest(path: Path) -> dict[str, str]:
-    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def index(folder: Path, uri: str, **options):
@@ -89,8 +90,7 @@ def test_rerun_upsert_and_sync(tmp_path, encoder, kind):
         ids = sorted(first)
         hits = collection.store.get(ids)
         assert [h.text for h in hits] == [first[i].text for i in ids]
-        assert all(h.metadata["source"] == first[i].source and h.metadata["start"] == first[i].start
-                   for h, i in zip(hits, ids))
+        assert all(h.metadata["source"] == first[i].source and h.metadata["start"] == first[i].start for h, i in zip(hits, ids))
         np.testing.assert_allclose(collection.store.vectors(ids), encoder.encode([first[i].text for i in ids]), atol=1e-5)
         version = collection.store.version if kind == "lancedb" else None
         before = dict(zip(ids, collection.store.vectors(ids)))
@@ -115,8 +115,9 @@ def test_rerun_upsert_and_sync(tmp_path, encoder, kind):
     assert (report.added, report.deleted, report.unchanged) == (len(new), len(gone), len(second) - len(new))
     assert sorted(stored_ids(uri)) == sorted(second)
     with Collection.open(uri) as collection:
-        np.testing.assert_allclose(collection.store.vectors(sorted(new)),
-                                   encoder.encode([second[i].text for i in sorted(new)]), atol=1e-5)
+        np.testing.assert_allclose(
+            collection.store.vectors(sorted(new)), encoder.encode([second[i].text for i in sorted(new)]), atol=1e-5
+        )
         others = sorted(ids_of(first, "b.txt") | ids_of(first, "sub/c.rst"))
         np.testing.assert_array_equal(collection.store.vectors(others), np.stack([before[i] for i in others]))
 
@@ -176,8 +177,7 @@ def test_an_empty_corpus_is_an_error_and_creates_nothing(tmp_path, tiny_bert_pat
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "empty.txt").write_bytes(b"")
     with pytest.raises(ValueError, match="no text to index"):
-        index(tmp_path / "corpus", f"faiss:{tmp_path / 'store'}",
-              config=EncoderConfig(model=tiny_bert_path, shape="center"))
+        index(tmp_path / "corpus", f"faiss:{tmp_path / 'store'}", config=EncoderConfig(model=tiny_bert_path, shape="center"))
     assert not Collection.exists(f"faiss:{tmp_path / 'store'}")
 
 
@@ -234,8 +234,9 @@ def test_a_killed_ingestion_keeps_its_commits_and_resumes_without_duplicates(tmp
 
     log = tmp_path / "child.log"
     with open(log, "w") as stderr:  # one process writes both stores (one import of torch), each in a thread
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(corpus), *uris.values()],
-                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(corpus), *uris.values()], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     watchdog = threading.Timer(240, child.kill)
     watchdog.start()
     committed: dict[str, int] = {}
@@ -270,8 +271,9 @@ def test_a_killed_ingestion_keeps_its_commits_and_resumes_without_duplicates(tmp
         with Collection.open(uri) as collection:
             final = collection.store.ids()
             assert len(final) == len(collection.store) == len(chunks) and set(final) == set(chunks)
-            np.testing.assert_allclose(collection.store.vectors(sorted(chunks)),
-                                       encoder.encode([chunks[i].text for i in sorted(chunks)]), atol=1e-5)
+            np.testing.assert_allclose(
+                collection.store.vectors(sorted(chunks)), encoder.encode([chunks[i].text for i in sorted(chunks)]), atol=1e-5
+            )
 
 
 # ----------------------------------------------------------------------------- the demo's docstring reader
@@ -322,7 +324,9 @@ FAKE_STDLIB = {
 
 
         def loads(s):
-            """Deserialize s to a Python object. ''' + "More words. " * 50 + '''"""
+            """Deserialize s to a Python object. '''
+    + "More words. " * 50
+    + '''"""
         ''',
     "test/test_argparse.py": '"""Tests are skipped."""\n',
     "__pycache__/cached.py": '"""Caches are skipped."""\n',
@@ -353,15 +357,27 @@ def test_stdlib_docstrings_reads_public_docstrings_without_importing(fake_stdlib
     long_docstring = "Deserialize s to a Python object. " + "More words. " * 50
     expected = {  # name -> (source, line, node kind, docstring)
         "argparse": ("argparse.py", 1, "Module", "Command-line parsing library."),
-        "argparse.ArgumentParser": ("argparse.py", line_of("argparse.py", "class ArgumentParser"), "ClassDef",
-                                    "Object for parsing command line strings into Python objects."),
-        "argparse.ArgumentParser.parse_args": ("argparse.py", line_of("argparse.py", "def parse_args"), "FunctionDef",
-                                               "Convert argument strings to objects."),
+        "argparse.ArgumentParser": (
+            "argparse.py",
+            line_of("argparse.py", "class ArgumentParser"),
+            "ClassDef",
+            "Object for parsing command line strings into Python objects.",
+        ),
+        "argparse.ArgumentParser.parse_args": (
+            "argparse.py",
+            line_of("argparse.py", "def parse_args"),
+            "FunctionDef",
+            "Convert argument strings to objects.",
+        ),
         "argparse.fetch": ("argparse.py", line_of("argparse.py", "async def fetch"), "AsyncFunctionDef", "Fetch asynchronously."),
         "antigravity": ("antigravity.py", 1, "Module", "Open a comic in a web browser."),
         "json": ("json/__init__.py", 1, "Module", "JSON encoder and decoder."),
-        "json.decoder.loads": ("json/decoder.py", line_of("json/decoder.py", "def loads"), "FunctionDef",
-                               long_docstring.strip()[:60]),
+        "json.decoder.loads": (
+            "json/decoder.py",
+            line_of("json/decoder.py", "def loads"),
+            "FunctionDef",
+            long_docstring.strip()[:60],
+        ),
     }
     found = {d.metadata["name"]: d for d in documents}
     assert sorted(found) == sorted(expected) and len(documents) == len(expected)

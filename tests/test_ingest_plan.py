@@ -50,8 +50,13 @@ def test_a_source_given_as_a_function_is_read_once_per_pass(tiny_glove_path, tmp
         calls.append(1)
         return (Document(f"d{i}.txt", text) for i, text in enumerate(texts))
 
-    plan = IngestPlan(documents, f"faiss:{tmp_path / 'store'}", config=EncoderConfig(model=tiny_glove_path, shape="center"),
-                      chunk_tokens=0, show_progress=False)
+    plan = IngestPlan(
+        documents,
+        f"faiss:{tmp_path / 'store'}",
+        config=EncoderConfig(model=tiny_glove_path, shape="center"),
+        chunk_tokens=0,
+        show_progress=False,
+    )
     report = run_local(plan)
     assert len(calls) == 2 and report.added == report.chunks == report.documents == len(texts)
     with Collection.open(plan.store) as collection:

@@ -24,10 +24,16 @@ def s3():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    options = {"aws_endpoint": endpoint, "aws_access_key_id": "test", "aws_secret_access_key": "test",
-               "aws_region": "us-east-1", "allow_http": "true"}
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                 region_name="us-east-1").create_bucket(Bucket="isotrope")
+    options = {
+        "aws_endpoint": endpoint,
+        "aws_access_key_id": "test",
+        "aws_secret_access_key": "test",
+        "aws_region": "us-east-1",
+        "allow_http": "true",
+    }
+    boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    ).create_bucket(Bucket="isotrope")
     yield options
     server.stop()
 
@@ -37,8 +43,7 @@ def test_a_store_on_s3_writes_reopens_searches_and_deletes(s3):
     vectors = np.random.default_rng(0).standard_normal((40, DIM)).astype(np.float32)
     store = LanceDBStore(uri, dim=DIM, metric="ip", index_threshold=None, storage_options=s3)
     assert store.path == uri
-    store.add([f"r{i}" for i in range(40)], vectors, [f"text {i}" for i in range(40)],
-              [{"half": i % 2} for i in range(40)])
+    store.add([f"r{i}" for i in range(40)], vectors, [f"text {i}" for i in range(40)], [{"half": i % 2} for i in range(40)])
     store.commit()
     store.close()
     store = LanceDBStore(uri, storage_options=s3)

@@ -77,10 +77,14 @@ def chunk_nodes(n_docs: int = 6, per_doc: int = 3) -> list[TextNode]:
         metadata = {"lang": ["en", "fr", "de"][i % 3], "score": round(i / len(sentences), 3), "tags": ["t", str(doc)]}
         if i % 4:
             metadata["year"] = 2018 + i % 5
-        nodes.append(TextNode(
-            id_=f"node-{i}", text=text, metadata=metadata,
-            relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=f"doc-{doc}")},
-        ))
+        nodes.append(
+            TextNode(
+                id_=f"node-{i}",
+                text=text,
+                metadata=metadata,
+                relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=f"doc-{doc}")},
+            )
+        )
     return nodes
 
 
@@ -101,8 +105,9 @@ def test_embeddings_equal_the_encoder_with_documents_and_queries_kept_apart(
     texts = make_sentences(10, seed=1)
     documents = encoder.encode(texts, kind="document")
     assert np.array_equal(np.asarray(embedding.get_text_embedding_batch(texts), dtype=np.float32), documents)
-    assert np.array_equal(np.asarray(embedding.get_text_embedding(texts[0]), dtype=np.float32),
-                          encoder.encode(texts[:1], kind="document")[0])
+    assert np.array_equal(
+        np.asarray(embedding.get_text_embedding(texts[0]), dtype=np.float32), encoder.encode(texts[:1], kind="document")[0]
+    )
     query = encoder.encode(texts[:1], kind="query")[0]
     assert np.array_equal(np.asarray(embedding.get_query_embedding(texts[0]), dtype=np.float32), query)
     assert not np.allclose(query, documents[0], atol=1e-3)  # the query prefix is applied
@@ -137,8 +142,7 @@ def test_from_nodes_fits_on_the_text_llama_index_embeds(tiny_bert_path: str, tmp
     assert texts[0].startswith("source: s0")
     reference = ShapedEncoder.create(tiny_bert_path, shape="center").fit(texts)
     assert fitted.fingerprint == reference.fingerprint
-    assert np.array_equal(np.asarray(fitted.get_text_embedding_batch(texts[:5]), dtype=np.float32),
-                          reference.encode(texts[:5]))
+    assert np.array_equal(np.asarray(fitted.get_text_embedding_batch(texts[:5]), dtype=np.float32), reference.encode(texts[:5]))
 
 
 def test_pickles_without_the_model_and_reloads_from_the_folder(
@@ -168,7 +172,9 @@ def test_ingestion_cache_never_serves_vectors_of_another_shaping(tiny_bert_path:
     documents = [Document(text=text) for text in make_sentences(6, seed=6)]
     cache = IngestionCache()
     path = tmp_path / "encoder"
-    first = IsotropeEmbedding.from_encoder(ShapedEncoder.create(tiny_bert_path, shape="center").fit(make_sentences(30, seed=7)), path)
+    first = IsotropeEmbedding.from_encoder(
+        ShapedEncoder.create(tiny_bert_path, shape="center").fit(make_sentences(30, seed=7)), path
+    )
     IngestionPipeline(transformations=[first], cache=cache).run(documents=[d.model_copy() for d in documents])
     # same folder, model name and options: only the fitted statistics (the fingerprint) differ
     refit = ShapedEncoder.create(tiny_bert_path, shape="center").fit(make_sentences(30, seed=8))
@@ -272,8 +278,11 @@ def test_pipeline_upserts_replace_the_nodes_of_a_changed_document(embedding: Iso
     from llama_index.core.storage.docstore import SimpleDocumentStore
 
     store = IsotropeVectorStore(store_uri("faiss", tmp_path), embed_model=embedding)
-    pipeline = IngestionPipeline(transformations=[SentenceSplitter(chunk_size=32, chunk_overlap=0), embedding],
-                                 docstore=SimpleDocumentStore(), vector_store=store)
+    pipeline = IngestionPipeline(
+        transformations=[SentenceSplitter(chunk_size=32, chunk_overlap=0), embedding],
+        docstore=SimpleDocumentStore(),
+        vector_store=store,
+    )
     texts = {f"doc-{i}": " ".join(make_sentences(3, seed=40 + i)) for i in range(3)}
     pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()])
     before = {node.node_id: node.ref_doc_id for node in store.get_nodes()}
@@ -291,8 +300,9 @@ def _reference_ids(nodes: list[TextNode], filters: MetadataFilters) -> set[str]:
         keep = build_metadata_filter_fn(lambda node_id: metadata[node_id], filters)
         metadata = {node.node_id: node.metadata for node in nodes}
         return {node.node_id for node in nodes if keep(node.node_id)}
-    parts = [_reference_ids(nodes, f if isinstance(f, MetadataFilters) else MetadataFilters(filters=[f]))
-             for f in filters.filters]
+    parts = [
+        _reference_ids(nodes, f if isinstance(f, MetadataFilters) else MetadataFilters(filters=[f])) for f in filters.filters
+    ]
     everything = {node.node_id for node in nodes}
     if filters.condition == FilterCondition.OR:
         return set().union(*parts)
@@ -314,15 +324,19 @@ FILTER_CASES = [
     MetadataFilters(filters=[F(key="year", value=[2019, 2022], operator=Op.NIN)]),
     MetadataFilters(filters=[F(key="year", value=2020, operator=Op.GTE), F(key="lang", value="fr")]),
     MetadataFilters(filters=[F(key="year", value=2019, operator=Op.LT), F(key="lang", value="de")], condition=C.OR),
-    MetadataFilters(filters=[F(key="lang", value="en"), F(key="year", value=[2020, 2021], operator=Op.IN)],
-                    condition=C.NOT),
-    MetadataFilters(filters=[
-        F(key="year", value=2020, operator=Op.GTE),
-        MetadataFilters(filters=[F(key="lang", value="en"), F(key="lang", value="de")], condition=C.OR),
-    ]),
-    MetadataFilters(filters=[
-        MetadataFilters(filters=[F(key="lang", value="en"), F(key="year", value=2020, operator=Op.NE)]),
-    ], condition=C.NOT),
+    MetadataFilters(filters=[F(key="lang", value="en"), F(key="year", value=[2020, 2021], operator=Op.IN)], condition=C.NOT),
+    MetadataFilters(
+        filters=[
+            F(key="year", value=2020, operator=Op.GTE),
+            MetadataFilters(filters=[F(key="lang", value="en"), F(key="lang", value="de")], condition=C.OR),
+        ]
+    ),
+    MetadataFilters(
+        filters=[
+            MetadataFilters(filters=[F(key="lang", value="en"), F(key="year", value=2020, operator=Op.NE)]),
+        ],
+        condition=C.NOT,
+    ),
 ]
 
 
@@ -365,8 +379,9 @@ def test_unsupported_filters_raise(filters: MetadataFilters, message: str, embed
 def test_delete_by_document_node_and_filter(kind: str, embedding: IsotropeEmbedding, tmp_path: Path) -> None:
     nodes = chunk_nodes()
     store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
-    index = VectorStoreIndex(embedded(nodes, embedding), storage_context=StorageContext.from_defaults(vector_store=store),
-                             embed_model=embedding)
+    index = VectorStoreIndex(
+        embedded(nodes, embedding), storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embedding
+    )
     index.delete_ref_doc("doc-2")
     remaining = {node.node_id for node in nodes if node.ref_doc_id != "doc-2"}
     assert set(store.client.ids()) == remaining
@@ -453,7 +468,12 @@ def test_standard_reload_from_a_persist_dir(kind: str, embedding: IsotropeEmbedd
 
     # the plain reload finds no SimpleVectorStore file (none that would silently hold nothing): LlamaIndex's error
     assert sorted(p.name for p in (tmp_path / "storage").glob("*store*.json")) == [
-        "default__isotrope_store.json", "docstore.json", "graph_store.json", "image__vector_store.json", "index_store.json"]
+        "default__isotrope_store.json",
+        "docstore.json",
+        "graph_store.json",
+        "image__vector_store.json",
+        "index_store.json",
+    ]
     with pytest.raises(KeyError, match="default"):
         load_index_from_storage(StorageContext.from_defaults(persist_dir=persist_dir), embed_model=embedding)
     with pytest.raises(FileNotFoundError, match="holds no persisted IsotropeVectorStore"):

@@ -45,8 +45,7 @@ def test_field_set_follows_adds_upserts_deletes_and_reopening(kind, tmp_path):
     store = open_store(kind, tmp_path)
     assert store.metadata_fields() == set()
     ids = [f"r{i}" for i in range(300)]
-    meta = [{"source": f"s{i % 3}", **({"year": i} if i % 2 else {}), **({"rare": 1} if i in (7, 8) else {})}
-            for i in range(300)]
+    meta = [{"source": f"s{i % 3}", **({"year": i} if i % 2 else {}), **({"rare": 1} if i in (7, 8) else {})} for i in range(300)]
     store.add(ids[:150], vectors(150), None, meta[:150])
     store.add(ids[150:], vectors(150, 1), None, meta[150:])
     assert store.metadata_fields() == stored_keys(store) == {"source", "year", "rare"}

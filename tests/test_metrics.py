@@ -97,6 +97,7 @@ def test_retrieval_metric_errors():
 
 # -- Spearman / V-measure -----------------------------------------------------------
 
+
 def test_spearman_by_hand_with_tied_gold():
     # gold ranks 1, 2, 3.5, 5, 3.5; deviations (-2,-1,0,1,2) and (-2,-1,.5,2,.5)
     expected = 100 * 8 / math.sqrt(10 * 9.5)
@@ -120,6 +121,7 @@ def test_v_measure_by_hand():
 
 
 # -- isotropy ------------------------------------------------------------------------
+
 
 def test_mean_cosine_extremes_and_brute_force():
     assert mean_cosine(np.eye(6)) == pytest.approx(0.0, abs=1e-12)
@@ -159,11 +161,11 @@ def test_partition_ratio_isotropic_vs_shifted_and_brute_force():
 
 def test_isotropy_report_keys():
     report = isotropy_report(np.eye(4))
-    assert report == pytest.approx({"n_vectors": 4, "dim": 4, "mean_cosine": 0.0,
-                                    "partition_ratio": 1.0, "effective_rank": 4.0})
+    assert report == pytest.approx({"n_vectors": 4, "dim": 4, "mean_cosine": 0.0, "partition_ratio": 1.0, "effective_rank": 4.0})
 
 
 # -- task runners ---------------------------------------------------------------------
+
 
 def test_top_k_matches_brute_force_with_ties_and_blocks():
     rng = np.random.default_rng(4)
@@ -183,15 +185,18 @@ def _bag_of_words(vocabulary: list[str]):
     def encode(texts: list[str], kind: str) -> np.ndarray:
         assert kind in ("query", "document")
         return np.array([[t.lower().split().count(w) for w in vocabulary] for t in texts], dtype=np.float32)
+
     return encode
 
 
 def test_eval_retrieval_with_a_bag_of_words_encoder():
-    corpus = {"1": {"title": "Cats", "text": "cats purr"}, "2": {"title": "", "text": "dogs bark"},
-              "3": {"title": "Birds", "text": "birds sing"}}
+    corpus = {
+        "1": {"title": "Cats", "text": "cats purr"},
+        "2": {"title": "", "text": "dogs bark"},
+        "3": {"title": "Birds", "text": "birds sing"},
+    }
     assert document_text(corpus["1"]) == "Cats cats purr" and document_text(corpus["2"]) == "dogs bark"
-    dataset = BeirDataset(corpus, {"a": "cats", "b": "birds", "c": "fish"},
-                          {"a": {"1": 1}, "b": {"3": 2, "2": 1}, "c": {"2": 1}})
+    dataset = BeirDataset(corpus, {"a": "cats", "b": "birds", "c": "fish"}, {"a": {"1": 1}, "b": {"3": 2, "2": 1}, "c": {"2": 1}})
     encode = _bag_of_words(["cats", "dogs", "birds", "purr", "sing", "bark"])
     result = eval_retrieval(encode, dataset, k_values=(1, 10))
     assert set(result["run"]) == {"a", "b", "c"} and len(result["run"]["a"]) == 3
@@ -226,8 +231,7 @@ def test_eval_clustering_and_classification_on_separable_data():
     numeric = [sorted(centres).index(label) for label in labels]
     cv = eval_classification(encode, texts, numeric, folds=3, inner_folds=2, Cs=(0.5, 2.0))
     assert cv["accuracy"] == pytest.approx(100.0) and len(cv["per_fold"]) == 3
-    split = eval_classification(encode, texts, numeric, test_texts=["x 0", "z 1"], test_labels=[0, 2],
-                                inner_folds=2, Cs=(1.0,))
+    split = eval_classification(encode, texts, numeric, test_texts=["x 0", "z 1"], test_labels=[0, 2], inner_folds=2, Cs=(1.0,))
     assert split["accuracy"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="both"):
         eval_classification(encode, texts, numeric, test_texts=["x 0"])

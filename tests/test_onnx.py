@@ -24,9 +24,16 @@ INT8_COSINE = 0.999
 INT8_MINILM_MEAN_COSINE = {"onnx-int8": 0.93, "onnx-int8-per-channel": 0.985}
 PROMPT = 'this sentence : "{text}" means [MASK] .'
 MODES = [  # (pooling, layers, prompt): every pooling and every kind of layer choice
-    ("mean", "last", None), ("cls", "last", None), ("max", "last", None), ("mean_sqrt_len", "last", None),
-    ("weighted_mean", "last", None), ("last_token", "last", None), ("mean", "first_last", None),
-    ("mean", 1, None), ("mean", "1,3", None), ("mask", "last", PROMPT),
+    ("mean", "last", None),
+    ("cls", "last", None),
+    ("max", "last", None),
+    ("mean_sqrt_len", "last", None),
+    ("weighted_mean", "last", None),
+    ("last_token", "last", None),
+    ("mean", "first_last", None),
+    ("mean", 1, None),
+    ("mean", "1,3", None),
+    ("mask", "last", PROMPT),
 ]
 
 
@@ -127,10 +134,17 @@ def test_token_budget_batching_is_shared(tiny_bert_path, texts, monkeypatch):
     encoder = ShapedEncoder.create(tiny_bert_path, backend="onnx")
     shapes = []
     run = encoder.backbone.onnx.states
-    monkeypatch.setattr(encoder.backbone.onnx, "states", lambda ids, mask, layers: shapes.append(ids.shape) or run(ids, mask, layers))
-    plan = [(index.tolist(), batch.input_ids.shape) for index, batch in
-            ShapedEncoder.create(tiny_bert_path).backbone.iter_batches(texts, batch_size=16, max_tokens=120)]
-    got = [(index.tolist(), batch.input_ids.shape) for index, batch in encoder.backbone.iter_batches(texts, batch_size=16, max_tokens=120)]
+    monkeypatch.setattr(
+        encoder.backbone.onnx, "states", lambda ids, mask, layers: shapes.append(ids.shape) or run(ids, mask, layers)
+    )
+    plan = [
+        (index.tolist(), batch.input_ids.shape)
+        for index, batch in ShapedEncoder.create(tiny_bert_path).backbone.iter_batches(texts, batch_size=16, max_tokens=120)
+    ]
+    got = [
+        (index.tolist(), batch.input_ids.shape)
+        for index, batch in encoder.backbone.iter_batches(texts, batch_size=16, max_tokens=120)
+    ]
     assert got == plan and [shape for _, shape in plan] == shapes
     assert all(rows * width <= 120 or rows == 1 for rows, width in shapes)
     widths = [width for _, width in shapes]
@@ -157,8 +171,10 @@ def test_fingerprint_records_backend_and_numeric_class(tiny_bert_path, texts, tm
 def test_evaluation_cache_is_keyed_on_the_backend(tiny_bert_path, tmp_path):
     from isotrope.evaluate.cache import CachedBackbone
 
-    prefixes = {backend: CachedBackbone(ShapedEncoder.create(tiny_bert_path, backend=backend).backbone, tmp_path)._prefix()
-                for backend in ("torch", "onnx", "onnx-int8")}
+    prefixes = {
+        backend: CachedBackbone(ShapedEncoder.create(tiny_bert_path, backend=backend).backbone, tmp_path)._prefix()
+        for backend in ("torch", "onnx", "onnx-int8")
+    }
     assert len(set(prefixes.values())) == 3
 
 
@@ -187,7 +203,13 @@ def test_store_policy_across_backends(tiny_bert_path, texts, tmp_path, caplog):
 
 @pytest.mark.slow
 def test_minilm_fp32_and_int8(texts):
-    sentences = ["A man is playing a guitar.", "The new movie is awesome!", "Cheap flights to Paris in June", "A woman slices an onion on a wooden board while the soup boils.", *texts[:20]]
+    sentences = [
+        "A man is playing a guitar.",
+        "The new movie is awesome!",
+        "Cheap flights to Paris in June",
+        "A woman slices an onion on a wooden board while the soup boils.",
+        *texts[:20],
+    ]
     for pooling, layers in (("mean", "last"), ("cls", "first_last"), ("mean", 3)):
         torch_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers).encode(sentences)
         onnx_vectors = ShapedEncoder.create("all-MiniLM-L6-v2", pooling=pooling, layers=layers, backend="onnx").encode(sentences)
@@ -204,13 +226,26 @@ def test_cli_fit_encode_and_index_with_a_backend(tiny_bert_path, texts, tmp_path
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(texts) + "\n")
-    code, out, err = run_cli(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "enc", "--model", tiny_bert_path,
-                             "--shape", "center", "--backend", "onnx-int8")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--out",
+        tmp_path / "enc",
+        "--model",
+        tiny_bert_path,
+        "--shape",
+        "center",
+        "--backend",
+        "onnx-int8",
+    )
     assert code == 0, err
     saved = ShapedEncoder.load(tmp_path / "enc")
     assert saved.backbone.backend == "onnx-int8" and f"fingerprint {saved.fingerprint}" in out
-    code, _, err = run_cli(monkeypatch, capsys, "encode", tmp_path / "enc", corpus, "--out", tmp_path / "v.npy",
-                           "--backend", "onnx")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "encode", tmp_path / "enc", corpus, "--out", tmp_path / "v.npy", "--backend", "onnx"
+    )
     assert code == 0, err
     reference = ShapedEncoder.load(tmp_path / "enc", backend="onnx").encode(texts)
     np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), reference)
@@ -218,8 +253,22 @@ def test_cli_fit_encode_and_index_with_a_backend(tiny_bert_path, texts, tmp_path
     docs.mkdir()
     (docs / "a.md").write_text("\n\n".join(texts[:20]) + "\n")
     store = f"lancedb:{tmp_path / 'store'}"
-    code, out, err = run_cli(monkeypatch, capsys, "index", docs, "--store", store, "--model", tiny_bert_path,
-                             "--chunk-tokens", "32", "--overlap-tokens", "8", "--backend", "onnx-int8")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "index",
+        docs,
+        "--store",
+        store,
+        "--model",
+        tiny_bert_path,
+        "--chunk-tokens",
+        "32",
+        "--overlap-tokens",
+        "8",
+        "--backend",
+        "onnx-int8",
+    )
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "search", store, texts[3], "-k", "1", "--backend", "torch")
     assert code == 1 and err.count("\n") == 1 and "holds int8 vectors" in err

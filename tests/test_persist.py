@@ -22,8 +22,9 @@ SHAPE = "center,abtt(2),whiten(power=-0.25,n_components=12),quantile(n_quantiles
 
 @pytest.fixture(scope="module")
 def fitted(tiny_bert_path) -> ShapedEncoder:
-    encoder = ShapedEncoder.create(tiny_bert_path, shape=SHAPE, weights="sif", drop_top=2, exclude_punctuation=True,
-                                   layers="first_last", device="cpu")
+    encoder = ShapedEncoder.create(
+        tiny_bert_path, shape=SHAPE, weights="sif", drop_top=2, exclude_punctuation=True, layers="first_last", device="cpu"
+    )
     return encoder.fit(make_sentences(150), fitted_on="tiny sentences")
 
 
@@ -140,9 +141,14 @@ def test_missing_folder_or_spec(tmp_path, copy):
         ShapedEncoder.load(copy)
 
 
-@pytest.mark.parametrize(("content", "message"), [("{not json", "isotrope.json is corrupt"),
-                                                  ("[1, 2]", "corrupt: expected a JSON object"),
-                                                  (b"\xff\xfe\x00", "isotrope.json is corrupt")])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "isotrope.json is corrupt"),
+        ("[1, 2]", "corrupt: expected a JSON object"),
+        (b"\xff\xfe\x00", "isotrope.json is corrupt"),
+    ],
+)
 def test_corrupt_spec(copy, content, message):
     if isinstance(content, bytes):
         (copy / SPEC_FILE).write_bytes(content)
@@ -180,8 +186,10 @@ def test_corrupt_state_file(copy):
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("transforms.1.components_", "abtt transform state is missing arrays: components_"),
-     ("weighting.weights_", "weighting state is missing the array 'weights_'")],
+    [
+        ("transforms.1.components_", "abtt transform state is missing arrays: components_"),
+        ("weighting.weights_", "weighting state is missing the array 'weights_'"),
+    ],
 )
 def test_missing_array(copy, name, message):
     state = load_file(copy / STATE_FILE)

@@ -21,8 +21,7 @@ from isotrope.evaluate.cache import CachedBackbone
 from isotrope.pooling import pool
 
 PROMPT = 'This sentence : "{text}" means in one word:"'
-TEXTS = ["the cat sees a small bird .", "dogs run", "she loves the music of the river and the rain in the city !",
-         "a red car"]
+TEXTS = ["the cat sees a small bird .", "dogs run", "she loves the music of the river and the rain in the city !", "a red car"]
 ARCHS = ("gpt2", "llama")
 DECODER_VOCAB = ["<unk>", "<s>", "</s>", *dict.fromkeys([*WORDS, "one", *PUNCTUATION])]
 
@@ -38,8 +37,9 @@ def _tokenizer(bos: bool):
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     if bos:
         backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   model_max_length=128)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=128
+    )
 
 
 def _randomise_norms(model: torch.nn.Module) -> None:
@@ -58,13 +58,20 @@ def decoder_path(request, tmp_path_factory) -> str:
     arch = request.param
     size = len(DECODER_VOCAB)
     if arch == "gpt2":
-        config = GPT2Config(vocab_size=size, n_positions=128, n_embd=32, n_layer=3, n_head=4, bos_token_id=1,
-                            eos_token_id=2)
+        config = GPT2Config(vocab_size=size, n_positions=128, n_embd=32, n_layer=3, n_head=4, bos_token_id=1, eos_token_id=2)
         model_class = GPT2Model
     else:
-        config = LlamaConfig(vocab_size=size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                             bos_token_id=1, eos_token_id=2)
+        config = LlamaConfig(
+            vocab_size=size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         model_class = LlamaModel
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -124,7 +131,7 @@ def test_slot_takes_the_previous_layers_last_token_state(decoder_path, start, en
     text = TEXTS[0]
     (ids,), _ = backbone.tokenize([text])
     slot = ids.index(backbone.prepending.slot_id)
-    assert backbone.tokenizer.convert_ids_to_tokens(ids[slot - 1: slot + 2]) == [":", SLOT_TOKEN, '"']
+    assert backbone.tokenizer.convert_ids_to_tokens(ids[slot - 1 : slot + 2]) == [":", SLOT_TOKEN, '"']
     expected = reference_states(decoder_path, ids, slot, start, end)
 
     inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
@@ -174,15 +181,16 @@ def _left_padded(batch_ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, n
     input_ids = np.full((len(batch_ids), width), pad_id, dtype=np.int64)
     attention = np.zeros((len(batch_ids), width), dtype=bool)
     for row, ids in enumerate(batch_ids):
-        input_ids[row, width - len(ids):] = ids
-        attention[row, width - len(ids):] = True
+        input_ids[row, width - len(ids) :] = ids
+        attention[row, width - len(ids) :] = True
     return input_ids, attention
 
 
 @pytest.mark.parametrize("pooling", ["last_token", "mean"])
 def test_batches_with_left_or_right_padding_match_one_text_at_a_time(decoder_path, pooling):
-    encoder = ShapedEncoder.create(decoder_path, prompt=PROMPT, pooling=pooling, layers="first_last",
-                                   token_prepending=True, tp_layers="0:2", device="cpu")
+    encoder = ShapedEncoder.create(
+        decoder_path, prompt=PROMPT, pooling=pooling, layers="first_last", token_prepending=True, tp_layers="0:2", device="cpu"
+    )
     alone = np.stack([encoder.embed_raw([text])[0] for text in TEXTS])
     right = encoder.embed_raw(TEXTS, batch_size=len(TEXTS))  # the backbone pads on the right
     np.testing.assert_allclose(right, alone, rtol=1e-4, atol=1e-5)
@@ -206,8 +214,12 @@ def test_an_encoder_only_model_is_one_line_error(tiny_bert_path):
 def test_no_layer_list_and_bad_ranges_are_one_line_errors():
     with pytest.raises(ValueError, match="no list of 4 decoder layers"):
         find_layer_list(torch.nn.Sequential(torch.nn.Linear(2, 2)), 4)
-    for spec, message in [("1:9", "0 <= START < END <= 8"), ("3:3", "START < END"), ("x", "START:END"),
-                          ((1, 2, 3), "two layer indices")]:
+    for spec, message in [
+        ("1:9", "0 <= START < END <= 8"),
+        ("3:3", "START < END"),
+        ("x", "START:END"),
+        ((1, 2, 3), "two layer indices"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_tp_layers(spec, 8)
     assert parse_tp_layers(None, 32) == (1, 8) and parse_tp_layers(None, 3) == (1, 2)
@@ -239,8 +251,14 @@ def test_slot_is_special_and_survives_truncation_of_the_text(decoder_path):
 def test_fit_save_load_fingerprint_and_composition(decoder_path, tmp_path):
     """TP with layer averaging, idf weights and a fitted chain; saved in isotrope.json and the fingerprint."""
     texts = make_sentences(60, seed=3)
-    options = {'prompt': PROMPT, 'pooling': "mean", 'layers': "first_last", 'weights': "idf", 'shape': "center,whiten,l2",
-                   'device': "cpu"}
+    options = {
+        "prompt": PROMPT,
+        "pooling": "mean",
+        "layers": "first_last",
+        "weights": "idf",
+        "shape": "center,whiten,l2",
+        "device": "cpu",
+    }
     encoder = ShapedEncoder.create(decoder_path, token_prepending=True, tp_layers="1:3", **options).fit(texts)
     vectors = encoder.encode(TEXTS)
     folder = encoder.save(tmp_path / "enc")
@@ -249,15 +267,19 @@ def test_fit_save_load_fingerprint_and_composition(decoder_path, tmp_path):
     loaded = ShapedEncoder.load(folder, device="cpu")
     assert loaded.fingerprint == encoder.fingerprint
     np.testing.assert_allclose(loaded.encode(TEXTS), vectors, rtol=1e-5, atol=1e-6)
-    others = [ShapedEncoder.create(decoder_path, **options).fit(texts),
-              ShapedEncoder.create(decoder_path, token_prepending=True, tp_layers="0:3", **options).fit(texts)]
+    others = [
+        ShapedEncoder.create(decoder_path, **options).fit(texts),
+        ShapedEncoder.create(decoder_path, token_prepending=True, tp_layers="0:3", **options).fit(texts),
+    ]
     assert len({encoder.fingerprint, *(other.fingerprint for other in others)}) == 3
 
 
 def test_token_state_cache_keys_include_the_tp_settings(decoder_path, tmp_path):
-    backbones = [_backbone(decoder_path, prompt=PROMPT),
-                 _backbone(decoder_path, prompt=PROMPT, token_prepending=True, tp_layers=(1, 2)),
-                 _backbone(decoder_path, prompt=PROMPT, token_prepending=True, tp_layers=(0, 2))]
+    backbones = [
+        _backbone(decoder_path, prompt=PROMPT),
+        _backbone(decoder_path, prompt=PROMPT, token_prepending=True, tp_layers=(1, 2)),
+        _backbone(decoder_path, prompt=PROMPT, token_prepending=True, tp_layers=(0, 2)),
+    ]
     cached = [CachedBackbone(backbone, tmp_path / "cache") for backbone in backbones]
     assert len({c._prefix() for c in cached}) == 3
     for backbone, wrapped in zip(backbones, cached):  # one shared cache folder, each backbone its own states
@@ -278,9 +300,14 @@ def test_index_and_search_a_store_with_token_prepending(decoder_path, tmp_path):
     for number, sentence in enumerate(sentences):  # one chunk per file
         (source / f"{number:02d}.txt").write_text(sentence + "\n")
     store = f"faiss:{tmp_path / 'store'}"
-    index_documents(source, store, config=EncoderConfig(model=decoder_path, shape="center", pooling="last_token",
-                                                token_prepending=True, tp_layers="1:3"),
-                    chunk_tokens=64, overlap_tokens=8, show_progress=False)
+    index_documents(
+        source,
+        store,
+        config=EncoderConfig(model=decoder_path, shape="center", pooling="last_token", token_prepending=True, tp_layers="1:3"),
+        chunk_tokens=64,
+        overlap_tokens=8,
+        show_progress=False,
+    )
     with Collection.open(store) as collection:
         assert collection.encoder.backbone.get_config()["tp_layers"] == [1, 3]
         hits = collection.search(sentences[7], k=1)  # a stored text finds itself
@@ -292,13 +319,35 @@ def test_eval_sts_cli_end_to_end(decoder_path, tmp_path, monkeypatch, capsys):
     from isotrope.cli import main
 
     pairs = tmp_path / "tiny_pairs.tsv"
-    rows = [("the cat runs", "the dog runs", 3.5), ("a red car", "the blue car", 3.0), ("she sleeps", "the river", 0.5),
-            ("dogs eat food", "the dog eats", 4.0), ("the sun is big", "rain and snow", 1.0)]
+    rows = [
+        ("the cat runs", "the dog runs", 3.5),
+        ("a red car", "the blue car", 3.0),
+        ("she sleeps", "the river", 0.5),
+        ("dogs eat food", "the dog eats", 4.0),
+        ("the sun is big", "rain and snow", 1.0),
+    ]
     pairs.write_text("".join(f"{a}\t{b}\t{s}\n" for a, b, s in rows), encoding="utf-8")
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", ["isotrope", "eval", "sts", "--model", decoder_path, "--prompt", PROMPT,
-                                      "--pooling", "last_token", "--token-prepending", "--pairs", str(pairs),
-                                      "--json", str(out)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "isotrope",
+            "eval",
+            "sts",
+            "--model",
+            decoder_path,
+            "--prompt",
+            PROMPT,
+            "--pooling",
+            "last_token",
+            "--token-prepending",
+            "--pairs",
+            str(pairs),
+            "--json",
+            str(out),
+        ],
+    )
     try:
         main()
     except SystemExit as exit_:
@@ -312,8 +361,9 @@ def test_eval_cli_on_an_encoder_only_model_prints_one_line(tiny_bert_path, tmp_p
 
     pairs = tmp_path / "p.tsv"
     pairs.write_text("the cat\tthe dog\t1.0\na car\tthe sun\t2.0\n", encoding="utf-8")
-    monkeypatch.setattr(sys, "argv", ["isotrope", "eval", "sts", "--model", tiny_bert_path, "--token-prepending",
-                                      "--pairs", str(pairs)])
+    monkeypatch.setattr(
+        sys, "argv", ["isotrope", "eval", "sts", "--model", tiny_bert_path, "--token-prepending", "--pairs", str(pairs)]
+    )
     with pytest.raises(SystemExit) as exit_:
         main()
     err = capsys.readouterr().err
@@ -332,7 +382,7 @@ def test_shape_auto_and_the_harness_keep_tp_recipes_apart(decoder_path, tmp_path
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
     evaluator = Evaluator(cache_dir=tmp_path / "cache")
-    base = {'model': decoder_path, 'prompt': PROMPT, 'pooling': "last_token"}
+    base = {"model": decoder_path, "prompt": PROMPT, "pooling": "last_token"}
     tp = EncoderConfig(**base, shape="auto", token_prepending=True, tp_layers="1:3")
     result = evaluate("sts", tp, evaluator, pairs=[pairs], fit_corpus=str(corpus))
     assert "auto chose" in result["fitted_on"] and result["auto_shape"]["candidates"]
@@ -358,22 +408,63 @@ def _run(monkeypatch, capsys, *args: str) -> tuple[int, str]:
 def test_fit_and_index_commands_take_the_tp_options(decoder_path, tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(make_sentences(30, seed=9)) + "\n")
-    code, err = _run(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "enc", "--model", decoder_path,
-                     "--prompt", PROMPT, "--pooling", "last_token", "--shape", "center", "--token-prepending",
-                     "--tp-layers", "0:2")
+    code, err = _run(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--out",
+        tmp_path / "enc",
+        "--model",
+        decoder_path,
+        "--prompt",
+        PROMPT,
+        "--pooling",
+        "last_token",
+        "--shape",
+        "center",
+        "--token-prepending",
+        "--tp-layers",
+        "0:2",
+    )
     assert code == 0, err
     loaded = ShapedEncoder.load(tmp_path / "enc", device="cpu")
     assert loaded.backbone.get_config()["tp_layers"] == [0, 2]
-    code, err = _run(monkeypatch, capsys, "index", corpus, "--store", f"faiss:{tmp_path / 'store'}", "--model",
-                     decoder_path, "--pooling", "last_token", "--token-prepending", "--chunk-tokens", "64",
-                     "--overlap-tokens", "8")
+    code, err = _run(
+        monkeypatch,
+        capsys,
+        "index",
+        corpus,
+        "--store",
+        f"faiss:{tmp_path / 'store'}",
+        "--model",
+        decoder_path,
+        "--pooling",
+        "last_token",
+        "--token-prepending",
+        "--chunk-tokens",
+        "64",
+        "--overlap-tokens",
+        "8",
+    )
     assert code == 0, err
     from isotrope.search import Collection
 
     with Collection.open(f"faiss:{tmp_path / 'store'}") as collection:
         assert collection.encoder.backbone.get_config()["tp_layers"] == [1, 2]  # the default on 3 layers
-    code, err = _run(monkeypatch, capsys, "fit", corpus, "--out", tmp_path / "bad", "--model", decoder_path,
-                     "--token-prepending", "--tp-layers", "2:9")
+    code, err = _run(
+        monkeypatch,
+        capsys,
+        "fit",
+        corpus,
+        "--out",
+        tmp_path / "bad",
+        "--model",
+        decoder_path,
+        "--token-prepending",
+        "--tp-layers",
+        "2:9",
+    )
     assert code == 1 and err.strip() == "error: tp_layers 2:9 must satisfy 0 <= START < END <= 3 (the model's layers)"
 
 
@@ -389,11 +480,12 @@ def _other_family(name: str):
         Qwen2Model,
     )
 
-    size, common = len(DECODER_VOCAB), {'num_hidden_layers': 3, 'num_attention_heads': 4, 'max_position_embeddings': 128,
-                                            'bos_token_id': 1, 'eos_token_id': 2}
+    size, common = (
+        len(DECODER_VOCAB),
+        {"num_hidden_layers": 3, "num_attention_heads": 4, "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": 2},
+    )
     if name == "opt":
-        return OPTModel(OPTConfig(vocab_size=size, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0,
-                                  **common))
+        return OPTModel(OPTConfig(vocab_size=size, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, **common))
     if name == "gpt_neox":
         return GPTNeoXModel(GPTNeoXConfig(vocab_size=size, hidden_size=32, intermediate_size=64, **common))
     config_class, model_class = {"qwen2": (Qwen2Config, Qwen2Model), "mistral": (MistralConfig, MistralModel)}[name]
@@ -408,8 +500,9 @@ def test_other_decoder_families(family, tmp_path):
     _randomise_norms(model)
     model.save_pretrained(tmp_path)
     _tokenizer(bos=True).save_pretrained(tmp_path)
-    encoder = ShapedEncoder.create(str(tmp_path), prompt=PROMPT, pooling="last_token", token_prepending=True,
-                                   tp_layers="0:2", device="cpu")
+    encoder = ShapedEncoder.create(
+        str(tmp_path), prompt=PROMPT, pooling="last_token", token_prepending=True, tp_layers="0:2", device="cpu"
+    )
     backbone = encoder.backbone
     (ids,), _ = backbone.tokenize(TEXTS[:1])
     slot = ids.index(backbone.prepending.slot_id)
@@ -434,8 +527,15 @@ def test_a_sweep_point_takes_the_tp_keys(decoder_path, tmp_path):
     pairs.write_text("the cat runs\tthe dog runs\t3.5\na red car\tthe sun\t0.5\ndogs eat food\tthe dog eats\t4.0\n")
     base = {"model": decoder_path, "prompt": PROMPT, "pooling": "last_token"}
     config = tmp_path / "sweep.json"
-    config.write_text(json.dumps({"cache_dir": str(tmp_path / "cache"), "tasks": {"sts": {"pairs": [str(pairs)]}},
-                                  "recipes": [base, {**base, "token_prepending": True, "tp_layers": "1:3"}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "cache_dir": str(tmp_path / "cache"),
+                "tasks": {"sts": {"pairs": [str(pairs)]}},
+                "recipes": [base, {**base, "token_prepending": True, "tp_layers": "1:3"}],
+            }
+        )
+    )
     rows = run_sweep(config, tmp_path / "out")
     assert [row["recipe"].endswith("shape=none") for row in rows] == [True, True]
     assert "tp=1:3" in rows[1]["recipe"] and "tp" not in rows[0]["recipe"].split()

@@ -224,7 +224,6 @@ def test_updating_a_faiss_store_embeds_new_chunks_and_syncs(ray_runtime, indexed
             assert [hit.metadata for hit in mine] == [hit.metadata for hit in theirs]
 
 
-
 def _documents():
     """Documents given as a function (a fresh pass each call), with an empty one and a repeated one."""
     from isotrope.ingest.loaders import Document
@@ -241,8 +240,9 @@ def _store_rows(uri: str) -> tuple[list[str], list, np.ndarray, ShapedEncoder]:
         return ids, [(hit.text, hit.metadata) for hit in hits], collection.store.vectors(ids), collection.encoder
 
 
-@pytest.mark.parametrize(("kind", "model", "shape"), [("faiss", "{}", "center,l2"), ("lancedb", "{}", "center,l2"),
-                                                      ("faiss", "fast:{}", None)])
+@pytest.mark.parametrize(
+    ("kind", "model", "shape"), [("faiss", "{}", "center,l2"), ("lancedb", "{}", "center,l2"), ("faiss", "fast:{}", None)]
+)
 def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_path, tmp_path, kind, model, shape):
     """One IngestPlan executed by the local engine and by Ray: same ids in the same order, same texts and
     metadata, vectors within 1e-6, same report; executing it again adds nothing on either engine.
@@ -252,8 +252,17 @@ def test_one_plan_gives_the_same_store_on_both_engines(ray_runtime, tiny_bert_pa
     from isotrope.ingest.plan import IngestPlan
 
     config = EncoderConfig(model=model.format(tiny_bert_path), shape=shape, distill_samples=None if shape else 40)
-    plan = IngestPlan(_documents, f"{kind}:{tmp_path / 'local'}", config=config, chunk_tokens=20, overlap_tokens=4,
-                      fit_samples=60, batch_size=16, commit_every=32, show_progress=False)
+    plan = IngestPlan(
+        _documents,
+        f"{kind}:{tmp_path / 'local'}",
+        config=config,
+        chunk_tokens=20,
+        overlap_tokens=4,
+        fit_samples=60,
+        batch_size=16,
+        commit_every=32,
+        show_progress=False,
+    )
     on_ray = dataclasses.replace(plan, store=f"{kind}:{tmp_path / 'ray'}")
     local_report = run_local(plan)
     ray_report = run_on_ray(on_ray, RayOptions(num_actors=1))

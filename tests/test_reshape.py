@@ -43,8 +43,13 @@ def base_store(tmp_path_factory, tiny_bert_path) -> Path:
     (root / "corpus").mkdir()
     for seed in range(3):
         write_paragraphs(root / "corpus" / f"doc{seed}.md", 3, seed=30 + seed)
-    index_documents(root / "corpus", f"lancedb:{root / 'store'}", show_progress=False, **CHUNKING,
-                    config=EncoderConfig(model=tiny_bert_path, shape="none"))
+    index_documents(
+        root / "corpus",
+        f"lancedb:{root / 'store'}",
+        show_progress=False,
+        **CHUNKING,
+        config=EncoderConfig(model=tiny_bert_path, shape="none"),
+    )
     return root / "store"
 
 
@@ -61,9 +66,16 @@ def snapshot(path: Path) -> dict:
         ids = sorted(store.ids())
         raw = np.concatenate([batch for _, batch in sorted_raw(store, ids)])
         hits = store.get(ids)
-        return {"ids": ids, "raw": raw, "vectors": store.vectors(ids), "texts": [h.text for h in hits],
-                "metadata": [h.metadata for h in hits], "properties": store.properties,
-                "fingerprint": collection.encoder.fingerprint, "encoder": collection.encoder}
+        return {
+            "ids": ids,
+            "raw": raw,
+            "vectors": store.vectors(ids),
+            "texts": [h.text for h in hits],
+            "metadata": [h.metadata for h in hits],
+            "properties": store.properties,
+            "fingerprint": collection.encoder.fingerprint,
+            "encoder": collection.encoder,
+        }
 
 
 def sorted_raw(store, ids):
@@ -256,4 +268,6 @@ def test_cli_reshape(monkeypatch, capsys, store, tmp_path):
     assert out == f"reshaped lancedb:{store} to center,l2; fingerprint {after['fingerprint']}\n"
     np.testing.assert_allclose(after["vectors"], center_reference(before["raw"]), atol=1e-5)
     code, _, err = run_cli(monkeypatch, capsys, "reshape", f"faiss:{tmp_path / 'nowhere'}", "--shape", "center")
-    assert code == 1 and err.splitlines() == [f"error: no isotrope store at {tmp_path / 'nowhere'} (missing encoder/isotrope.json)"]
+    assert code == 1 and err.splitlines() == [
+        f"error: no isotrope store at {tmp_path / 'nowhere'} (missing encoder/isotrope.json)"
+    ]

@@ -25,8 +25,7 @@ def test_passages_are_disjoint_windows_then_sliding_ones():
         list(passages(sentences[:4], 100))
 
 
-def test_a_callable_source_is_streamed_once_per_pass_and_committed_in_growing_steps(tmp_path, tiny_bert_path,
-                                                                                    monkeypatch):
+def test_a_callable_source_is_streamed_once_per_pass_and_committed_in_growing_steps(tmp_path, tiny_bert_path, monkeypatch):
     encoder = ShapedEncoder.create(tiny_bert_path, shape="center", device="cpu").fit(make_sentences(100, seed=3))
     texts = make_sentences(300, seed=4)
     passes = []
@@ -41,8 +40,7 @@ def test_a_callable_source_is_streamed_once_per_pass_and_committed_in_growing_st
     original = FaissStore.commit
     monkeypatch.setattr(FaissStore, "commit", lambda self: (commits.append(len(self)), original(self))[1])
     uri = f"faiss:{tmp_path / 's'}"
-    report = index_documents(source, uri, encoder=encoder, chunk_tokens=0, batch_size=10, commit_every=20,
-                             show_progress=False)
+    report = index_documents(source, uri, encoder=encoder, chunk_tokens=0, batch_size=10, commit_every=20, show_progress=False)
     assert report.added == 300 and len(passes) == 1  # a saved encoder needs no fitting pass
     with Collection.open(uri) as collection:
         stored = collection.store.get(collection.store.ids())

@@ -48,8 +48,9 @@ def expected_chunks(folder: Path, encoder: ShapedEncoder) -> list[Chunk]:
     return [chunk for document in iter_documents(folder) for chunk in chunker.chunk(document)]
 
 
-def check_against_brute_force(hits: list[list[Hit]], queries: list[str], chunks: list[Chunk], encoder: ShapedEncoder,
-                              where=lambda chunk: True) -> None:
+def check_against_brute_force(
+    hits: list[list[Hit]], queries: list[str], chunks: list[Chunk], encoder: ShapedEncoder, where=lambda chunk: True
+) -> None:
     """Tie-aware: each hit's score is its float64 reference score, and the scores are the reference top k."""
     allowed = [chunk for chunk in chunks if where(chunk)]
     vectors = encoder.encode([chunk.text for chunk in allowed]).astype(np.float64)
@@ -152,8 +153,22 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
 def test_cli_index_search_info(monkeypatch, capsys, tmp_path, corpus, tiny_bert_path):
     store = tmp_path / "store"
     uri = f"faiss:{store}"
-    code, out, err = run_cli(monkeypatch, capsys, "index", corpus, "--store", uri, "--model", tiny_bert_path,
-                             "--shape", "center", "--chunk-tokens", 32, "--overlap-tokens", 8)
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "index",
+        corpus,
+        "--store",
+        uri,
+        "--model",
+        tiny_bert_path,
+        "--shape",
+        "center",
+        "--chunk-tokens",
+        32,
+        "--overlap-tokens",
+        8,
+    )
     assert code == 0, err
     assert "skipped blob.txt: binary file" in err
     loaded = ShapedEncoder.load(store / "encoder", device="cpu")

@@ -57,8 +57,10 @@ def client(collection) -> TestClient:
 
 
 def hits_of(collection: Collection, query: str, k: int, where=None) -> list[dict]:
-    return [{"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"), "metadata": h.metadata}
-            for h in collection.search(query, k=k, where=where)]
+    return [
+        {"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"), "metadata": h.metadata}
+        for h in collection.search(query, k=k, where=where)
+    ]
 
 
 def assert_same_hits(got: list[dict], expected: list[dict]) -> None:
@@ -128,24 +130,28 @@ def test_embed_returns_the_encoders_vectors(client, collection):
 
 
 def test_curl_style_form_content_type_is_read_as_json(client):
-    response = client.post("/search", content=json.dumps({"query": QUERY, "k": 2}),
-                           headers={"content-type": "application/x-www-form-urlencoded"})
+    response = client.post(
+        "/search", content=json.dumps({"query": QUERY, "k": 2}), headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     assert response.status_code == 200 and len(response.json()["hits"]) == 2
 
 
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"query": QUERY, "k": 0}, "k"),
-    ({"query": QUERY, "k": "ten"}, "k"),
-    ({"k": 3}, "query"),
-    ({"query": ""}, "query"),
-    ({"query": "   "}, "query"),
-    ({"query": QUERY, "mode": "semantic"}, "mode"),
-    ({"query": QUERY, "colour": "red"}, "colour"),
-    ({"query": QUERY, "where": ["source"]}, "where"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"query": QUERY, "k": 0}, "k"),
+        ({"query": QUERY, "k": "ten"}, "k"),
+        ({"k": 3}, "query"),
+        ({"query": ""}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": QUERY, "mode": "semantic"}, "mode"),
+        ({"query": QUERY, "colour": "red"}, "colour"),
+        ({"query": QUERY, "where": ["source"]}, "where"),
+    ],
+)
 def test_validation_errors_are_422_naming_the_field(client, body, field):
     response = client.post("/search", json=body)
     assert response.status_code == 422
@@ -170,8 +176,13 @@ def test_lexical_and_hybrid_modes_return_the_collections_hits(client, collection
     extra = {"alpha": 0.3} if mode == "hybrid" else {}
     body = client.post("/search", json={"query": QUERY, "k": 6, "mode": mode, **extra}).json()
     expected = collection.search(QUERY, k=6, mode=mode, **extra)
-    assert_same_hits(body["hits"], [{"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"),
-                                     "metadata": h.metadata} for h in expected])
+    assert_same_hits(
+        body["hits"],
+        [
+            {"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"), "metadata": h.metadata}
+            for h in expected
+        ],
+    )
     assert client.post("/search", json={"query": QUERY, "mode": "dense", "alpha": 0.3}).status_code == 400
 
 
@@ -200,11 +211,20 @@ def test_internal_errors_are_500_without_a_traceback(collection, monkeypatch):
 
 def test_api_key_guards_every_route_but_healthz(collection):
     client = TestClient(create_app(collection, api_key="s3cret"))
-    guarded = [("get", "/info", None), ("post", "/search", {"query": QUERY}), ("post", "/search/batch", {"queries": [QUERY]}),
-               ("post", "/embed", {"texts": [QUERY]}), ("get", "/report?sample=20", None)]
+    guarded = [
+        ("get", "/info", None),
+        ("post", "/search", {"query": QUERY}),
+        ("post", "/search/batch", {"queries": [QUERY]}),
+        ("post", "/embed", {"texts": [QUERY]}),
+        ("get", "/report?sample=20", None),
+    ]
     for method, path, body in guarded:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
-            response = getattr(client, method)(path, json=body, headers=headers) if body else getattr(client, method)(path, headers=headers)
+            response = (
+                getattr(client, method)(path, json=body, headers=headers)
+                if body
+                else getattr(client, method)(path, headers=headers)
+            )
             assert response.status_code == 401, (path, headers)
         good = {"Authorization": "Bearer s3cret"}
         response = getattr(client, method)(path, json=body, headers=good) if body else getattr(client, method)(path, headers=good)
@@ -221,10 +241,20 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     captured = {}
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
-    get_command(app).main(["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64"],
-                          standalone_mode=False)
-    assert captured == {"store": store_uri, "host": "127.0.0.1", "port": 9, "api_key": "from-env", "log_level": "info",
-                        "threads": 1, "max_batch": 16, "batch_wait_ms": 0.5, "store_options": {"ef": 64}}
+    get_command(app).main(
+        ["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64"], standalone_mode=False
+    )
+    assert captured == {
+        "store": store_uri,
+        "host": "127.0.0.1",
+        "port": 9,
+        "api_key": "from-env",
+        "log_level": "info",
+        "threads": 1,
+        "max_batch": 16,
+        "batch_wait_ms": 0.5,
+        "store_options": {"ef": 64},
+    }
 
 
 def test_demo_ends_with_the_serve_command_for_its_store(collection, monkeypatch, capsys):
@@ -307,9 +337,16 @@ def test_report_cuts_long_values(collection, monkeypatch):
 
 
 def test_report_shows_auto_shape_candidates(collection, monkeypatch):
-    auto = {"chosen": {"shape": "center"}, "rule": "simplest close to best", "pseudo_queries": 42, "held_aside_texts": 99,
-            "candidates": [{"shape": "none", "mrr@10": 30.5, "standard_errors_below_best": 2.1},
-                           {"shape": "center", "mrr@10": 33.25, "standard_errors_below_best": 0.0}]}
+    auto = {
+        "chosen": {"shape": "center"},
+        "rule": "simplest close to best",
+        "pseudo_queries": 42,
+        "held_aside_texts": 99,
+        "candidates": [
+            {"shape": "none", "mrr@10": 30.5, "standard_errors_below_best": 2.1},
+            {"shape": "center", "mrr@10": 33.25, "standard_errors_below_best": 0.0},
+        ],
+    }
     monkeypatch.setitem(collection.encoder.metadata, "auto_shape", auto)
     page = render_html(build_report(collection, sample=20))
     assert "33.25" in page and "30.5" in page and "42 pseudo-queries" in page
@@ -369,7 +406,9 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
         expected = [[hit.id for hit in opened.search(query, k=1 + i % 4)] for i, query in enumerate(queries)]
     port = free_port()
     command = [str(Path(sys.executable).parent / "isotrope"), "serve", store_uri, "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, env={**os.environ, "ISOTROPE_API_KEY": "k1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, env={**os.environ, "ISOTROPE_API_KEY": "k1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -382,8 +421,11 @@ def test_isotrope_serve_process_answers_http(kind, store_uri, tmp_path, encoder)
             except httpx.HTTPError:
                 time.sleep(0.3)
         assert httpx.post(url + "/search", json={"query": QUERY}).status_code == 401
-        response = httpx.post(url + "/search", content=json.dumps({"query": QUERY, "k": 3}),
-                               headers={"Authorization": "Bearer k1", "content-type": "application/x-www-form-urlencoded"})
+        response = httpx.post(
+            url + "/search",
+            content=json.dumps({"query": QUERY, "k": 3}),
+            headers={"Authorization": "Bearer k1", "content-type": "application/x-www-form-urlencoded"},
+        )
         assert response.status_code == 200 and len(response.json()["hits"]) == 3
 
         def ask(i: int) -> httpx.Response:  # 16 requests from 8 threads: batched; one has a bad filter

@@ -54,8 +54,7 @@ def expected(query: str, k: int, **options) -> list[Hit]:
 
 
 async def gather(batcher: SearchBatcher, requests: list[tuple[list[str], dict]]) -> list:
-    return await asyncio.gather(*(batcher.search(queries, **options) for queries, options in requests),
-                                return_exceptions=True)
+    return await asyncio.gather(*(batcher.search(queries, **options) for queries, options in requests), return_exceptions=True)
 
 
 def run(coroutine):
@@ -117,8 +116,12 @@ def test_a_failing_call_is_retried_request_by_request_within_its_group():
             return super().__call__(queries, k=k, **options)
 
     search = FailsOnBadText()
-    work = [(["a"], {"k": 2}, options_key({"k": 2})), (["bad"], {"k": 2}, options_key({"k": 2})),
-            (["b", "c"], {"k": 2}, options_key({"k": 2})), (["d"], {"k": 1}, options_key({"k": 1}))]
+    work = [
+        (["a"], {"k": 2}, options_key({"k": 2})),
+        (["bad"], {"k": 2}, options_key({"k": 2})),
+        (["b", "c"], {"k": 2}, options_key({"k": 2})),
+        (["d"], {"k": 1}, options_key({"k": 1})),
+    ]
     outcomes = run_batch(search, work)
     assert outcomes[0] == [expected("a", 2)]
     assert isinstance(outcomes[1], KeyError)
@@ -128,7 +131,9 @@ def test_a_failing_call_is_retried_request_by_request_within_its_group():
 
 
 def test_options_key_ignores_key_order():
-    assert options_key({"k": 3, "where": {"a": 1, "b": {"$gte": 2}}}) == options_key({"where": {"b": {"$gte": 2}, "a": 1}, "k": 3})
+    assert options_key({"k": 3, "where": {"a": 1, "b": {"$gte": 2}}}) == options_key(
+        {"where": {"b": {"$gte": 2}, "a": 1}, "k": 3}
+    )
     assert options_key({"k": 3}) != options_key({"k": 4})
 
 
@@ -158,6 +163,7 @@ def test_max_wait_gathers_requests_arriving_close_together(worker):
         async def later(i: int):
             await asyncio.sleep(0.01 * i)
             return await batcher.search([f"q{i}"], k=1)
+
         return await asyncio.gather(*(later(i) for i in range(5)))
 
     answers = run(staggered())
@@ -217,17 +223,24 @@ def served(request, tiny_bert_path, tmp_path_factory):
 
 
 def hit_dicts(hits: list[Hit]) -> list[dict]:
-    return [{"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"), "metadata": h.metadata}
-            for h in hits]
+    return [
+        {"id": h.id, "score": h.score, "text": h.text, "source": h.metadata.get("source"), "metadata": h.metadata} for h in hits
+    ]
 
 
 def test_concurrent_api_requests_each_equal_a_direct_search(served):
     collection, worker, app = served
     queries = make_sentences(40, seed=29)
-    bodies = [{"query": query, "k": 1 + i % 5, **({"where": "source = 'b.md'"} if i % 3 == 0 else {})}
-              for i, query in enumerate(queries)]
-    bodies += [{"query": queries[0], "where": "colour = 'red'"}, {"query": queries[1], "where": "year >>= 3"},
-               {"query": queries[2], "mode": "lexical", "k": 3}, {"query": queries[3], "mode": "hybrid", "k": 4}]
+    bodies = [
+        {"query": query, "k": 1 + i % 5, **({"where": "source = 'b.md'"} if i % 3 == 0 else {})}
+        for i, query in enumerate(queries)
+    ]
+    bodies += [
+        {"query": queries[0], "where": "colour = 'red'"},
+        {"query": queries[1], "where": "year >>= 3"},
+        {"query": queries[2], "mode": "lexical", "k": 3},
+        {"query": queries[3], "mode": "hybrid", "k": 4},
+    ]
 
     async def send_all() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
@@ -273,7 +286,11 @@ def test_answers_with_numpy_scalars_are_plain_json():
 
     from isotrope.connectors.server import json_response
 
-    payload = {"query": "q", "hits": [{"id": "a", "score": np.float32(0.25), "text": None, "source": None,
-                                       "metadata": {"n": np.int64(3), "x": 1.5}}]}
+    payload = {
+        "query": "q",
+        "hits": [{"id": "a", "score": np.float32(0.25), "text": None, "source": None, "metadata": {"n": np.int64(3), "x": 1.5}}],
+    }
     assert json.loads(json_response(payload).body) == {
-        "query": "q", "hits": [{"id": "a", "score": 0.25, "text": None, "source": None, "metadata": {"n": 3, "x": 1.5}}]}
+        "query": "q",
+        "hits": [{"id": "a", "score": 0.25, "text": None, "source": None, "metadata": {"n": 3, "x": 1.5}}],
+    }

@@ -25,8 +25,15 @@ from isotrope.encoder import ShapedEncoder  # noqa: E402
 from isotrope.search import Collection  # noqa: E402
 
 CHROMIUM = os.environ.get("ISOTROPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 QUERY = "the cat runs in the city"
 
 pytestmark = [

@@ -14,8 +14,12 @@ from isotrope.transforms.whiten import oas_shrinkage
 
 D = 24
 #: the smallest configuration of each kind (the others use their defaults)
-CONFIGS = {"pca": {"n_components": 6}, "abtt": {"n_components": 3}, "sif_removal": {"n_components": 2},
-           "flow": {"n_blocks": 1, "hidden": 8, "max_epochs": 2, "device": "cpu"}}
+CONFIGS = {
+    "pca": {"n_components": 6},
+    "abtt": {"n_components": 3},
+    "sif_removal": {"n_components": 2},
+    "flow": {"n_blocks": 1, "hidden": 8, "max_epochs": 2, "device": "cpu"},
+}
 
 
 def sample(n: int, seed: int) -> np.ndarray:

@@ -43,10 +43,12 @@ def test_appending_new_ids_equals_upserting_them(kind, tmp_path):
     assert rows_a == rows_u and len(rows_a) == 150
     np.testing.assert_array_equal(vectors_a, vectors_u)
     queries = np.random.default_rng(9).standard_normal((5, DIM))
-    assert [[h.id for h in row] for row in appended.search(queries, 7)] == \
-        [[h.id for h in row] for row in upserted.search(queries, 7)]
-    assert [h.id for h in appended.lexical_search(["alpha r7"], 3)[0]] == \
-        [h.id for h in upserted.lexical_search(["alpha r7"], 3)[0]]
+    assert [[h.id for h in row] for row in appended.search(queries, 7)] == [
+        [h.id for h in row] for row in upserted.search(queries, 7)
+    ]
+    assert [h.id for h in appended.lexical_search(["alpha r7"], 3)[0]] == [
+        h.id for h in upserted.lexical_search(["alpha r7"], 3)[0]
+    ]
     assert appended.metadata_fields() == {"n", "word"}
 
 

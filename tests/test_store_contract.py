@@ -134,12 +134,18 @@ FILTER_CASES = [
     ({"lang": {"$nin": ["en"]}}, lambda m: m.get("lang") != "en"),  # null and missing match
     ({"year": {"$gte": 2000, "$lt": 2010}}, lambda m: is_number(m.get("year")) and 2000 <= m["year"] < 2010),
     ({"lang": {"$in": ["en", "de"]}, "draft": False}, lambda m: m.get("lang") in ("en", "de") and m.get("draft") is False),
-    ({"$and": [{"source": {"$ne": "doc0.txt"}}, {"draft": False}]},
-     lambda m: m.get("source") != "doc0.txt" and m.get("draft") is False),
-    ({"$or": [{"source": "doc1.txt"}, {"score": {"$lt": 2}}]},
-     lambda m: m.get("source") == "doc1.txt" or (is_number(m.get("score")) and m["score"] < 2)),
-    (parse_where("year >= 2000 and (lang = 'fr' or draft = true)"),
-     lambda m: is_number(m.get("year")) and m["year"] >= 2000 and (m.get("lang") == "fr" or m.get("draft") is True)),
+    (
+        {"$and": [{"source": {"$ne": "doc0.txt"}}, {"draft": False}]},
+        lambda m: m.get("source") != "doc0.txt" and m.get("draft") is False,
+    ),
+    (
+        {"$or": [{"source": "doc1.txt"}, {"score": {"$lt": 2}}]},
+        lambda m: m.get("source") == "doc1.txt" or (is_number(m.get("score")) and m["score"] < 2),
+    ),
+    (
+        parse_where("year >= 2000 and (lang = 'fr' or draft = true)"),
+        lambda m: is_number(m.get("year")) and m["year"] >= 2000 and (m.get("lang") == "fr" or m.get("draft") is True),
+    ),
     ({"source": "nope.txt"}, lambda m: False),
 ]
 
@@ -307,13 +313,25 @@ def test_reopen_keeps_everything(kind, tmp_path):
     store.set_properties(fingerprint="abc123", model="tiny")
     queries, texts = make_vectors(5, seed=3), ["quick fox", "zygomorphic orchid banks", "running dogs"]
     where = {"lang": {"$in": ["en", "fr"]}, "draft": False}
-    before = (store.search(queries, K), store.search(queries, K, where=where), store.lexical_search(texts, K),
-              store.get(corpus.ids), store.metadata_fields(), sorted(store.ids()))
+    before = (
+        store.search(queries, K),
+        store.search(queries, K, where=where),
+        store.lexical_search(texts, K),
+        store.get(corpus.ids),
+        store.metadata_fields(),
+        sorted(store.ids()),
+    )
     again = reopen(kind, store, tmp_path)
     assert (again.dim, again.metric, len(again)) == (DIM, "cosine", N)
     assert again.properties == {"fingerprint": "abc123", "model": "tiny"} and again.encoder_fingerprint == "abc123"
-    after = (again.search(queries, K), again.search(queries, K, where=where), again.lexical_search(texts, K),
-             again.get(corpus.ids), again.metadata_fields(), sorted(again.ids()))
+    after = (
+        again.search(queries, K),
+        again.search(queries, K, where=where),
+        again.lexical_search(texts, K),
+        again.get(corpus.ids),
+        again.metadata_fields(),
+        sorted(again.ids()),
+    )
     assert_same_hits(before[0], after[0], atol=0)
     assert_same_hits(before[1], after[1], atol=0)
     assert [[(h.id, h.score) for h in row] for row in before[2]] == [[(h.id, h.score) for h in row] for row in after[2]]
@@ -414,8 +432,19 @@ TINY = {
     "t8": "Interest in river ecology and river fish",
     "t9": None,
 }
-TINY_QUERIES = ["orchid", "river bank", "ORCHIDS in rivers", "cafe naive", "protein cells", "interest",
-                "zygomorphic", "the of and", "", "unknownword", '"cell" AND -protein*']
+TINY_QUERIES = [
+    "orchid",
+    "river bank",
+    "ORCHIDS in rivers",
+    "cafe naive",
+    "protein cells",
+    "interest",
+    "zygomorphic",
+    "the of and",
+    "",
+    "unknownword",
+    '"cell" AND -protein*',
+]
 
 
 def test_lexical_search_on_a_tiny_corpus_is_exact(kind, tmp_path):
@@ -472,7 +501,8 @@ def test_hybrid_search_is_the_fusion_of_the_stores_own_lists(kind, where, tmp_pa
             np.testing.assert_allclose([h.score for h in row], [h.score for h in expected], rtol=1e-12)
     rrf = search_store(store, texts, vectors, K, where=where, mode="hybrid", fusion="rrf")
     assert [[h.id for h in row] for row in rrf] == [
-        [h.id for h in reciprocal_rank_fusion([d, t], K)] for d, t in zip(dense, lexical)]
+        [h.id for h in reciprocal_rank_fusion([d, t], K)] for d, t in zip(dense, lexical)
+    ]
     assert search_store(store, texts, vectors, K, where=where, mode="dense") == store.search(vectors, K, where=where)
     assert search_store(store, texts, None, K, where=where, mode="lexical") == store.lexical_search(texts, K, where=where)
     with pytest.raises(ValueError, match="alpha must be a number in"):
@@ -492,8 +522,10 @@ def test_group_by_source_keeps_the_best_hit_of_each_source(kind, mode, tmp_path)
         ranked = store.lexical_search(texts, N)
     else:  # the hybrid ranking over the default candidate lists
         depth = DEFAULT_CANDIDATES
-        ranked = [convex_fusion(d, t, N, DEFAULT_ALPHA)
-                  for d, t in zip(store.search(vectors, depth), store.lexical_search(texts, depth))]
+        ranked = [
+            convex_fusion(d, t, N, DEFAULT_ALPHA)
+            for d, t in zip(store.search(vectors, depth), store.lexical_search(texts, depth))
+        ]
     grouped = search_store(store, texts, vectors, 4, mode=mode, group_by="source")
     for row, full in zip(grouped, ranked):
         best: dict[str, float] = {}

@@ -56,8 +56,9 @@ def test_a_second_writer_is_refused_before_any_fitting(docs, tmp_path, tiny_glov
     store = f"lancedb:{tmp_path / 'store'}"
     fitted = []
     monkeypatch.setattr(ShapedEncoder, "fit_sample", lambda *a, **k: fitted.append(1))
-    with writer_lock(tmp_path / "store", "indexed"), pytest.raises(
-        StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"
+    with (
+        writer_lock(tmp_path / "store", "indexed"),
+        pytest.raises(StoreLockedError, match=rf"being indexed by process {__import__('os').getpid()} .*wait for it"),
     ):
         index(docs, store, tiny_glove_path)
     assert fitted == [] and not (tmp_path / "store").exists()
@@ -71,10 +72,18 @@ def test_a_writer_in_another_process_is_named_and_a_dead_ones_lock_is_taken_over
     from isotrope.stores.lock import StoreLockedError, lock_path
 
     store = f"faiss:{tmp_path / 'store'}"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from isotrope.stores.lock import writer_lock\n"
-        f"with writer_lock({str(tmp_path / 'store')!r}):\n    print('held', flush=True); time.sleep(60)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from isotrope.stores.lock import writer_lock\n"
+                f"with writer_lock({str(tmp_path / 'store')!r}):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreLockedError, match=f"process {holder.pid} "):
@@ -115,7 +124,9 @@ def test_a_store_without_its_encoder_is_refused_with_how_to_recover(kind, docs, 
     index(docs, store, tiny_glove_path)
     shutil.rmtree(tmp_path / "store" / "encoder")
     for action in (lambda: index(docs, store, tiny_glove_path), lambda: Collection.open(store)):
-        with pytest.raises(EncoderMissingError, match=r"holds vectors but no encoder/ folder .*re-index the documents into a new store"):
+        with pytest.raises(
+            EncoderMissingError, match=r"holds vectors but no encoder/ folder .*re-index the documents into a new store"
+        ):
             action()
 
 

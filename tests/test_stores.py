@@ -138,9 +138,7 @@ def assert_same_hits(expected, got, atol=1e-5):
 
 def recall(expected, got):
     """Mean fraction of the expected ids found (an empty expected list is matched only by an empty one)."""
-    return np.mean(
-        [len({h.id for h in r} & {h.id for h in g}) / len(r) if r else float(not g) for r, g in zip(expected, got)]
-    )
+    return np.mean([len({h.id for h in r} & {h.id for h in g}) / len(r) if r else float(not g) for r, g in zip(expected, got)])
 
 
 # ----------------------------------------------------------------------------- the reference's own files
@@ -475,9 +473,7 @@ LANCE_CHILD = """
 @pytest.mark.slow
 def test_lance_survives_a_kill_mid_add(tmp_path):
     path = tmp_path / "lance"
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(LANCE_CHILD), str(path)], stdout=subprocess.PIPE, text=True
-    )
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LANCE_CHILD), str(path)], stdout=subprocess.PIPE, text=True)
     try:
         for line in child.stdout:
             if int(line) >= 2:

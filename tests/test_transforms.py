@@ -426,8 +426,7 @@ def test_partial_fit_defers_the_fit_to_first_use(kind, X, monkeypatch):
     calls = []
     cls = TRANSFORMS[kind]
     original = cls._fit_from_moments
-    monkeypatch.setattr(cls, "_fit_from_moments", lambda self, moments: calls.append(moments.count) or
-                        original(self, moments))
+    monkeypatch.setattr(cls, "_fit_from_moments", lambda self, moments: calls.append(moments.count) or original(self, moments))
     streamed = make_transform(kind, **CONFIGS[kind])
     blocks = np.array_split(X, 5)
     for block in blocks:
@@ -496,5 +495,4 @@ def test_quantile_percentiles_equal_numpy_for_any_sample_size(rows):
 
     data = np.random.default_rng(rows).normal(size=(rows, 12))
     percents = np.linspace(0, 1, min(1000, rows)) * 100
-    np.testing.assert_array_equal(_linear_percentiles(np.sort(data, axis=0), percents),
-                                  np.nanpercentile(data, percents, axis=0))
+    np.testing.assert_array_equal(_linear_percentiles(np.sort(data, axis=0), percents), np.nanpercentile(data, percents, axis=0))

@@ -139,8 +139,21 @@ def test_exclude_special_and_punctuation():
     assert np.all(weighting.weights_[weighting.weights_ != 0] == 1)
 
 
-@pytest.mark.parametrize(("token", "expected"), [(".", True), ("##,", True), ("!?", True), ("$", True), ("--", True),
-                                                 ("a", False), ("##s", False), ("a.", False), ("##", False), ("", False)])
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        (".", True),
+        ("##,", True),
+        ("!?", True),
+        ("$", True),
+        ("--", True),
+        ("a", False),
+        ("##s", False),
+        ("a.", False),
+        ("##", False),
+        ("", False),
+    ],
+)
 def test_is_punctuation(token, expected):
     assert is_punctuation(token) is expected
 
@@ -165,9 +178,11 @@ def test_state_round_trip_and_not_fitted():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"scheme": "bm25"}, "unknown weighting scheme 'bm25'"),
-     ({"scheme": "idf", "frequencies": "wordfreq"}, "idf needs document frequencies"),
-     ({"scheme": "sif", "frequencies": "/no/such/file.txt"}, "existing file")],
+    [
+        ({"scheme": "bm25"}, "unknown weighting scheme 'bm25'"),
+        ({"scheme": "idf", "frequencies": "wordfreq"}, "idf needs document frequencies"),
+        ({"scheme": "sif", "frequencies": "/no/such/file.txt"}, "existing file"),
+    ],
 )
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -195,9 +210,11 @@ def test_frequency_file_drives_sif(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("the 10\ncat\n", r"freq\.txt:2: expected 'word count'"),
-     ("the 10\n\ncat 1 2\n", r"freq\.txt:3: expected 'word count'"),
-     ("the ten\n", r"freq\.txt:1: count 'ten' is not a number")],
+    [
+        ("the 10\ncat\n", r"freq\.txt:2: expected 'word count'"),
+        ("the 10\n\ncat 1 2\n", r"freq\.txt:3: expected 'word count'"),
+        ("the ten\n", r"freq\.txt:1: count 'ten' is not a number"),
+    ],
 )
 def test_frequency_file_errors_name_file_and_line(tmp_path, content, message):
     path = tmp_path / "freq.txt"

@@ -6,11 +6,28 @@ import pytest
 
 from isotrope.backbones.word_cache import WordPieceCache
 
-TRICKY = ["", "   ", "The cat sees a small bird.", "snake_case and CamelCase, x=1+2; (a) [b] {c} ~d `e` 'f' \"g\"",
-          "tabs\tnew\nlines\r\nand\x00nul\x07bell\x0bvtab\x0cff\x1fus\x7fdel", "résumé naïve café Ω 東京",
-          "literal [MASK] and [cls] tokens", "numbers 3.14 1,000 2nd 10th 99%", "x" * 150 + " longwordpieces",
-          "a " * 300, "unknownzzqq wordsqq", "!!!???...", "i",
-          "a\u00a0b", "中文abc 日本", "e \u0301x", "zero\u200bwidth", "a\x1cb", "x[MASK]y", "end.\u3000next"]
+TRICKY = [
+    "",
+    "   ",
+    "The cat sees a small bird.",
+    "snake_case and CamelCase, x=1+2; (a) [b] {c} ~d `e` 'f' \"g\"",
+    "tabs\tnew\nlines\r\nand\x00nul\x07bell\x0bvtab\x0cff\x1fus\x7fdel",
+    "résumé naïve café Ω 東京",
+    "literal [MASK] and [cls] tokens",
+    "numbers 3.14 1,000 2nd 10th 99%",
+    "x" * 150 + " longwordpieces",
+    "a " * 300,
+    "unknownzzqq wordsqq",
+    "!!!???...",
+    "i",
+    "a\u00a0b",
+    "中文abc 日本",
+    "e \u0301x",
+    "zero\u200bwidth",
+    "a\x1cb",
+    "x[MASK]y",
+    "end.\u3000next",
+]
 
 
 def tokenizer_ids(tokenizer, texts: list[str]) -> list[list[int]]:

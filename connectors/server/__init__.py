@@ -59,7 +59,7 @@ class SearchOptions(BaseModel):
     k: int = Field(10, ge=1, le=1000, description="number of hits")
     mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense vectors, full-text, or both fused")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="hybrid: weight of the dense ranking")
-    where: Where = Field(None, description="metadata filter: \"source = 'a.md' and year >= 2020\" or {\"year\": {\"$gte\": 2020}}")
+    where: Where = Field(None, description='metadata filter: "source = \'a.md\' and year >= 2020" or {"year": {"$gte": 2020}}')
     group_by: str | None = Field(None, min_length=1, description="metadata field: at most one hit per value")
 
 
@@ -102,8 +102,7 @@ class EmbedResponse(BaseModel):
 
 def hit_json(hit: Hit) -> dict[str, Any]:
     """The fields of ``isotrope search --json`` plus the chunk's source file."""
-    return {"id": hit.id, "score": hit.score, "text": hit.text, "source": hit.metadata.get("source"),
-            "metadata": hit.metadata}
+    return {"id": hit.id, "score": hit.score, "text": hit.text, "source": hit.metadata.get("source"), "metadata": hit.metadata}
 
 
 def json_response(payload: dict[str, Any]) -> Response:
@@ -138,7 +137,8 @@ class FormBodyAsJSON:
             scope = dict(scope)
             scope["headers"] = [
                 (name, b"application/json")
-                if name == b"content-type" and value.startswith(b"application/x-www-form-urlencoded") else (name, value)
+                if name == b"content-type" and value.startswith(b"application/x-www-form-urlencoded")
+                else (name, value)
                 for name, value in scope["headers"]
             ]
         await self.app(scope, receive, send)
@@ -153,12 +153,14 @@ def collection_worker() -> ThreadPoolExecutor:
 class Searcher:
     """The collection behind the app, used from its worker thread only; searches are batched."""
 
-    def __init__(self, collection: Collection, worker: ThreadPoolExecutor, max_batch: int = BATCH_QUERIES,
-                 max_wait: float = 0.0) -> None:
+    def __init__(
+        self, collection: Collection, worker: ThreadPoolExecutor, max_batch: int = BATCH_QUERIES, max_wait: float = 0.0
+    ) -> None:
         self.collection = collection
         self.worker = worker
-        self.batcher = SearchBatcher(lambda queries, **options: self.collection.search(queries, **options), worker,
-                                     max_batch=max_batch, max_wait=max_wait)
+        self.batcher = SearchBatcher(
+            lambda queries, **options: self.collection.search(queries, **options), worker, max_batch=max_batch, max_wait=max_wait
+        )
         self._report: tuple[int, str] | None = None  # (sample size, page) of the last report
 
     async def _run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -208,8 +210,13 @@ class Searcher:
             raise HTTPException(400, str(error)) from None
 
 
-def create_app(collection: Collection, api_key: str | None = None, worker: ThreadPoolExecutor | None = None,
-               max_batch: int = BATCH_QUERIES, max_wait: float = 0.0) -> Any:
+def create_app(
+    collection: Collection,
+    api_key: str | None = None,
+    worker: ThreadPoolExecutor | None = None,
+    max_batch: int = BATCH_QUERIES,
+    max_wait: float = 0.0,
+) -> Any:
     """The FastAPI app over an open ``collection``, used from ``worker`` (the thread that opened it;
     a new one when None: fine for a LanceDB store). ``api_key`` requires ``Authorization: Bearer KEY``
     on every API route (the page, its static files, the OpenAPI docs and /healthz hold no store data).
@@ -222,11 +229,15 @@ def create_app(collection: Collection, api_key: str | None = None, worker: Threa
         if api_key is None:
             return
         if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer KEY)",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401, "missing or wrong bearer token (Authorization: Bearer KEY)", headers={"WWW-Authenticate": "Bearer"}
+            )
 
-    app = FastAPIOffline(title="isotrope", version=__version__,
-                         description=f"Search the store {collection.kind}:{collection.path} with the encoder that wrote it.")
+    app = FastAPIOffline(
+        title="isotrope",
+        version=__version__,
+        description=f"Search the store {collection.kind}:{collection.path} with the encoder that wrote it.",
+    )
     app.state.searcher = searcher
     guarded = [Depends(authorize)]
 
@@ -259,8 +270,13 @@ def create_app(collection: Collection, api_key: str | None = None, worker: Threa
     async def search_batch(request: BatchRequest) -> Response:
         """The best ``k`` chunks for each of many queries (one encoder pass)."""
         results = await searcher.search(request.queries, request, field="queries")
-        return json_response({"results": [{"query": query, "hits": [hit_json(hit) for hit in hits]}
-                                          for query, hits in zip(request.queries, results)]})
+        return json_response(
+            {
+                "results": [
+                    {"query": query, "hits": [hit_json(hit) for hit in hits]} for query, hits in zip(request.queries, results)
+                ]
+            }
+        )
 
     @app.post("/embed", response_model=EmbedResponse, tags=["search"], dependencies=guarded)
     async def embed(request: EmbedRequest) -> dict[str, Any]:
@@ -293,9 +309,17 @@ def limit_threads(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
-def serve(store: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          log_level: str = "info", threads: int = 1, max_batch: int = BATCH_QUERIES, batch_wait_ms: float = 0.0,
-          store_options: dict[str, Any] | None = None) -> None:
+def serve(
+    store: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    log_level: str = "info",
+    threads: int = 1,
+    max_batch: int = BATCH_QUERIES,
+    batch_wait_ms: float = 0.0,
+    store_options: dict[str, Any] | None = None,
+) -> None:
     """Open ``store`` with its encoder (once, in the collection's worker thread; ``store_options`` such as
     ``nprobe`` go to the store), warm it up, and serve until interrupted; concurrent searches are
     batched (see :func:`create_app`)."""

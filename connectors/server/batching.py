@@ -65,7 +65,7 @@ def run_batch(search: SearchFunction, requests: Sequence[tuple[list[str], dict[s
         start = 0
         for index in members:
             count = len(requests[index][0])
-            outcomes[index] = hits[start:start + count]
+            outcomes[index] = hits[start : start + count]
             start += count
     return outcomes
 

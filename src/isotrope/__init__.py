@@ -1,6 +1,6 @@
 """isotrope: shaped sentence encoders and the vector stores that keep them.
 
-    from isotrope import EncoderConfig, ShapedEncoder, Collection, index_documents
+from isotrope import EncoderConfig, ShapedEncoder, Collection, index_documents
 """
 
 from __future__ import annotations

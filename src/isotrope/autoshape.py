@@ -56,7 +56,8 @@ PRESET_CANDIDATES = ("none", "center", "abtt", "quantile", "whiten-partial", "wh
 TRANSFORMER_CANDIDATES: tuple[dict[str, Any], ...] = tuple({"shape": shape} for shape in PRESET_CANDIDATES)
 #: a static table's baseline is centring (its common direction is an artefact of averaging token rows)
 STATIC_CANDIDATES: tuple[dict[str, Any], ...] = tuple(
-    {"weights": weights, "shape": shape} for weights in ("uniform", "sif")
+    {"weights": weights, "shape": shape}
+    for weights in ("uniform", "sif")
     for shape in ("center", *(s for s in PRESET_CANDIDATES if s != "center"))
 )
 #: MRR@10 points (x100) the lower end of a candidate's interval must clear to displace the baseline
@@ -90,7 +91,7 @@ def passage_query(text: str, rng: random.Random) -> tuple[str, str | None] | Non
     cut = rng.randrange(len(sentences))
     if len(sentences[cut].split()) < 4:
         return None
-    return sentences[cut], " ".join(sentences[:cut] + sentences[cut + 1:])
+    return sentences[cut], " ".join(sentences[:cut] + sentences[cut + 1 :])
 
 
 def lead_query(text: str, rng: random.Random) -> tuple[str, str | None] | None:
@@ -127,7 +128,10 @@ def masked_query(text: str, rng: random.Random, keep: float = 0.6, max_words: in
 
 #: label-free proxies, each ``(text, rng) -> (query, its document or None for the text itself) or None``
 PROXIES: dict[str, Callable[[str, random.Random], tuple[str, str | None] | None]] = {
-    "passage": passage_query, "lead": lead_query, "neighbour": neighbour_query, "masked": masked_query,
+    "passage": passage_query,
+    "lead": lead_query,
+    "neighbour": neighbour_query,
+    "masked": masked_query,
 }
 #: the proxy used unless asked otherwise (its ranking of candidates agreed best with labelled
 #: queries, docs/RESULTS.md), and the one that works on any text (one-sentence corpora)
@@ -135,8 +139,7 @@ DEFAULT_PROXY = "passage"
 FALLBACK_PROXY = "masked"
 
 
-def build_pseudo_queries(texts: Sequence[str], n_queries: int, proxy: str = DEFAULT_PROXY,
-                         seed: int = 0) -> list[PseudoQuery]:
+def build_pseudo_queries(texts: Sequence[str], n_queries: int, proxy: str = DEFAULT_PROXY, seed: int = 0) -> list[PseudoQuery]:
     """At most ``n_queries`` pseudo-queries, at most one per text, from texts drawn in a seeded order."""
     if proxy not in PROXIES:
         raise ValueError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
@@ -158,9 +161,9 @@ def number_of_queries(n_texts: int, low: int = 200, high: int = 1000) -> int:
     return int(min(high, max(low, n_texts // 10)))
 
 
-def reciprocal_ranks_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray,
-                           relevant: Sequence[int]) -> np.ndarray:
+def reciprocal_ranks_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant: Sequence[int]) -> np.ndarray:
     """Each query's reciprocal rank of its relevant document, 0 beyond the top 10 (cosine)."""
+
     def unit(x: np.ndarray) -> np.ndarray:
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -175,15 +178,23 @@ def mrr_at_10(query_vectors: np.ndarray, document_vectors: np.ndarray, relevant:
     return float(reciprocal_ranks_at_10(query_vectors, document_vectors, relevant).mean())
 
 
-def paired_interval(differences: np.ndarray, confidence: float = CONFIDENCE, n_resamples: int = 2000,
-                    seed: int = 0) -> tuple[float, float, float]:
+def paired_interval(
+    differences: np.ndarray, confidence: float = CONFIDENCE, n_resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean of the per-query differences and its percentile-bootstrap interval (queries resampled)."""
     differences = np.asarray(differences, dtype=np.float64)
     mean = float(differences.mean())
     if np.ptp(differences) == 0:
         return mean, mean, mean
-    result = bootstrap((differences,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                       method="percentile", vectorized=True, random_state=np.random.default_rng(seed))
+    result = bootstrap(
+        (differences,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method="percentile",
+        vectorized=True,
+        random_state=np.random.default_rng(seed),
+    )
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -192,8 +203,9 @@ def margin_for(static: bool, proxy: str) -> float:
     return (STATIC_MARGIN if static else TRANSFORMER_MARGIN) * (FALLBACK_MARGIN_FACTOR if proxy == FALLBACK_PROXY else 1.0)
 
 
-def conservative_choice(per_query: np.ndarray, margin: float, confidence: float = CONFIDENCE,
-                        seed: int = 0) -> tuple[int, list[tuple[float, float, float]]]:
+def conservative_choice(
+    per_query: np.ndarray, margin: float, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[int, list[tuple[float, float, float]]]:
     """Index of the chosen candidate (row 0 is the baseline) and each row's paired comparison with
     the baseline, ``(mean difference, low, high)`` in the units of ``per_query``.
 
@@ -252,9 +264,8 @@ def _fit_chain(chain: Sequence[Transform], fit_raw: np.ndarray, moments: Moments
             transform.fit_moments(moments)
         else:
             transform.fit(vectors)
-        if any(later.requires_fit for later in chain[position + 1:]):
+        if any(later.requires_fit for later in chain[position + 1 :]):
             vectors = transform.transform(vectors)
-
 
 
 def gather_evidence(
@@ -322,17 +333,19 @@ def gather_evidence(
                 if query.document is not None:
                     documents[query.target] = document_raw[document_at]
                     document_at += 1
-            split_queries = query_raw[query_at:query_at + len(queries)]
+            split_queries = query_raw[query_at : query_at + len(queries)]
             query_at += len(queries)
             targets = [q.target for q in queries]
             for index in members:
                 chain = _fresh_chain(candidates[index]["shape"])
                 _fit_chain(chain, fit_raw, moments)
-                rows[index].append(reciprocal_ranks_at_10(apply_chain(chain, split_queries),
-                                                          apply_chain(chain, documents), targets))
+                rows[index].append(
+                    reciprocal_ranks_at_10(apply_chain(chain, split_queries), apply_chain(chain, documents), targets)
+                )
     per_query = np.stack([np.concatenate(row) for row in rows])
-    return Evidence(per_query, proxy, n_splits, time.perf_counter() - started - sample_seconds,
-                    time.process_time() - started_cpu - sample_cpu)
+    return Evidence(
+        per_query, proxy, n_splits, time.perf_counter() - started - sample_seconds, time.process_time() - started_cpu - sample_cpu
+    )
 
 
 def choose_shape(
@@ -367,14 +380,25 @@ def choose_shape(
     wanted = n_queries or number_of_queries(len(texts))
     try:
         needed = min(wanted, len(texts) // 10) if proxy != FALLBACK_PROXY else 0
-        evidence = gather_evidence(texts, base, candidates, backbone, proxy=proxy, n_queries=n_queries,
-                                   n_splits=n_splits, seed=seed, raw=raw, min_queries=needed)
+        evidence = gather_evidence(
+            texts,
+            base,
+            candidates,
+            backbone,
+            proxy=proxy,
+            n_queries=n_queries,
+            n_splits=n_splits,
+            seed=seed,
+            raw=raw,
+            min_queries=needed,
+        )
     except ValueError as error:
         if proxy == FALLBACK_PROXY:
             raise
         logger.info("auto shape: %s; using the %s proxy", error, FALLBACK_PROXY)
-        evidence = gather_evidence(texts, base, candidates, backbone, proxy=FALLBACK_PROXY, n_queries=n_queries,
-                                   n_splits=n_splits, seed=seed, raw=raw)
+        evidence = gather_evidence(
+            texts, base, candidates, backbone, proxy=FALLBACK_PROXY, n_queries=n_queries, n_splits=n_splits, seed=seed, raw=raw
+        )
     if margin is None:
         margin = margin_for(static, evidence.proxy)
     chosen, comparisons = conservative_choice(100 * evidence.per_query, margin, seed=seed)
@@ -393,19 +417,40 @@ def choose_shape(
     encoder.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(texts)}
     results = []
     for candidate, row, (difference, low, high) in zip(candidates, evidence.per_query, comparisons):
-        results.append({**candidate, "mrr@10": round(100 * float(row.mean()), 2),
-                        "vs_baseline": round(difference, 2), "interval": [round(low, 2), round(high, 2)]})
-        logger.info("auto shape: %s -> MRR@10 %.2f (%+.2f [%.2f, %.2f] vs baseline)", candidate,
-                    results[-1]["mrr@10"], difference, low, high)
-    rule = (f"keep {format_candidate(candidates[0])} unless another candidate's {100 * CONFIDENCE:g}% paired-bootstrap "
-            f"interval of the MRR@10 difference lies above +{margin:g} points "
-            f"({'static table' if static else 'trained encoder'} margin"
-            f"{', doubled for the masked proxy' if margin_given is None and evidence.proxy == FALLBACK_PROXY else ''}); "
-            "then the highest lower bound wins")
+        results.append(
+            {
+                **candidate,
+                "mrr@10": round(100 * float(row.mean()), 2),
+                "vs_baseline": round(difference, 2),
+                "interval": [round(low, 2), round(high, 2)],
+            }
+        )
+        logger.info(
+            "auto shape: %s -> MRR@10 %.2f (%+.2f [%.2f, %.2f] vs baseline)",
+            candidate,
+            results[-1]["mrr@10"],
+            difference,
+            low,
+            high,
+        )
+    rule = (
+        f"keep {format_candidate(candidates[0])} unless another candidate's {100 * CONFIDENCE:g}% paired-bootstrap "
+        f"interval of the MRR@10 difference lies above +{margin:g} points "
+        f"({'static table' if static else 'trained encoder'} margin"
+        f"{', doubled for the masked proxy' if margin_given is None and evidence.proxy == FALLBACK_PROXY else ''}); "
+        "then the highest lower bound wins"
+    )
     encoder.metadata["auto_shape"] = {
-        "chosen": choice, "proxy": evidence.proxy, "pseudo_queries": int(evidence.per_query.shape[1]),
-        "splits": evidence.splits, "margin": margin, "rule": rule, "candidates": results, "seed": seed,
-        "selection_seconds": round(evidence.seconds, 1), "selection_cpu_seconds": round(evidence.cpu_seconds, 1),
+        "chosen": choice,
+        "proxy": evidence.proxy,
+        "pseudo_queries": int(evidence.per_query.shape[1]),
+        "splits": evidence.splits,
+        "margin": margin,
+        "rule": rule,
+        "candidates": results,
+        "seed": seed,
+        "selection_seconds": round(evidence.seconds, 1),
+        "selection_cpu_seconds": round(evidence.cpu_seconds, 1),
     }
     return encoder
 

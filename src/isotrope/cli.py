@@ -25,27 +25,61 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
-OptionalModel = Annotated[str | None, typer.Option("--model", "-m", help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file")]
-DistillSamples = Annotated[int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")]
+OptionalModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="HF name/path (default all-MiniLM-L6-v2), fast (a static table distilled from all-MiniLM-L6-v2 on your corpus), fast:<teacher>, static:<model>, random:<model>, glove-6b-50d or a vectors file",
+    ),
+]
+DistillSamples = Annotated[
+    int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")
+]
 EncoderDir = Annotated[Path | None, typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
-Shape = Annotated[str, typer.Option("--shape", "-s", help="preset (none, center, abtt, whiten, whiten-partial, quantile, flow) or a chain like 'center,abtt(3),l2'")]
+Shape = Annotated[
+    str,
+    typer.Option(
+        "--shape",
+        "-s",
+        help="preset (none, center, abtt, whiten, whiten-partial, quantile, flow) or a chain like 'center,abtt(3),l2'",
+    ),
+]
 Pooling = Annotated[str, typer.Option(help="cls, mean, max, mean_sqrt_len, weighted_mean, last_token, mask")]
 Layers = Annotated[str, typer.Option(help="last, first_last, an index or a comma list (HF indexing: 0 = embeddings)")]
-Prompt = Annotated[str | None, typer.Option(help="template with {text}; its [MASK] (or last token) is pooled with --pooling mask")]
+Prompt = Annotated[
+    str | None, typer.Option(help="template with {text}; its [MASK] (or last token) is pooled with --pooling mask")
+]
 Weights = Annotated[str, typer.Option(help="uniform, idf, sif, usif")]
 Frequencies = Annotated[str, typer.Option(help="corpus, wordfreq or a 'word count' file")]
 DropTop = Annotated[int, typer.Option(help="drop the N most frequent tokens")]
-ExcludeSpecial = Annotated[bool | None, typer.Option("--exclude-special/--include-special",
-                                                        help="weigh special tokens 0 (default: yes for a static table)")]
+ExcludeSpecial = Annotated[
+    bool | None,
+    typer.Option("--exclude-special/--include-special", help="weigh special tokens 0 (default: yes for a static table)"),
+]
 ExcludePunctuation = Annotated[bool, typer.Option("--exclude-punctuation")]
 MaxLength = Annotated[int | None, typer.Option(help="max tokens per text")]
 TextField = Annotated[str, typer.Option(help="field holding the text in .jsonl files")]
-TokenPrepending = Annotated[bool, typer.Option(
-    "--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers")]
-TPLayers = Annotated[str | None, typer.Option(
-    "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)")]
-Backend = Annotated[str | None, typer.Option(help="torch (default), onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]'); with --encoder or an existing store: runs it (default: as saved)")]
-SavedBackend = Annotated[str | None, typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)")]
+TokenPrepending = Annotated[
+    bool,
+    typer.Option("--token-prepending", help="causal LMs: a slot before the text takes the last token's state in early layers"),
+]
+TPLayers = Annotated[
+    str | None,
+    typer.Option(
+        "--tp-layers", help="START:END decoder layers whose input slot is replaced (default 1 to a quarter of the depth)"
+    ),
+]
+Backend = Annotated[
+    str | None,
+    typer.Option(
+        help="torch (default), onnx, onnx-int8 or onnx-int8-per-channel (ONNX Runtime: pip install 'isotrope[onnx]'); with --encoder or an existing store: runs it (default: as saved)"
+    ),
+]
+SavedBackend = Annotated[
+    str | None,
+    typer.Option(help="run the saved encoder with torch, onnx, onnx-int8 or onnx-int8-per-channel (default: as saved)"),
+]
 
 
 @app.callback()
@@ -54,8 +88,10 @@ def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress details")] = False,
 ) -> None:
     _state["debug"] = debug
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
 
 
 def encoder_config(ctx: typer.Context) -> EncoderConfig:
@@ -82,8 +118,7 @@ def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder
     from isotrope.encoder import ShapedEncoder
 
     flags = _flags(ctx)
-    given = [flags[name] for name in flags if name in FIELDS and name != "backend"
-             and _given(ctx, name)]
+    given = [flags[name] for name in flags if name in FIELDS and name != "backend" and _given(ctx, name)]
     if given:
         raise ValueError(f"--encoder {encoder_dir}: a saved encoder fixes its recipe; drop {' and '.join(given)}")
     return ShapedEncoder.load(encoder_dir, backend=ctx.params.get("backend"))
@@ -106,7 +141,9 @@ def fit(
     corpus: Annotated[Path, typer.Argument(help="text file (one text a line) or .jsonl with a text field; .gz allowed")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
     model: OptionalModel = None,
-    shape: Annotated[str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    shape: Annotated[
+        str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")
+    ] = None,
     pooling: Pooling = "mean",
     layers: Layers = "last",
     prompt: Prompt = None,
@@ -159,8 +196,9 @@ def encode(
     encoder = ShapedEncoder.load(encoder_dir, backend=backend)
     if kind not in ("document", "query"):
         raise typer.BadParameter(f"choose document or query; got {kind!r}", param_hint="--kind")
-    vectors = encoder.encode(list(iter_texts(input, text_field)), kind=cast("TextKind", kind), batch_size=batch_size,
-                             show_progress=True)
+    vectors = encoder.encode(
+        list(iter_texts(input, text_field)), kind=cast("TextKind", kind), batch_size=batch_size, show_progress=True
+    )
     np.save(out, vectors)
     typer.echo(f"wrote {vectors.shape[0]} x {vectors.shape[1]} vectors to {out}")
 
@@ -188,7 +226,9 @@ def index(
     source: Annotated[Path, typer.Argument(help="a folder (recursive) or a file: .txt .md .rst .html .pdf .jsonl .csv")],
     store: Annotated[str, typer.Option("--store", help="faiss:DIR or lancedb:DIR")],
     model: OptionalModel = None,
-    shape: Annotated[str | None, typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")] = None,
+    shape: Annotated[
+        str | None, typer.Option("--shape", "-s", help="shaping preset or chain (default: the recommended one)")
+    ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
@@ -204,7 +244,12 @@ def index(
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
     factory: Annotated[str | None, typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
-    index_kind: Annotated[str, typer.Option("--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq")] = "auto",
+    index_kind: Annotated[
+        str,
+        typer.Option(
+            "--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq"
+        ),
+    ] = "auto",
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
     text_field: TextField = "text",
     engine: Annotated[str, typer.Option(help="local: this process; ray: Ray tasks and embedding actors")] = "local",
@@ -225,9 +270,18 @@ def index(
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
     # --backend: a new store's encoder runs on it; an existing store's is reopened with it
-    plan = IngestPlan(source, store, encoder=saved, config=None if saved else encoder_config(ctx),
-                      store_options=store_options, loader_options={"text_field": text_field},
-                      chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, fit_samples=fit_samples, sync=sync)
+    plan = IngestPlan(
+        source,
+        store,
+        encoder=saved,
+        config=None if saved else encoder_config(ctx),
+        store_options=store_options,
+        loader_options={"text_field": text_field},
+        chunk_tokens=chunk_tokens,
+        overlap_tokens=overlap_tokens,
+        fit_samples=fit_samples,
+        sync=sync,
+    )
     if engine == "ray":
         from isotrope.connectors.ray import RayOptions, run_on_ray
 
@@ -244,11 +298,15 @@ def index(
 def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str, object]:
     """The store options of ``--index`` (and FAISS ``--factory``, which wins)."""
     faiss_store = store.startswith("faiss:")
-    choices = {"auto": "auto", "flat": "Flat"} if faiss_store else {"auto": "auto", "flat": None, "ivf_pq": "ivf_pq",
-                                                                     "hnsw_sq": "hnsw_sq"}
+    choices = (
+        {"auto": "auto", "flat": "Flat"}
+        if faiss_store
+        else {"auto": "auto", "flat": None, "ivf_pq": "ivf_pq", "hnsw_sq": "hnsw_sq"}
+    )
     if index_kind not in choices:
-        raise typer.BadParameter(f"--index: choose one of {', '.join(choices)} for this store; got {index_kind!r}",
-                                 param_hint="--index")
+        raise typer.BadParameter(
+            f"--index: choose one of {', '.join(choices)} for this store; got {index_kind!r}", param_hint="--index"
+        )
     if faiss_store:
         return {"factory": factory or choices[index_kind]}
     if index_kind == "flat":
@@ -315,12 +373,18 @@ def serve(
     store: Store,
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the server to the network")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True,
-                                                   help="require 'Authorization: Bearer KEY' on the API routes")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="ISOTROPE_API_KEY", show_envvar=True, help="require 'Authorization: Bearer KEY' on the API routes"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
     threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
     max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
-    batch_wait_ms: Annotated[float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")] = 0.0,
+    batch_wait_ms: Annotated[
+        float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")
+    ] = 0.0,
     nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
     ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
 ) -> None:
@@ -330,8 +394,17 @@ def serve(
     except ImportError as error:
         raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
     typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
-    run_server(store, host=host, port=port, api_key=api_key, log_level=log_level, threads=threads,
-               max_batch=max_batch, batch_wait_ms=batch_wait_ms, store_options=_search_options(store, nprobe, ef))
+    run_server(
+        store,
+        host=host,
+        port=port,
+        api_key=api_key,
+        log_level=log_level,
+        threads=threads,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        store_options=_search_options(store, nprobe, ef),
+    )
 
 
 @app.command()
@@ -357,7 +430,9 @@ def report(
 @app.command()
 def reshape(
     store: Store,
-    shape: Annotated[str, typer.Option("--shape", "-s", help="the new shaping (required): preset or chain, e.g. whiten or 'center,abtt(3),l2'")],
+    shape: Annotated[
+        str, typer.Option("--shape", "-s", help="the new shaping (required): preset or chain, e.g. whiten or 'center,abtt(3),l2'")
+    ],
     fit_samples: Annotated[int, typer.Option(help="stored vectors sampled to fit the shaping")] = 100_000,
 ) -> None:
     """Refit a LanceDB store's shaping from its stored raw vectors (no backbone pass) and rewrite its vectors."""
@@ -382,8 +457,10 @@ def demo(
     for question, hits in answers:
         typer.echo(f"\nQ: {question}")
         _print_hits(hits, as_json=False)
-    typer.echo(f"\nserve it (search page, JSON API, shaping report): isotrope serve {store}\n"
-               "then open http://127.0.0.1:8000/ or: curl -X POST localhost:8000/search -d '{\"query\": \"read a gzip file\"}'")
+    typer.echo(
+        f"\nserve it (search page, JSON API, shaping report): isotrope serve {store}\n"
+        'then open http://127.0.0.1:8000/ or: curl -X POST localhost:8000/search -d \'{"query": "read a gzip file"}\''
+    )
 
 
 @app.command("eval")
@@ -391,7 +468,9 @@ def evaluate(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
     model: OptionalModel = None,
-    shape: Annotated[str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")] = None,
+    shape: Annotated[
+        str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")
+    ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = "mean",
@@ -403,15 +482,21 @@ def evaluate(
     exclude_special: ExcludeSpecial = None,
     exclude_punctuation: ExcludePunctuation = False,
     max_length: MaxLength = None,
-    fit_corpus: Annotated[str | None, typer.Option(
-        help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
-    )] = None,
+    fit_corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="text/.jsonl file to fit on; 'corpus' = the BEIR corpus; 'split:NAME' = another split of the clustering file"
+        ),
+    ] = None,
     fit_samples: Annotated[int, typer.Option(help="texts sampled from the fit corpus")] = 20_000,
-    context_corpus: Annotated[str | None, typer.Option(
-        help="text file the context: tables are averaged over (default: the fit corpus)")] = None,
+    context_corpus: Annotated[
+        str | None, typer.Option(help="text file the context: tables are averaged over (default: the fit corpus)")
+    ] = None,
     transductive: Annotated[bool, typer.Option("--transductive", help="fit on the evaluation texts (labelled so)")] = False,
     data_dir: Annotated[Path | None, typer.Option(help="root holding sts/, classification/ (e.g. shared/data)")] = None,
-    sts_task: Annotated[list[str] | None, typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")] = None,
+    sts_task: Annotated[
+        list[str] | None, typer.Option("--task", help="stsb, sickr; or MR, CR, SUBJ, MPQA, TREC, SST2, SST5")
+    ] = None,
     pairs: Annotated[list[Path] | None, typer.Option(help="STS file of 'sentence1<TAB>sentence2<TAB>score' lines")] = None,
     beir: Annotated[Path | None, typer.Option(help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")] = None,
     jsonl: Annotated[Path | None, typer.Option(help="clustering: .jsonl(.gz) with text and label")] = None,
@@ -436,10 +521,24 @@ def evaluate(
     saved = saved_encoder(ctx, encoder_dir)
     config = saved.config if saved is not None else encoder_config(ctx)
     result = run_evaluation(
-        task, config, Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
-        tasks=sts_task or [], data_dir=data_dir, pairs=pairs or [], beir=beir, jsonl=jsonl, split=split,
-        limit=limit, texts_file=texts, fit_corpus=fit_corpus, transductive=transductive, context_corpus=context_corpus,
-        modes=_comma_list(mode), stores=_comma_list(store_kind), alpha=alpha, fusion=fusion,
+        task,
+        config,
+        Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
+        tasks=sts_task or [],
+        data_dir=data_dir,
+        pairs=pairs or [],
+        beir=beir,
+        jsonl=jsonl,
+        split=split,
+        limit=limit,
+        texts_file=texts,
+        fit_corpus=fit_corpus,
+        transductive=transductive,
+        context_corpus=context_corpus,
+        modes=_comma_list(mode),
+        stores=_comma_list(store_kind),
+        alpha=alpha,
+        fusion=fusion,
     )
     typer.echo(write_json(result, json_out))
 

@@ -87,16 +87,14 @@ class EncoderConfig:
             raise ConfigError(f"encoder config must be a JSON object, not {type(data).__name__}")
         unknown = sorted(set(data) - FIELDS)
         if unknown:
-            raise ConfigError(f"encoder config: unknown field {unknown[0]!r}; fields are {', '.join(sorted(FIELDS))}",
-                              unknown[0])
+            raise ConfigError(f"encoder config: unknown field {unknown[0]!r}; fields are {', '.join(sorted(FIELDS))}", unknown[0])
         return cls(**data)
 
     def replace(self, **changes: Any) -> EncoderConfig:
         """A copy with ``changes`` (checked like :meth:`from_dict`)."""
         unknown = sorted(set(changes) - FIELDS)
         if unknown:
-            raise ConfigError(f"encoder config: unknown field {unknown[0]!r}; fields are {', '.join(sorted(FIELDS))}",
-                              unknown[0])
+            raise ConfigError(f"encoder config: unknown field {unknown[0]!r}; fields are {', '.join(sorted(FIELDS))}", unknown[0])
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -108,13 +106,16 @@ class EncoderConfig:
         options: dict[str, Any] = {}
         if backbone.get("type") == "hf":
             model = backbone["model"]
-            options.update(model=f"{model}+context:{model}" if backbone.get("context") else model,
-                           layers=backbone.get("layers", "last"), prompt=backbone.get("prompt"),
-                           token_prepending=bool(backbone.get("token_prepending")),
-                           tp_layers=backbone.get("tp_layers"), backend=backbone.get("backend") or "torch")
+            options.update(
+                model=f"{model}+context:{model}" if backbone.get("context") else model,
+                layers=backbone.get("layers", "last"),
+                prompt=backbone.get("prompt"),
+                token_prepending=bool(backbone.get("token_prepending")),
+                tp_layers=backbone.get("tp_layers"),
+                backend=backbone.get("backend") or "torch",
+            )
         else:  # static tables and folded ones (``folded:<source>``)
-            options.update(model=backbone["source"], distill_samples=backbone.get("distill_samples"),
-                           backend="torch")
+            options.update(model=backbone["source"], distill_samples=backbone.get("distill_samples"), backend="torch")
         return cls(
             **options,
             max_length=backbone.get("max_length"),
@@ -161,16 +162,25 @@ class EncoderConfig:
 
 FIELDS = frozenset(spec.name for spec in fields(EncoderConfig))
 #: the fields the backbone is built from (the rest is weighting, pooling and shaping)
-BACKBONE_FIELDS = ("model", "layers", "prompt", "max_length", "token_prepending", "tp_layers", "distill_samples",
-                   "backend")
+BACKBONE_FIELDS = ("model", "layers", "prompt", "max_length", "token_prepending", "tp_layers", "distill_samples", "backend")
 
 _NONE = type(None)
 #: field -> the types it may hold (bool is never taken for an int)
 _TYPES: dict[str, tuple[type, ...]] = {
-    "model": (str,), "shape": (str, tuple, _NONE), "pooling": (str,), "layers": (str, int, tuple),
-    "prompt": (str, _NONE), "max_length": (int, _NONE), "weights": (str,), "frequencies": (str,),
-    "drop_top": (int,), "exclude_special": (bool, _NONE), "exclude_punctuation": (bool,),
-    "token_prepending": (bool,), "tp_layers": (str, tuple, _NONE), "distill_samples": (int, _NONE),
+    "model": (str,),
+    "shape": (str, tuple, _NONE),
+    "pooling": (str,),
+    "layers": (str, int, tuple),
+    "prompt": (str, _NONE),
+    "max_length": (int, _NONE),
+    "weights": (str,),
+    "frequencies": (str,),
+    "drop_top": (int,),
+    "exclude_special": (bool, _NONE),
+    "exclude_punctuation": (bool,),
+    "token_prepending": (bool,),
+    "tp_layers": (str, tuple, _NONE),
+    "distill_samples": (int, _NONE),
     "backend": (str, _NONE),
 }
 _LOWEST = {"max_length": 1, "drop_top": 0, "distill_samples": 1}
@@ -185,12 +195,14 @@ def _check_field(name: str, value: Any) -> None:
         raise ConfigError(f"encoder config: {name} is empty", name)
     if isinstance(value, int) and not isinstance(value, bool) and name in _LOWEST and value < _LOWEST[name]:
         raise ConfigError(f"encoder config: {name} must be at least {_LOWEST[name]}, got {value}", name)
-    if name in ("layers", "tp_layers") and isinstance(value, tuple) and not all(
-            isinstance(item, int) and not isinstance(item, bool) for item in value):
+    if (
+        name in ("layers", "tp_layers")
+        and isinstance(value, tuple)
+        and not all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+    ):
         raise ConfigError(f"encoder config: {name} must hold layer indices, got {list(value)!r}", name)
     if name == "shape" and isinstance(value, tuple) and not all(isinstance(step, dict) for step in value):
-        raise ConfigError(f"encoder config: shape steps must be objects like {{\"kind\": \"center\"}}, got {list(value)!r}",
-                          name)
+        raise ConfigError(f'encoder config: shape steps must be objects like {{"kind": "center"}}, got {list(value)!r}', name)
 
 
 def _jsonable(value: Any) -> Any:

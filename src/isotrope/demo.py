@@ -27,8 +27,21 @@ QUESTIONS = (
     "serialize an object to JSON",
 )
 #: packages left out: tests, GUI and tooling that would crowd the answers, and private internals
-_SKIPPED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo",
-                 "ensurepip", "__pycache__", "pydoc_data", "venv", "tkinter", "__phello__"}
+_SKIPPED_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+    "turtledemo",
+    "ensurepip",
+    "__pycache__",
+    "pydoc_data",
+    "venv",
+    "tkinter",
+    "__phello__",
+}
 _DEFINITIONS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -70,7 +83,9 @@ def stdlib_docstrings(root: Path | None = None, max_chars: int = 400) -> Iterato
                 continue
             module = _module_name(relative)
             nodes: list[tuple[str, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]] = [
-                ("", tree), *_walk(tree, "")]
+                ("", tree),
+                *_walk(tree, ""),
+            ]
             for qualname, node in nodes:
                 docstring = ast.get_docstring(node)
                 if not docstring:
@@ -95,8 +110,7 @@ def run_demo(store: str, show_progress: bool = True) -> tuple[list[tuple[str, li
     timings["read docstrings"] = time.perf_counter() - tick
     logger.info("read %d docstrings from %s", len(documents), stdlib_root())
     tick = time.perf_counter()
-    report = index_documents(documents, store, chunk_tokens=128,
-                             overlap_tokens=16, show_progress=show_progress)
+    report = index_documents(documents, store, chunk_tokens=128, overlap_tokens=16, show_progress=show_progress)
     timings["index"] = time.perf_counter() - tick
     tick = time.perf_counter()
     with Collection.open(store) as collection:

@@ -73,8 +73,9 @@ class TeacherPass:
     all_sums: ContextSums | None
 
 
-def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray,
-                 show_progress: bool = False) -> TeacherPass:
+def teacher_pass(
+    teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray, show_progress: bool = False
+) -> TeacherPass:
     """Run the teacher once over ``texts``; ``holdout`` (indices) are kept out of ``fit_sums``."""
     from scipy import sparse
     from tqdm.auto import tqdm
@@ -100,8 +101,9 @@ def teacher_pass(teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.n
                 cols.append(ids)
                 values.append(counts / max(counts.sum(), 1))
             progress.update(len(index))
-    bags = sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
-                             shape=(len(texts), teacher.vocab_size))
+    bags = sparse.csr_matrix(
+        (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(len(texts), teacher.vocab_size)
+    )
     return TeacherPass(bags, vectors, fit_sums, all_sums)
 
 
@@ -139,9 +141,16 @@ def lambda_scale(bags: sparse.spmatrix) -> float:
     return float(diagonal[diagonal > 0].mean())
 
 
-def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, lam: float,
-                iterations: int = CG_ITERATIONS, start: np.ndarray | None = None, tol: float = 1e-6,
-                dtype: type = np.float32) -> np.ndarray:
+def solve_table(
+    bags: sparse.spmatrix,
+    targets: np.ndarray,
+    table: np.ndarray,
+    lam: float,
+    iterations: int = CG_ITERATIONS,
+    start: np.ndarray | None = None,
+    tol: float = 1e-6,
+    dtype: type = np.float32,
+) -> np.ndarray:
     """min_T ||A T - Y||^2 + lam ||T - T0||^2 by preconditioned conjugate gradients.
 
     Only the rows of tokens that occur in ``bags`` move; the others stay at ``T0``. The
@@ -168,8 +177,9 @@ def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, l
         return (a_t @ (a @ block) + dtype(lam) * block).ravel()
 
     operator = LinearOperator((size * dim, size * dim), matvec=normal_matvec, dtype=dtype)
-    jacobi = LinearOperator((size * dim, size * dim), dtype=dtype,
-                            matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel())
+    jacobi = LinearOperator(
+        (size * dim, size * dim), dtype=dtype, matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel()
+    )
     x0 = (prior if start is None else start[used].astype(dtype)).ravel()
     solution, _ = cg(operator, rhs.ravel(), x0=x0, rtol=tol, maxiter=iterations, M=jacobi)
     fitted = np.array(table, dtype=np.float64, copy=True)
@@ -177,8 +187,9 @@ def solve_table(bags: sparse.spmatrix, targets: np.ndarray, table: np.ndarray, l
     return fitted
 
 
-def neighbour_agreement(train_vectors: np.ndarray, test_vectors: np.ndarray, teacher_vectors: np.ndarray,
-                        k: int = NEIGHBOURS) -> float:
+def neighbour_agreement(
+    train_vectors: np.ndarray, test_vectors: np.ndarray, teacher_vectors: np.ndarray, k: int = NEIGHBOURS
+) -> float:
     """How often the static vectors of held-aside texts (whiten-partial fitted on ``train_vectors``)
     find the same ``k`` nearest held-aside neighbours as the teacher's vectors, in [0, 1]."""
     from isotrope.shapes import parse_shape
@@ -200,10 +211,18 @@ def neighbour_agreement(train_vectors: np.ndarray, test_vectors: np.ndarray, tea
     return float(np.mean(overlaps)) / k
 
 
-def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table: np.ndarray, *,
-                  samples: int = DEFAULT_DISTILL_SAMPLES, seed: int = 0, lambdas: Sequence[float] = LAMBDAS,
-                  iterations: int = CG_ITERATIONS, min_fit_texts: int = MIN_FIT_TEXTS,
-                  show_progress: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
+def distill_table(
+    teacher: TokenizedBackbone,
+    texts: Sequence[str],
+    input_table: np.ndarray,
+    *,
+    samples: int = DEFAULT_DISTILL_SAMPLES,
+    seed: int = 0,
+    lambdas: Sequence[float] = LAMBDAS,
+    iterations: int = CG_ITERATIONS,
+    min_fit_texts: int = MIN_FIT_TEXTS,
+    show_progress: bool = False,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen."""
     rng = np.random.default_rng(seed)
     unique = list(dict.fromkeys(texts))
@@ -211,13 +230,15 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
     sample = [unique[i] for i in chosen]
     n_held = int(min(1000, round(HOLDOUT_FRACTION * len(sample)))) if len(sample) >= 100 else 0
     holdout = np.sort(rng.choice(len(sample), size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
-    logger.info("fast: teacher pass over %d of %d texts (%d held aside to choose the fit)", len(sample),
-                len(unique), n_held)
+    logger.info("fast: teacher pass over %d of %d texts (%d held aside to choose the fit)", len(sample), len(unique), n_held)
     passed = teacher_pass(teacher, sample, holdout, show_progress)
     report: dict[str, Any] = {"teacher_texts": len(sample), "held_aside": n_held}
     if not n_held or len(sample) < min_fit_texts:
-        report.update(fitted=False, reason=f"{len(sample)} teacher texts: a fit needs at least {max(min_fit_texts, 100)} "
-                                           "(smaller samples overfit): unfitted context table")
+        report.update(
+            fitted=False,
+            reason=f"{len(sample)} teacher texts: a fit needs at least {max(min_fit_texts, 100)} "
+            "(smaller samples overfit): unfitted context table",
+        )
         return initial_table(_release(passed, "all_sums"), input_table).astype(np.float32), report
     keep = np.setdiff1d(np.arange(len(sample)), holdout)
     train_bags, test_bags = passed.bags[keep], passed.bags[holdout]
@@ -233,8 +254,13 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
     for relative in sorted(lambdas, reverse=True):  # strongest first: each solve warm-starts the next
         table = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
         scores[f"{relative:g}"] = score(table)
-        logger.info("fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f)", relative, scale,
-                    scores[f"{relative:g}"], scores["unfitted"])
+        logger.info(
+            "fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f)",
+            relative,
+            scale,
+            scores[f"{relative:g}"],
+            scores["unfitted"],
+        )
         if scores[f"{relative:g}"] > scores[f"{best:g}" if best is not None else "unfitted"]:
             best, best_table = relative, table
     report["validation"] = {name: round(value, 4) for name, value in scores.items()}
@@ -245,6 +271,5 @@ def distill_table(teacher: TokenizedBackbone, texts: Sequence[str], input_table:
         logger.info("fast: keeping the unfitted context table")
         return final_prior.astype(np.float32), report
     report.update(fitted=True, lam=best, lam_scale=scale)
-    final = solve_table(passed.bags, passed.vectors, final_prior, best * lambda_scale(passed.bags), iterations,
-                        start=best_table)
+    final = solve_table(passed.bags, passed.vectors, final_prior, best * lambda_scale(passed.bags), iterations, start=best_table)
     return final.astype(np.float32), report

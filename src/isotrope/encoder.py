@@ -95,8 +95,15 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
     if extra and extra != f"context:{name}":
         raise ValueError(f"{model!r}: a transformer can only be joined with its own table, '{name}+context:{name}'")
     layers = list(config.layers) if isinstance(config.layers, tuple) else config.layers
-    backbone = {"type": "hf", "model": name, "layers": layers, "prompt": config.prompt,
-                "max_length": config.max_length, "device": device, "context": bool(extra)}
+    backbone = {
+        "type": "hf",
+        "model": name,
+        "layers": layers,
+        "prompt": config.prompt,
+        "max_length": config.max_length,
+        "device": device,
+        "context": bool(extra),
+    }
     if config.token_prepending:
         backbone.update(token_prepending=True, tp_layers=config.tp_layers)
     if backend != "torch":
@@ -332,12 +339,12 @@ class ShapedEncoder:
     @property
     def needs_corpus(self) -> bool:
         """Whether fitting learns anything from texts (token statistics or a stateful transform)."""
-        return (self.backbone.needs_fit or self.weighting.needs_corpus
-                or any(transform.requires_fit for transform in self.transforms))
+        return (
+            self.backbone.needs_fit or self.weighting.needs_corpus or any(transform.requires_fit for transform in self.transforms)
+        )
 
     def is_fitted(self) -> bool:
-        return (not self.backbone.needs_fit and hasattr(self.weighting, "weights_")
-                and all(t.is_fitted() for t in self.transforms))
+        return not self.backbone.needs_fit and hasattr(self.weighting, "weights_") and all(t.is_fitted() for t in self.transforms)
 
     def check_is_fitted(self) -> None:
         if not self.is_fitted():
@@ -367,9 +374,7 @@ class ShapedEncoder:
         self.metadata["fit"]["seed"] = seed
         return self
 
-    def fit_sample(
-        self, texts: Sequence[str], *, fitted_on: str | None = None, show_progress: bool = False
-    ) -> np.ndarray | None:
+    def fit_sample(self, texts: Sequence[str], *, fitted_on: str | None = None, show_progress: bool = False) -> np.ndarray | None:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
         if self.backbone.needs_fit:
@@ -410,7 +415,9 @@ class ShapedEncoder:
         """Token statistics of ``texts`` in the backbone's vocabulary."""
         counts = TokenCounts(self.backbone.vocab_size)
         for start in range(0, len(texts), 1024):
-            counts = counts.merge(TokenCounts.from_token_ids(self.backbone.token_ids(list(texts[start : start + 1024])), counts.counts.size))
+            counts = counts.merge(
+                TokenCounts.from_token_ids(self.backbone.token_ids(list(texts[start : start + 1024])), counts.counts.size)
+            )
         return counts
 
     def fit_transforms(self, raw: np.ndarray) -> ShapedEncoder:
@@ -469,8 +476,14 @@ class ShapedEncoder:
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the encoder folder (``isotrope.json`` + ``state.safetensors``) atomically."""
-        return write_encoder(path, self.spec, self.get_state(), self.metadata, getattr(self.backbone, "save_files", None),
-                             config=self.config.to_dict())
+        return write_encoder(
+            path,
+            self.spec,
+            self.get_state(),
+            self.metadata,
+            getattr(self.backbone, "save_files", None),
+            config=self.config.to_dict(),
+        )
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", backend: str | None = None) -> ShapedEncoder:
@@ -480,8 +493,14 @@ class ShapedEncoder:
         """
         parts = read_encoder(path, device=device, backend=backend)
         config = parts.config if backend is None else parts.config.replace(backend=backend)
-        encoder = cls(parts.backbone, parts.pooling, parts.weighting, parts.transforms,
-                      metadata=parts.document.get("metadata"), config=config)
+        encoder = cls(
+            parts.backbone,
+            parts.pooling,
+            parts.weighting,
+            parts.transforms,
+            metadata=parts.document.get("metadata"),
+            config=config,
+        )
         check_fingerprint(path, parts.document, encoder.fingerprint_as(parts.saved_backend))
         return encoder
 

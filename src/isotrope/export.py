@@ -31,8 +31,10 @@ def _exportable(encoder: ShapedEncoder) -> ShapedEncoder:
     if encoder.spec["backbone"]["type"] != "folded":
         encoder = fold_encoder(encoder)
     if not encoder.transforms or encoder.transforms[-1].kind != "l2":
-        raise FoldError(f"export needs a chain that ends in l2 (this one: {encoder.metadata.get('folded', {}).get('from_shape', encoder.shape)}): "
-                        "model2vec and sentence-transformers average unweighted rows, which equals the encoder only after L2")
+        raise FoldError(
+            f"export needs a chain that ends in l2 (this one: {encoder.metadata.get('folded', {}).get('from_shape', encoder.shape)}): "
+            "model2vec and sentence-transformers average unweighted rows, which equals the encoder only after L2"
+        )
     return encoder
 
 
@@ -59,8 +61,10 @@ def export_encoder(encoder: ShapedEncoder, out: str | Path, format: str) -> Path
         table = table.astype(np.float16)
     weighted = _nonzero_special_rows(encoder, table)
     if weighted:
-        raise FoldError(f"special tokens {', '.join(weighted)} carry weight, but {format} tokenizes without them: "
-                        "refit with --exclude-special")
+        raise FoldError(
+            f"special tokens {', '.join(weighted)} carry weight, but {format} tokenizes without them: "
+            "refit with --exclude-special"
+        )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -87,31 +91,44 @@ def _write_model2vec(encoder: ShapedEncoder, table: np.ndarray, folder: Path) ->
     backbone = cast(FoldedBackbone, encoder.backbone)
     save_file({"embeddings": np.ascontiguousarray(table)}, folder / "model.safetensors")
     (folder / "tokenizer.json").write_text(backbone.tokenizer_json(), encoding="utf-8")
-    _write_json(folder / "config.json", {
-        "model_type": "model2vec",
-        "architectures": ["StaticModel"],
-        "tokenizer_name": backbone.folded_from,
-        "apply_pca": None,
-        "hidden_dim": int(table.shape[1]),
-        "normalize": True,
-        "max_length": backbone.max_length,
-        "isotrope": {"version": __version__, "fingerprint": encoder.fingerprint},
-    })
+    _write_json(
+        folder / "config.json",
+        {
+            "model_type": "model2vec",
+            "architectures": ["StaticModel"],
+            "tokenizer_name": backbone.folded_from,
+            "apply_pca": None,
+            "hidden_dim": int(table.shape[1]),
+            "normalize": True,
+            "max_length": backbone.max_length,
+            "isotrope": {"version": __version__, "fingerprint": encoder.fingerprint},
+        },
+    )
 
 
 def _write_sentence_transformers(encoder: ShapedEncoder, table: np.ndarray, folder: Path) -> None:
     backbone = cast(FoldedBackbone, encoder.backbone)
     (folder / "0_StaticEmbedding").mkdir()
     (folder / "1_Normalize").mkdir()
-    save_file({"embedding.weight": np.ascontiguousarray(table, dtype=np.float32)},
-              folder / "0_StaticEmbedding" / "model.safetensors")
+    save_file(
+        {"embedding.weight": np.ascontiguousarray(table, dtype=np.float32)}, folder / "0_StaticEmbedding" / "model.safetensors"
+    )
     (folder / "0_StaticEmbedding" / "tokenizer.json").write_text(backbone.tokenizer_json(), encoding="utf-8")
     _write_json(folder / "1_Normalize" / "config.json", {})
-    _write_json(folder / "modules.json", [
-        {"idx": 0, "name": "0", "path": "0_StaticEmbedding", "type": "sentence_transformers.models.StaticEmbedding"},
-        {"idx": 1, "name": "1", "path": "1_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ])
-    _write_json(folder / "config_sentence_transformers.json", {
-        "__version__": {"isotrope": __version__}, "prompts": {}, "default_prompt_name": None,
-        "similarity_fn_name": "cosine", "isotrope_fingerprint": encoder.fingerprint,
-    })
+    _write_json(
+        folder / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "0_StaticEmbedding", "type": "sentence_transformers.models.StaticEmbedding"},
+            {"idx": 1, "name": "1", "path": "1_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ],
+    )
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {
+            "__version__": {"isotrope": __version__},
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+            "isotrope_fingerprint": encoder.fingerprint,
+        },
+    )

@@ -47,8 +47,16 @@ class Foldable(Protocol):
     batch_size: int
     metadata: dict[str, Any]
 
-    def __init__(self, backbone: Any, pooling: str, weighting: TokenWeighting, transforms: list[Any], *,
-                 batch_size: int, metadata: dict[str, Any]) -> None: ...
+    def __init__(
+        self,
+        backbone: Any,
+        pooling: str,
+        weighting: TokenWeighting,
+        transforms: list[Any],
+        *,
+        batch_size: int,
+        metadata: dict[str, Any],
+    ) -> None: ...
 
     @property
     def shape(self) -> str: ...
@@ -74,8 +82,10 @@ def check_foldable(encoder: Foldable) -> None:
     backbone = encoder.backbone
     if getattr(backbone, "table", None) is None or not hasattr(backbone, "tokenizer"):
         name = backbone.get_config().get("model") or type(backbone).__name__
-        raise FoldError(f"backbone {name!r} is a transformer: its token states depend on context and do not fold "
-                        "into a table (use a static: table, or a context: table fitted on a corpus)")
+        raise FoldError(
+            f"backbone {name!r} is a transformer: its token states depend on context and do not fold "
+            "into a table (use a static: table, or a context: table fitted on a corpus)"
+        )
     if encoder.pooling != "mean":
         raise FoldError(f"pooling {encoder.pooling!r} does not fold: only mean pooling commutes with the linear steps")
     steps = encoder.transforms
@@ -83,8 +93,10 @@ def check_foldable(encoder: Foldable) -> None:
         if step.kind == "l2" and index < len(steps) - 1:
             raise FoldError(f"step {index} (l2) is not the last step: a normalisation inside the chain does not fold")
         if step.kind != "l2" and step.kind not in LINEAR_KINDS:
-            raise FoldError(f"step {index} ({step.kind}) is not linear and does not fold into a table; "
-                            f"foldable steps: {', '.join(LINEAR_KINDS)}, and l2 last")
+            raise FoldError(
+                f"step {index} ({step.kind}) is not linear and does not fold into a table; "
+                f"foldable steps: {', '.join(LINEAR_KINDS)}, and l2 last"
+            )
 
 
 def _tokenizer_copy(backbone: Any) -> Any:
@@ -125,8 +137,10 @@ def fold_encoder(encoder: EncoderT, *, dtype: str = "float32", dims: int | None 
     ordered = linear[-1].kind in ORDERED_KINDS if linear else bool(getattr(backbone, "ordered_by_variance", False))
     if dims is not None:
         if not ordered:
-            raise FoldError("dims keeps the leading whitened components: the chain's last linear step must be "
-                            f"whiten or pca (chain: {encoder.shape})")
+            raise FoldError(
+                "dims keeps the leading whitened components: the chain's last linear step must be "
+                f"whiten or pca (chain: {encoder.shape})"
+            )
         if not 1 <= dims <= table.shape[1]:
             raise FoldError(f"dims must be between 1 and {table.shape[1]}; got {dims}")
         table = np.ascontiguousarray(table[:, :dims])
@@ -140,14 +154,30 @@ def fold_encoder(encoder: EncoderT, *, dtype: str = "float32", dims: int | None 
     stored, row_scale = quantize(table, dtype)
     config = backbone.get_config()
     folded_backbone = FoldedBackbone(
-        _tokenizer_copy(backbone), stored, row_scale, special_ids=backbone.special_ids(),
-        max_length=getattr(backbone, "max_length", 8192), ordered_by_variance=ordered,
+        _tokenizer_copy(backbone),
+        stored,
+        row_scale,
+        special_ids=backbone.special_ids(),
+        max_length=getattr(backbone, "max_length", 8192),
+        ordered_by_variance=ordered,
         folded_from=str(config.get("folded_from") or config.get("source") or config.get("model")),
     )
     metadata = dict(encoder.metadata)
-    metadata["folded"] = {"from_fingerprint": encoder.fingerprint, "from_shape": encoder.shape,
-                          "dtype": dtype, "dims": int(table.shape[1]), "weights_in_rows": normalised}
-    logger.info("folded %s (%s) into one %d x %d %s table", folded_backbone.folded_from, encoder.shape,
-                table.shape[0], table.shape[1], dtype)
-    return type(encoder)(folded_backbone, "mean", weighting, [L2()] if normalised else [],
-                         batch_size=encoder.batch_size, metadata=metadata)
+    metadata["folded"] = {
+        "from_fingerprint": encoder.fingerprint,
+        "from_shape": encoder.shape,
+        "dtype": dtype,
+        "dims": int(table.shape[1]),
+        "weights_in_rows": normalised,
+    }
+    logger.info(
+        "folded %s (%s) into one %d x %d %s table",
+        folded_backbone.folded_from,
+        encoder.shape,
+        table.shape[0],
+        table.shape[1],
+        dtype,
+    )
+    return type(encoder)(
+        folded_backbone, "mean", weighting, [L2()] if normalised else [], batch_size=encoder.batch_size, metadata=metadata
+    )

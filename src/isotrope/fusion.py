@@ -138,8 +138,18 @@ def best_per_group(hits: Sequence[Hit], field: str, k: int) -> list[Hit]:
     return out
 
 
-def _grouped(store: Any, texts: Sequence[str], vectors: Any, k: int, where: Mapping[str, Any] | None, mode: str,
-             alpha: float | None, fusion: str, candidates: int, field: str) -> list[list[Hit]]:
+def _grouped(
+    store: Any,
+    texts: Sequence[str],
+    vectors: Any,
+    k: int,
+    where: Mapping[str, Any] | None,
+    mode: str,
+    alpha: float | None,
+    fusion: str,
+    candidates: int,
+    field: str,
+) -> list[list[Hit]]:
     total = max(len(store), 1)
     fetch = max(4 * k, 50)
     while True:

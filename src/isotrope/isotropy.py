@@ -44,7 +44,7 @@ def _gram_eigh(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _partition_ratio(X: np.ndarray, directions: np.ndarray) -> float:
     log_z = np.full(directions.shape[1], -np.inf)
     for start in range(0, X.shape[0], _BLOCK_ROWS):
-        log_z = np.logaddexp(log_z, logsumexp(X[start:start + _BLOCK_ROWS] @ directions, axis=0))
+        log_z = np.logaddexp(log_z, logsumexp(X[start : start + _BLOCK_ROWS] @ directions, axis=0))
     return float(np.exp(log_z.min() - log_z.max()))
 
 

@@ -81,8 +81,10 @@ def sample_vectors(collection: Collection, size: int, seed: int = 0) -> tuple[np
         except ValueError as error:  # rows written without their raw vector
             notes.append(f"raw vectors unavailable: {error}")
     else:
-        notes.append(f"this {collection.kind} store does not keep the raw (pre-shaping) vectors, so only the "
-                     "shaped vectors are shown; LanceDB stores keep both")
+        notes.append(
+            f"this {collection.kind} store does not keep the raw (pre-shaping) vectors, so only the "
+            "shaped vectors are shown; LanceDB stores keep both"
+        )
     return shaped, raw, notes
 
 
@@ -107,25 +109,40 @@ def _polyline(xs: np.ndarray, ys: np.ndarray, colour: str) -> str:
     return f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
 
 
-def _frame(width: int, height: int, margin: int, title: str, body: str, x_label: str, y_label: str,
-           x_ticks: list[tuple[float, str]], y_ticks: list[tuple[float, str]], legend: list[tuple[str, str]]) -> str:
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" role="img" aria-label="{html.escape(title)}" font-family="sans-serif" font-size="11">',
-             f'<text x="{width / 2}" y="14" text-anchor="middle" font-size="13">{html.escape(title)}</text>',
-             f'<rect x="{margin}" y="24" width="{width - margin - 10}" height="{height - margin - 24}" '
-             'fill="none" stroke="#999"/>']
+def _frame(
+    width: int,
+    height: int,
+    margin: int,
+    title: str,
+    body: str,
+    x_label: str,
+    y_label: str,
+    x_ticks: list[tuple[float, str]],
+    y_ticks: list[tuple[float, str]],
+    legend: list[tuple[str, str]],
+) -> str:
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="{html.escape(title)}" font-family="sans-serif" font-size="11">',
+        f'<text x="{width / 2}" y="14" text-anchor="middle" font-size="13">{html.escape(title)}</text>',
+        f'<rect x="{margin}" y="24" width="{width - margin - 10}" height="{height - margin - 24}" fill="none" stroke="#999"/>',
+    ]
     for x, label in x_ticks:
         parts.append(f'<text x="{x:.1f}" y="{height - margin + 14}" text-anchor="middle">{html.escape(label)}</text>')
     for y, label in y_ticks:
-        parts.append(f'<line x1="{margin}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                     f'<text x="{margin - 4}" y="{y + 4:.1f}" text-anchor="end">{html.escape(label)}</text>')
+        parts.append(
+            f'<line x1="{margin}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="{margin - 4}" y="{y + 4:.1f}" text-anchor="end">{html.escape(label)}</text>'
+        )
     parts.append(f'<text x="{width / 2}" y="{height - 6}" text-anchor="middle">{html.escape(x_label)}</text>')
     parts.append(f'<text transform="translate(12 {height / 2}) rotate(-90)" text-anchor="middle">{html.escape(y_label)}</text>')
     parts.append(body)
     for row, (name, colour) in enumerate(legend):
         y = 40 + 16 * row
-        parts.append(f'<rect x="{width - 130}" y="{y - 9}" width="12" height="10" fill="{colour}"/>'
-                     f'<text x="{width - 114}" y="{y}">{html.escape(name)}</text>')
+        parts.append(
+            f'<rect x="{width - 130}" y="{y - 9}" width="12" height="10" fill="{colour}"/>'
+            f'<text x="{width - 114}" y="{y}">{html.escape(name)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -148,8 +165,18 @@ def spectrum_svg(series: list[tuple[str, np.ndarray, str]], width: int = 520, he
     body = "".join(_polyline(px(np.arange(1, len(v) + 1)), py(v), colour) for (_, _, colour), v in zip(series, logs))
     x_ticks = [(float(px(np.array(r))), str(r)) for r in sorted({1, max(n // 2, 1), n})]
     y_ticks = [(float(py(np.array(e))), f"1e{int(e)}") for e in range(int(low), int(high) + 1)]
-    return _frame(width, height, margin, "Eigenvalue spectrum (covariance)", body, "rank",
-                  "share of variance", x_ticks, y_ticks, [(name, colour) for name, _, colour in series])
+    return _frame(
+        width,
+        height,
+        margin,
+        "Eigenvalue spectrum (covariance)",
+        body,
+        "rank",
+        "share of variance",
+        x_ticks,
+        y_ticks,
+        [(name, colour) for name, _, colour in series],
+    )
 
 
 def cosine_svg(series: list[tuple[str, np.ndarray, str]], width: int = 520, height: int = 300, margin: int = 56) -> str:
@@ -168,8 +195,18 @@ def cosine_svg(series: list[tuple[str, np.ndarray, str]], width: int = 520, heig
     body = "".join(_polyline(px(centres), py(s), colour) for (_, _, colour), s in zip(series, shares))
     x_ticks = [(float(px(np.array(v))), f"{v:g}") for v in (-1, -0.5, 0, 0.5, 1)]
     y_ticks = [(float(py(np.array(v))), f"{v:.0%}") for v in np.linspace(0, high, 4)]
-    return _frame(width, height, margin, "Pairwise cosine similarity", body, "cosine", "share of pairs",
-                  x_ticks, y_ticks, [(name, colour) for name, _, colour in series])
+    return _frame(
+        width,
+        height,
+        margin,
+        "Pairwise cosine similarity",
+        body,
+        "cosine",
+        "share of pairs",
+        x_ticks,
+        y_ticks,
+        [(name, colour) for name, _, colour in series],
+    )
 
 
 # --------------------------------------------------------------------------- HTML
@@ -207,14 +244,18 @@ def _auto_shape_section(auto: dict[str, Any] | None) -> str:
     if not auto:
         return "<p>The shaping was given explicitly (not chosen by <code>--shape auto</code>).</p>"
     candidates = auto.get("candidates", [])
-    keys = [k for k in dict.fromkeys(key for row in candidates for key in row) if k not in ("mrr@10", "standard_errors_below_best")]
+    keys = [
+        k for k in dict.fromkeys(key for row in candidates for key in row) if k not in ("mrr@10", "standard_errors_below_best")
+    ]
     chosen = auto.get("chosen", {})
     highlight = next((i for i, row in enumerate(candidates) if all(row.get(k) == v for k, v in chosen.items())), None)
     rows = [[*(row.get(k) for k in keys), row.get("mrr@10"), row.get("standard_errors_below_best")] for row in candidates]
-    return (f"<p><code>--shape auto</code> chose <b>{html.escape(_cell(chosen))}</b> by the rule: "
-            f"{html.escape(str(auto.get('rule', '')))}; scored on {auto.get('pseudo_queries')} pseudo-queries over "
-            f"{auto.get('held_aside_texts')} held-aside texts.</p>"
-            + _table([*keys, "pseudo-query MRR@10", "standard errors below best"], rows, highlight))
+    return (
+        f"<p><code>--shape auto</code> chose <b>{html.escape(_cell(chosen))}</b> by the rule: "
+        f"{html.escape(str(auto.get('rule', '')))}; scored on {auto.get('pseudo_queries')} pseudo-queries over "
+        f"{auto.get('held_aside_texts')} held-aside texts.</p>"
+        + _table([*keys, "pseudo-query MRR@10", "standard errors below best"], rows, highlight)
+    )
 
 
 def render_html(report: ShapingReport) -> str:
@@ -237,8 +278,8 @@ def render_html(report: ShapingReport) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p>Model <b>{html.escape(str(info.get('model', '?')))}</b>, shaping <b>{html.escape(str(info.get('shape', '?')))}</b>,
-{info.get('chunks', '?')} chunks; statistics over a uniform sample of <b>{report.sample_size}</b> stored vectors.</p>
+<p>Model <b>{html.escape(str(info.get("model", "?")))}</b>, shaping <b>{html.escape(str(info.get("shape", "?")))}</b>,
+{info.get("chunks", "?")} chunks; statistics over a uniform sample of <b>{report.sample_size}</b> stored vectors.</p>
 {notes}
 <h2>Spectrum and cosines</h2>
 <div class="plots">{spectrum_svg(series_spectrum)}{cosine_svg(series_cosine)}</div>
@@ -247,8 +288,8 @@ unrelated texts near cosine 0; raw transformer vectors crowd into a narrow cone 
 <h2>Isotropy</h2>
 {_table(["vectors", "dim", "mean cosine", "partition ratio I(W)", "effective rank", "top-10 variance share"], isotropy_rows)}
 <h2>Fit</h2>
-{_table(["fitted on", "texts in the fit sample"], [[fit.get('fitted_on', 'not recorded'), fit.get('n_texts', 'not recorded')]])}
-{_auto_shape_section(info.get('auto_shape'))}
+{_table(["fitted on", "texts in the fit sample"], [[fit.get("fitted_on", "not recorded"), fit.get("n_texts", "not recorded")]])}
+{_auto_shape_section(info.get("auto_shape"))}
 <h2>Store</h2>
 {_table(["property", "value"], info_rows)}
 </body></html>

@@ -29,8 +29,14 @@ from isotrope.transforms import TRANSFORMS
 
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
     transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
-    return ShapedEncoder(encoder.backbone, encoder.pooling, encoder.weighting, transforms, encoder.batch_size,
-                         config=encoder.config.replace(shape=shape))
+    return ShapedEncoder(
+        encoder.backbone,
+        encoder.pooling,
+        encoder.weighting,
+        transforms,
+        encoder.batch_size,
+        config=encoder.config.replace(shape=shape),
+    )
 
 
 def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 0, batch_size: int = 4096) -> ShapedEncoder:
@@ -39,13 +45,18 @@ def reshape_store(uri: str, shape: str, fit_samples: int = 100_000, seed: int = 
     with writer_lock(path, "reshaped"), Collection.open(uri) as collection, reshape_lock(path):
         store = collection.store
         if not store.stores_raw_vectors or not isinstance(store, ReshapableStore):
-            raise StoreCapabilityError(f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)")
+            raise StoreCapabilityError(
+                f"{uri}: this store keeps no raw vectors; reshape needs a LanceDB store (re-index instead)"
+            )
         rows = (vector for _, vectors in store.iter_raw(batch_size) for vector in vectors)
         sample = np.stack(reservoir_sample(rows, fit_samples, seed))
         encoder = _reshaped_encoder(collection.encoder, shape)
         encoder.fit_transforms(sample)
-        encoder.metadata["fit"] = {"fitted_on": f"raw vectors of {len(sample)} stored chunks (reshape)",
-                                   "n_texts": len(sample), "seed": seed}
+        encoder.metadata["fit"] = {
+            "fitted_on": f"raw vectors of {len(sample)} stored chunks (reshape)",
+            "n_texts": len(sample),
+            "seed": seed,
+        }
         if encoder.dim != store.dim:
             raise ValueError(f"shape {shape!r} gives {encoder.dim}-d vectors but the store holds {store.dim}-d ones")
 

@@ -34,10 +34,12 @@ def holds_vectors(path: Path) -> bool:
 
 
 def _missing_encoder_message(path: Path) -> str:
-    return (f"{path} holds vectors but no {ENCODER_DIR}/ folder (no {ENCODER_DIR}/{SPEC_FILE}): the encoder that "
-            f"shaped them is lost, and vectors "
-            f"of another shaping must not be mixed in. Restore {path / ENCODER_DIR} from a backup, or re-index the "
-            f"documents into a new store (or delete {path} first)")
+    return (
+        f"{path} holds vectors but no {ENCODER_DIR}/ folder (no {ENCODER_DIR}/{SPEC_FILE}): the encoder that "
+        f"shaped them is lost, and vectors "
+        f"of another shaping must not be mixed in. Restore {path / ENCODER_DIR} from a backup, or re-index the "
+        f"documents into a new store (or delete {path} first)"
+    )
 
 
 def parse_store_uri(uri: str | Path) -> tuple[str, Path]:
@@ -117,8 +119,14 @@ class Collection:
         return cls(store, encoder, path, kind)
 
     @classmethod
-    def open(cls, uri: str | Path, encoder: ShapedEncoder | None = None, device: str = "auto",
-             backend: str | None = None, **store_options: Any) -> Collection:
+    def open(
+        cls,
+        uri: str | Path,
+        encoder: ShapedEncoder | None = None,
+        device: str = "auto",
+        backend: str | None = None,
+        **store_options: Any,
+    ) -> Collection:
         """Open a store with the encoder that wrote it; a different ``encoder`` is an error naming both fingerprints.
 
         ``backend`` runs the store's encoder on another runtime; a different runtime (for the
@@ -200,8 +208,13 @@ class Collection:
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""
         index = self.store.index_info()
-        return {"store": f"{self.kind}:{self.path}", "chunks": len(self.store), **self.store.properties,
-                **self.encoder.metadata, **index}
+        return {
+            "store": f"{self.kind}:{self.path}",
+            "chunks": len(self.store),
+            **self.store.properties,
+            **self.encoder.metadata,
+            **index,
+        }
 
     def optimize(self) -> dict[str, Any]:
         """Rebuild the store's approximate index for its current size (and compact LanceDB); the new index info."""

@@ -56,8 +56,10 @@ def parse_shape(shape: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     from isotrope.transforms import TRANSFORMS
 
     if shape == "auto":
-        raise ValueError("shape 'auto' is chosen from a corpus: use it with `isotrope fit/index/eval`, "
-                         "or call isotrope.autoshape.choose_shape(texts, options)")
+        raise ValueError(
+            "shape 'auto' is chosen from a corpus: use it with `isotrope fit/index/eval`, "
+            "or call isotrope.autoshape.choose_shape(texts, options)"
+        )
     if isinstance(shape, list):
         steps = shape
     else:
@@ -73,7 +75,9 @@ def parse_shape(shape: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 kind = match.group(1)
                 if kind not in TRANSFORMS:
                     known = ", ".join(sorted(TRANSFORMS))
-                    raise ValueError(f"unknown transform {kind!r} in shape {shape!r}; known: {known}; presets: {', '.join(PRESETS)}")
+                    raise ValueError(
+                        f"unknown transform {kind!r} in shape {shape!r}; known: {known}; presets: {', '.join(PRESETS)}"
+                    )
                 steps.append({"kind": kind, "config": _parse_arguments(kind, match.group(2) or "")})
                 position = match.end()
     for step in steps:

@@ -17,8 +17,9 @@ if __name__ == "__main__":
     print("ready", flush=True)
     if command == "index":
         source, store, model = args
-        index_documents(source, store, config=EncoderConfig(model=model, shape="center"),
-                        batch_size=16, commit_every=32, show_progress=False)
+        index_documents(
+            source, store, config=EncoderConfig(model=model, shape="center"), batch_size=16, commit_every=32, show_progress=False
+        )
     elif command == "reshape":
         store, shape = args
         reshape_store(store, shape, batch_size=64)

@@ -18,7 +18,59 @@ import numpy as np
 from isotrope.search import Collection
 
 DRIVER = Path(__file__).with_name("driver.py")
-WORDS = ["the", "a", "of", "to", "in", "on", "and", "or", "not", "it", "he", "she", "they", "we", "cat", "dog", "bird", "car", "house", "tree", "river", "city", "sun", "moon", "rain", "snow", "food", "water", "music", "red", "green", "blue", "big", "small", "fast", "slow", "happy", "sad", "good", "bad", "new", "old", "runs", "eats", "sees", "likes", "reads", "plays", "sleeps", "sentence", "word"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "in",
+    "on",
+    "and",
+    "or",
+    "not",
+    "it",
+    "he",
+    "she",
+    "they",
+    "we",
+    "cat",
+    "dog",
+    "bird",
+    "car",
+    "house",
+    "tree",
+    "river",
+    "city",
+    "sun",
+    "moon",
+    "rain",
+    "snow",
+    "food",
+    "water",
+    "music",
+    "red",
+    "green",
+    "blue",
+    "big",
+    "small",
+    "fast",
+    "slow",
+    "happy",
+    "sad",
+    "good",
+    "bad",
+    "new",
+    "old",
+    "runs",
+    "eats",
+    "sees",
+    "likes",
+    "reads",
+    "plays",
+    "sleeps",
+    "sentence",
+    "word",
+]
 
 
 def write_table(path: Path, dim: int = 16) -> str:
@@ -33,8 +85,7 @@ def write_corpus(folder: Path, n_files: int = 40, per_file: int = 12) -> Path:
     rng = random.Random(0)
     folder.mkdir(parents=True, exist_ok=True)
     for f in range(n_files):
-        lines = [json.dumps({"text": f"{f} {i} " + " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))})
-                 for i in range(per_file)]
+        lines = [json.dumps({"text": f"{f} {i} " + " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))}) for i in range(per_file)]
         (folder / f"part{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
     return folder
 
@@ -45,8 +96,9 @@ def env() -> dict[str, str]:
 
 def start(*args: str) -> subprocess.Popen:
     """A driver process, returned once it has imported everything (it printed ``ready``)."""
-    process = subprocess.Popen([sys.executable, str(DRIVER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env())
+    process = subprocess.Popen(
+        [sys.executable, str(DRIVER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
     line = process.stdout.readline()
     if line.strip() != "ready":
         raise RuntimeError(f"driver did not start: {line}{process.stderr.read()}")

@@ -82,8 +82,11 @@ def check(tally: Tally, name: str, **extra: object) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_kill_index_and_resume_short(world, kind):
-    check(kill_and_resume_index(world, kind, trials=1, seed=1), f"kill-index-{kind}-short",
-          clean_run_s=round(world["seconds"][kind], 2))
+    check(
+        kill_and_resume_index(world, kind, trials=1, seed=1),
+        f"kill-index-{kind}-short",
+        clean_run_s=round(world["seconds"][kind], 2),
+    )
 
 
 def test_kill_reshape_and_resume_short(world):
@@ -96,25 +99,38 @@ def test_kill_reshape_and_resume_short(world):
 def test_kill_index_and_resume_full(world, kind):
     started = time.monotonic()
     tally = kill_and_resume_index(world, kind, trials=20, seed=2)
-    check(tally, f"kill-index-{kind}", clean_run_s=round(world["seconds"][kind], 2),
-          suite_s=round(time.monotonic() - started, 1))
+    check(tally, f"kill-index-{kind}", clean_run_s=round(world["seconds"][kind], 2), suite_s=round(time.monotonic() - started, 1))
 
 
 @pytest.mark.slow
 @full_only
 def test_kill_reshape_and_resume_full(world):
     started = time.monotonic()
-    check(kill_and_resume_reshape(world, trials=10, seed=2), "kill-reshape", clean_run_s=round(world["seconds"]["reshape"], 2),
-          suite_s=round(time.monotonic() - started, 1))
+    check(
+        kill_and_resume_reshape(world, trials=10, seed=2),
+        "kill-reshape",
+        clean_run_s=round(world["seconds"]["reshape"], 2),
+        suite_s=round(time.monotonic() - started, 1),
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_concurrent_writers_one_refused_no_duplicates(world, kind):
     uri = f"{kind}:{world['root'] / f'{kind}-concurrent'}"
-    command = [sys.executable, "-m", "isotrope.cli", "index", str(world["corpus"]), "--store", uri,
-               "--model", world["table"], "--shape", "center"]
-    writers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-               for _ in range(3)]
+    command = [
+        sys.executable,
+        "-m",
+        "isotrope.cli",
+        "index",
+        str(world["corpus"]),
+        "--store",
+        uri,
+        "--model",
+        world["table"],
+        "--shape",
+        "center",
+    ]
+    writers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()) for _ in range(3)]
     outcomes = [(w.wait(timeout=600), w.stderr.read()) for w in writers]
     for w in writers:
         w.stdout.close()
@@ -173,8 +189,10 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("tamper", ["edit-spec", "edit-backbone-source", "flip-state-byte", "truncate-state",
-                                    "delete-spec", "delete-state", "delete-encoder"])
+@pytest.mark.parametrize(
+    "tamper",
+    ["edit-spec", "edit-backbone-source", "flip-state-byte", "truncate-state", "delete-spec", "delete-state", "delete-encoder"],
+)
 def test_tampered_encoder_is_refused_in_one_line(world, tmp_path, tamper, capsys):
     import json
 
@@ -215,8 +233,12 @@ def test_a_folder_of_bad_inputs(world, tmp_path, capsys):
 
     folder = tmp_path / "inputs"
     folder.mkdir()
-    good = {"good.txt": "the cat runs", "good.md": "# dog\n\nthe dog eats food", "good.jsonl": json.dumps({"text": "a bird"}),
-            "utf16.txt": None}
+    good = {
+        "good.txt": "the cat runs",
+        "good.md": "# dog\n\nthe dog eats food",
+        "good.jsonl": json.dumps({"text": "a bird"}),
+        "utf16.txt": None,
+    }
     (folder / "good.txt").write_text(good["good.txt"])
     (folder / "good.md").write_text(good["good.md"])
     (folder / "good.jsonl").write_text(good["good.jsonl"] + "\n")
@@ -234,8 +256,9 @@ def test_a_folder_of_bad_inputs(world, tmp_path, capsys):
     }
     for name, data in bad.items():
         (folder / name).write_bytes(data)
-    code, out, err = cli(capsys, "index", str(folder), "--store", f"lancedb:{tmp_path / 'store'}", "--model", world["table"],
-                         "--shape", "center")
+    code, out, err = cli(
+        capsys, "index", str(folder), "--store", f"lancedb:{tmp_path / 'store'}", "--model", world["table"], "--shape", "center"
+    )
     assert code == 0, err
     for name in bad:  # each named once, with its reason
         assert err.count(f"skipped {name}") == 1, (name, err)

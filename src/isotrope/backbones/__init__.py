@@ -20,8 +20,10 @@ def is_static_source(model: str) -> bool:
 
 
 def _is_static_part(part: str) -> bool:
-    return part.startswith(("static:", "random:", "context:", "fast:")) or part in (PACKAGED_GLOVE, "fast") or part.endswith(
-        (".txt", ".vec", ".txt.gz", ".vec.gz")
+    return (
+        part.startswith(("static:", "random:", "context:", "fast:"))
+        or part in (PACKAGED_GLOVE, "fast")
+        or part.endswith((".txt", ".vec", ".txt.gz", ".vec.gz"))
     )
 
 

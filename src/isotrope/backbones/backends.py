@@ -66,5 +66,10 @@ def check_backend_switch(written: str, used: str, where: str) -> None:
             f"{where} holds {NUMERIC_CLASS[written]} vectors from backend {written!r}; backend {used!r} computes "
             f"{NUMERIC_CLASS[used]} vectors: use --backend {written} (or re-index into a new store)"
         )
-    logger.warning("%s was written with backend %r and is used with %r: both are %s, vectors agree to cosine >= 0.9999",
-                   where, written, used, NUMERIC_CLASS[used])
+    logger.warning(
+        "%s was written with backend %r and is used with %r: both are %s, vectors agree to cosine >= 0.9999",
+        where,
+        written,
+        used,
+        NUMERIC_CLASS[used],
+    )

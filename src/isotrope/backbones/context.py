@@ -64,8 +64,7 @@ def context_average(
     for _, batch in backbone.iter_batches(texts, "document", batch_size, max_tokens):
         sums.add(batch)
     table = sums.table()
-    logger.info("context table: %d of %d tokens seen in %d texts", int((sums.counts > 0).sum()), backbone.vocab_size,
-                len(texts))
+    logger.info("context table: %d of %d tokens seen in %d texts", int((sums.counts > 0).sum()), backbone.vocab_size, len(texts))
     return table, sums.mean_norm
 
 

@@ -121,10 +121,16 @@ class FoldedBackbone(TokenizedBackbone):
             raise ValueError(f"{path} does not match the tokenizer the encoder was saved with (sha256 differs)")
         if "table" not in state:
             raise ValueError("folded backbone state is missing the array 'table'")
-        return cls(Tokenizer.from_str(text), state["table"], state.get("row_scale"),
-                   special_ids=config.get("special_ids", ()), max_length=config.get("max_length", 8192),
-                   ordered_by_variance=config.get("ordered_by_variance", False),
-                   folded_from=config.get("folded_from", ""), tokenizer_json=text)
+        return cls(
+            Tokenizer.from_str(text),
+            state["table"],
+            state.get("row_scale"),
+            special_ids=config.get("special_ids", ()),
+            max_length=config.get("max_length", 8192),
+            ordered_by_variance=config.get("ordered_by_variance", False),
+            folded_from=config.get("folded_from", ""),
+            tokenizer_json=text,
+        )
 
     def tokenizer_json(self) -> str:
         """The tokenizer as saved: no padding, no truncation (set again at load from ``max_length``)."""
@@ -183,7 +189,8 @@ class FoldedBackbone(TokenizedBackbone):
             transformers = require_transformers("chunking documents with a folded encoder's tokenizer")
             # its own copy: transformers resets truncation on the tokenizer it wraps at every call
             self._hf_tokenizer = transformers.PreTrainedTokenizerFast(
-                tokenizer_object=Tokenizer.from_str(self._tokenizer_json), model_max_length=self.max_length)
+                tokenizer_object=Tokenizer.from_str(self._tokenizer_json), model_max_length=self.max_length
+            )
         return self._hf_tokenizer
 
     @property
@@ -207,8 +214,9 @@ class FoldedBackbone(TokenizedBackbone):
         return [e.ids for e in encodings], [e.special_tokens_mask for e in encodings]
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
-        return TokenBatch(states=self.rows(input_ids), input_ids=input_ids, attention_mask=attention_mask,
-                          special_mask=special_mask)
+        return TokenBatch(
+            states=self.rows(input_ids), input_ids=input_ids, attention_mask=attention_mask, special_mask=special_mask
+        )
 
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d): the same as ``pool(..., "mean")`` over

@@ -110,8 +110,9 @@ class HFBackbone(TokenizedBackbone):
             raise ValueError(f"prompt template must contain '{{text}}': {prompt!r}")
         self.backend = check_backend(backend)
         if numeric is not None and numeric != NUMERIC_CLASS[backend]:
-            raise ValueError(f"backbone config records numeric class {numeric!r} but backend {backend!r} computes "
-                             f"{NUMERIC_CLASS[backend]!r}")
+            raise ValueError(
+                f"backbone config records numeric class {numeric!r} but backend {backend!r} computes {NUMERIC_CLASS[backend]!r}"
+            )
         self.model_name = model
         self.prompt = prompt
         self.query_prefix = query_prefix
@@ -211,15 +212,20 @@ class HFBackbone(TokenizedBackbone):
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
         if self.prepending:  # the slot is a special token: never weighted as a word
             slot = self.prepending.slot_id
-            return encoded["input_ids"], [[int(flag or token == slot) for token, flag in zip(ids, flags)]
-                                          for ids, flags in zip(encoded["input_ids"], encoded["special_tokens_mask"])]
+            return encoded["input_ids"], [
+                [int(flag or token == slot) for token, flag in zip(ids, flags)]
+                for ids, flags in zip(encoded["input_ids"], encoded["special_tokens_mask"])
+            ]
         return encoded["input_ids"], encoded["special_tokens_mask"]
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         """Run the model on one padded batch; states are the mean of the chosen layers, float32."""
-        states = self._torch_states(input_ids, attention_mask) if self.model is not None else \
-            self.onnx.states(input_ids, attention_mask, self.layers)
+        states = (
+            self._torch_states(input_ids, attention_mask)
+            if self.model is not None
+            else self.onnx.states(input_ids, attention_mask, self.layers)
+        )
         if self.context and not getattr(self, "_fitting", False):
             if self.context_table_ is None or self.context_scale_ is None:
                 raise NotFittedError(f"{self.model_name}+context: the context table is computed by fit(texts) first")

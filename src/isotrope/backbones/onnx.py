@@ -38,8 +38,10 @@ def require_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError:
-        raise ImportError("the onnx backends need ONNX Runtime: pip install 'isotrope[onnx]' "
-                          "(onnxruntime, onnx, onnxscript), or use --backend torch") from None
+        raise ImportError(
+            "the onnx backends need ONNX Runtime: pip install 'isotrope[onnx]' "
+            "(onnxruntime, onnx, onnxscript), or use --backend torch"
+        ) from None
     return onnxruntime
 
 
@@ -121,9 +123,13 @@ def export_hidden_states(model_path: str, folder: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                AllHiddenStates(), (input_ids, attention_mask), input_names=["input_ids", "attention_mask"],
+                AllHiddenStates(),
+                (input_ids, attention_mask),
+                input_names=["input_ids", "attention_mask"],
                 output_names=[f"hidden_{index}" for index in range(count)],
-                dynamic_shapes={"input_ids": axes, "attention_mask": axes}, dynamo=True, verbose=False,
+                dynamic_shapes={"input_ids": axes, "attention_mask": axes},
+                dynamo=True,
+                verbose=False,
             )
             program.optimize()
             program.save(str(folder / MODEL_FILE))
@@ -141,8 +147,9 @@ def quantise(source: Path, target: Path, per_channel: bool) -> None:
     level = root.level
     root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger
     try:
-        quantize_dynamic(source, staging, weight_type=QuantType.QInt8, per_channel=per_channel,
-                         op_types_to_quantize=QUANTISED_OPS)
+        quantize_dynamic(
+            source, staging, weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=QUANTISED_OPS
+        )
         staging.replace(target)
     finally:
         root.setLevel(level)
@@ -173,8 +180,10 @@ def physical_cores() -> int:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return max(1, available)
-    processors = [{key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
-                  for block in text.strip().split("\n\n")]
+    processors = [
+        {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
+        for block in text.strip().split("\n\n")
+    ]
     if not processors or any("core id" not in fields for fields in processors):
         return max(1, available)
     cores = {(fields.get("physical id"), fields["core id"]) for fields in processors}

@@ -67,7 +67,7 @@ def slot_template(prompt: str | None) -> str:
     match = _OPENING_QUOTES.search(template)
     if match is None:
         raise ValueError(f"prompt template must contain '{{text}}': {template!r}")
-    return f"{template[: match.start()]}{SLOT_TOKEN} {template[match.start():]}"
+    return f"{template[: match.start()]}{SLOT_TOKEN} {template[match.start() :]}"
 
 
 def find_layer_list(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
@@ -93,8 +93,9 @@ def check_causal(model: torch.nn.Module, tokenizer: Any, name: str) -> None:
     states unchanged (an encoder such as BERT attends in both directions)."""
     a, b, c, d = _probe_ids(tokenizer, model.get_input_embeddings().num_embeddings)
     parameter = next(model.parameters())
-    states = [model(input_ids=torch.tensor([[a, b, *[tail] * 4]], device=parameter.device)).last_hidden_state[0, :2]
-              for tail in (c, d)]
+    states = [
+        model(input_ids=torch.tensor([[a, b, *[tail] * 4]], device=parameter.device)).last_hidden_state[0, :2] for tail in (c, d)
+    ]
     change = (states[0].float() - states[1].float()).abs().max() / states[0].float().abs().max().clamp_min(1e-6)
     if change > (1e-5 if parameter.dtype == torch.float32 else 1e-2):  # causal: the same up to rounding
         raise ValueError(f"token prepending needs a causal (decoder) language model; {name} attends in both directions")
@@ -154,8 +155,10 @@ class TokenPrepending:
         self._positions = (torch.arange(mask.shape[0], device=mask.device), slot, last)
         if not bool(mask[:, 0].all()):
             inputs["position_ids"] = (mask.long().cumsum(dim=1) - 1).clamp_min(0)
-        handles = [layer.register_forward_pre_hook(self._replace_slot, with_kwargs=True)
-                   for layer in self.layer_list[self.start : self.end]]
+        handles = [
+            layer.register_forward_pre_hook(self._replace_slot, with_kwargs=True)
+            for layer in self.layer_list[self.start : self.end]
+        ]
         try:
             yield
         finally:

@@ -49,6 +49,5 @@ def require_transformers(what: str) -> ModuleType:
         import torch  # noqa: F401  (transformers' models need it; fail here with the extra to install)
         import transformers
     except ImportError as error:
-        raise ImportError(f"{what} needs torch and transformers ({error.name} is not installed): "
-                          f"{TRANSFORMERS_EXTRA}") from None
+        raise ImportError(f"{what} needs torch and transformers ({error.name} is not installed): {TRANSFORMERS_EXTRA}") from None
     return transformers

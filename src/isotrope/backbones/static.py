@@ -100,8 +100,14 @@ class StaticBackbone(TokenizedBackbone):
     of at most ``distill_samples`` fit texts.
     """
 
-    def __init__(self, source: str, seed: int = 0, max_length: int = 8192, distill_samples: int | None = None,
-                 state: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        seed: int = 0,
+        max_length: int = 8192,
+        distill_samples: int | None = None,
+        state: dict[str, np.ndarray] | None = None,
+    ) -> None:
         from isotrope.distill import DEFAULT_DISTILL_SAMPLES
 
         self.source = source
@@ -128,8 +134,12 @@ class StaticBackbone(TokenizedBackbone):
         if self.needs_fit:
             self.table = None
             AutoConfig = require_transformers(self.source).AutoConfig
-            self.dim = sum(int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
-                           if table is None else table.shape[1] for part, table in zip(self._parts, self._tables))
+            self.dim = sum(
+                int(AutoConfig.from_pretrained(resolve_model_path(part.split(":", 1)[1])).hidden_size)
+                if table is None
+                else table.shape[1]
+                for part, table in zip(self._parts, self._tables)
+            )
             return
         fitted = [table for table in self._tables if table is not None]  # all of them: needs_fit is False
         tables = fitted if len(fitted) == 1 else [unit_mean_norm(table) for table in fitted]
@@ -141,8 +151,9 @@ class StaticBackbone(TokenizedBackbone):
         """True while a context or distilled table has not been computed from a corpus."""
         return any(table is None for table in self._tables)
 
-    def fit(self, texts: Sequence[str], show_progress: bool = False, *,
-            teacher: Callable[[str], Any] | None = None) -> StaticBackbone:
+    def fit(
+        self, texts: Sequence[str], show_progress: bool = False, *, teacher: Callable[[str], Any] | None = None
+    ) -> StaticBackbone:
         """Compute the context-averaged and distilled tables from ``texts`` (the encoder's fit corpus).
 
         ``teacher`` maps a model name to its transformer backbone (default: load ``HFBackbone``);
@@ -158,8 +169,13 @@ class StaticBackbone(TokenizedBackbone):
             elif part.startswith("fast:"):
                 model = part.split(":", 1)[1]
                 self._tables[index], self.distill_report = distill_table(
-                    teacher(model), texts, _input_embeddings(model), samples=self.distill_samples, seed=self.seed,
-                    show_progress=show_progress)
+                    teacher(model),
+                    texts,
+                    _input_embeddings(model),
+                    samples=self.distill_samples,
+                    seed=self.seed,
+                    show_progress=show_progress,
+                )
         self._assemble()
         return self
 
@@ -215,9 +231,11 @@ class StaticBackbone(TokenizedBackbone):
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Context and distilled tables are fitted: they are saved with the encoder."""
-        return {f"{part.split(':', 1)[0]}.{i}.table_": table
-                for i, (part, table) in enumerate(zip(self._parts, self._tables))
-                if part.startswith(("context:", "fast:")) and table is not None}
+        return {
+            f"{part.split(':', 1)[0]}.{i}.table_": table
+            for i, (part, table) in enumerate(zip(self._parts, self._tables))
+            if part.startswith(("context:", "fast:")) and table is not None
+        }
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
@@ -227,5 +245,6 @@ class StaticBackbone(TokenizedBackbone):
         """One gather from the table for the whole padded batch."""
         if self.table is None:
             raise NotFittedError(f"{self.source}: the context table is computed by fit(texts) first")
-        return TokenBatch(states=self.table[input_ids], input_ids=input_ids, attention_mask=attention_mask,
-                          special_mask=special_mask)
+        return TokenBatch(
+            states=self.table[input_ids], input_ids=input_ids, attention_mask=attention_mask, special_mask=special_mask
+        )

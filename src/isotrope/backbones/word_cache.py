@@ -26,10 +26,18 @@ _SPACES = {9: " ", 10: " ", 13: " "}  # tab, newline, carriage return: whitespac
 def _is_bert_style(config: dict[str, Any]) -> bool:
     normalizer, pre = config.get("normalizer") or {}, config.get("pre_tokenizer") or {}
     added = config.get("added_tokens") or []
-    return (normalizer.get("type") == "BertNormalizer" and pre.get("type") == "BertPreTokenizer"
-            and (config.get("model") or {}).get("type") == "WordPiece"
-            and not any(token.get("lstrip") or token.get("rstrip") or token.get("single_word")
-                        or any(c.isspace() for c in token.get("content", "")) for token in added))
+    return (
+        normalizer.get("type") == "BertNormalizer"
+        and pre.get("type") == "BertPreTokenizer"
+        and (config.get("model") or {}).get("type") == "WordPiece"
+        and not any(
+            token.get("lstrip")
+            or token.get("rstrip")
+            or token.get("single_word")
+            or any(c.isspace() for c in token.get("content", ""))
+            for token in added
+        )
+    )
 
 
 class WordPieceCache:

@@ -90,9 +90,16 @@ class CachedBackbone(TokenizedBackbone):
             for row, i in enumerate(index):
                 n = int(batch.attention_mask[row].sum())
                 target = -1 if batch.target_index is None else int(batch.target_index[row])
-                records.append((missing[i][0], n, target, batch.input_ids[row, :n].astype(np.int64).tobytes(),
-                             batch.special_mask[row, :n].astype(np.bool_).tobytes(),
-                             np.ascontiguousarray(batch.states[row, :n], dtype=np.float32).tobytes()))
+                records.append(
+                    (
+                        missing[i][0],
+                        n,
+                        target,
+                        batch.input_ids[row, :n].astype(np.int64).tobytes(),
+                        batch.special_mask[row, :n].astype(np.bool_).tobytes(),
+                        np.ascontiguousarray(batch.states[row, :n], dtype=np.float32).tobytes(),
+                    )
+                )
             self._db.executemany("INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?, ?, ?)", records)
             self._db.commit()
 
@@ -113,7 +120,8 @@ class CachedBackbone(TokenizedBackbone):
             targets = np.zeros(len(index), dtype=np.int64)
             for row, i in enumerate(index):
                 n, target, ids, mask, values = self._db.execute(
-                    "SELECT length, target, ids, special, states FROM states WHERE key = ?", (keys[i],)).fetchone()
+                    "SELECT length, target, ids, special, states FROM states WHERE key = ?", (keys[i],)
+                ).fetchone()
                 input_ids[row, :n] = np.frombuffer(ids, dtype=np.int64)
                 attention[row, :n] = True
                 special[row, :n] = np.frombuffer(mask, dtype=np.bool_)

@@ -14,9 +14,18 @@ from isotrope.evaluate.harness import Evaluator, encode_function, isotropy_of
 TASKS = ("sts", "retrieval", "clustering", "classification", "isotropy")
 
 
-def run_sts(evaluator: Evaluator, config: EncoderConfig, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
-            pairs: Sequence[Path] = (), fit_corpus: str | None = None, transductive: bool = False,
-            context_corpus: str | None = None, **_: Any) -> dict:
+def run_sts(
+    evaluator: Evaluator,
+    config: EncoderConfig,
+    *,
+    tasks: Sequence[str] = (),
+    data_dir: Path | None = None,
+    pairs: Sequence[Path] = (),
+    fit_corpus: str | None = None,
+    transductive: bool = False,
+    context_corpus: str | None = None,
+    **_: Any,
+) -> dict:
     """Spearman x100 per STS task (each task's pairs pooled and scored once: the "all" setting) and their mean."""
     from isotrope.evaluate.data import load_pairs, load_sick, load_stsb
     from isotrope.evaluate.tasks import eval_sts
@@ -36,8 +45,12 @@ def run_sts(evaluator: Evaluator, config: EncoderConfig, *, tasks: Sequence[str]
     encoder, fitted_on = evaluator.fit(config, fit_corpus, eval_texts, transductive, context_corpus)
     encode = encode_function(encoder)
     scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
-    return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on),
-            "setting": "all: each task's pairs pooled and scored once"}
+    return {
+        "scores": scores,
+        "average": round(sum(scores.values()) / len(scores), 2),
+        **fit_report(encoder, fitted_on),
+        "setting": "all: each task's pairs pooled and scored once",
+    }
 
 
 def fit_report(encoder: Any, fitted_on: str) -> dict:
@@ -47,10 +60,21 @@ def fit_report(encoder: Any, fitted_on: str) -> dict:
     return {"fitted_on": fitted_on, **auto, **distill}
 
 
-def run_retrieval(evaluator: Evaluator, config: EncoderConfig, *, beir: Path | None = None, fit_corpus: str | None = None,
-                  transductive: bool = False, split: str | None = None,
-                  context_corpus: str | None = None, modes: Sequence[str] = (), stores: Sequence[str] = (),
-                  alpha: float | None = None, fusion: str = "convex", **_: Any) -> dict:
+def run_retrieval(
+    evaluator: Evaluator,
+    config: EncoderConfig,
+    *,
+    beir: Path | None = None,
+    fit_corpus: str | None = None,
+    transductive: bool = False,
+    split: str | None = None,
+    context_corpus: str | None = None,
+    modes: Sequence[str] = (),
+    stores: Sequence[str] = (),
+    alpha: float | None = None,
+    fusion: str = "convex",
+    **_: Any,
+) -> dict:
     """nDCG@10, recall@100, MRR@10 (x100) by exact search on the qrels ``split`` (default test);
     ``fit_corpus="corpus"`` fits on the BEIR corpus.
 
@@ -70,21 +94,41 @@ def run_retrieval(evaluator: Evaluator, config: EncoderConfig, *, beir: Path | N
     if modes:
         from isotrope.evaluate.store_retrieval import eval_through_store
 
-        by_store = eval_through_store(encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes,
-                                      alphas=[alpha], fusions=[fusion])
-        return {"scores": by_store, **fit_report(encoder, fitted_on), "queries": len(dataset.queries),
-                "documents": len(dataset.corpus), "split": split or "test",
-                "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha}}
+        by_store = eval_through_store(
+            encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes, alphas=[alpha], fusions=[fusion]
+        )
+        return {
+            "scores": by_store,
+            **fit_report(encoder, fitted_on),
+            "queries": len(dataset.queries),
+            "documents": len(dataset.corpus),
+            "split": split or "test",
+            "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha},
+        }
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
-    return {"scores": scores, **fit_report(encoder, fitted_on),
-            "queries": len(dataset.queries), "documents": len(dataset.corpus),
-            "empty_queries": result["empty_queries"], "empty_documents": result["empty_documents"]}
+    return {
+        "scores": scores,
+        **fit_report(encoder, fitted_on),
+        "queries": len(dataset.queries),
+        "documents": len(dataset.corpus),
+        "empty_queries": result["empty_queries"],
+        "empty_documents": result["empty_documents"],
+    }
 
 
-def run_clustering(evaluator: Evaluator, config: EncoderConfig, *, jsonl: Path | None = None, split: str | None = None,
-                   limit: int | None = None, fit_corpus: str | None = None, transductive: bool = False,
-                   context_corpus: str | None = None, **_: Any) -> dict:
+def run_clustering(
+    evaluator: Evaluator,
+    config: EncoderConfig,
+    *,
+    jsonl: Path | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    fit_corpus: str | None = None,
+    transductive: bool = False,
+    context_corpus: str | None = None,
+    **_: Any,
+) -> dict:
     """V-measure x100 of mini-batch k-means over 5 seeds (MTEB).
 
     ``limit`` keeps a seeded uniform sample of that many texts (in file order), not
@@ -114,13 +158,26 @@ def run_clustering(evaluator: Evaluator, config: EncoderConfig, *, jsonl: Path |
         fit_texts = fit_corpus
     encoder, fitted_on = evaluator.fit(config, fit_texts, texts, transductive, context_corpus, corpus_name)
     result = eval_clustering(encode_function(encoder), texts, labels)
-    return {"scores": {"v_measure": round(result["v_measure"], 2)}, "v_measure_std": round(result["v_measure_std"], 2),
-            "texts": len(texts), "labels": len(set(labels)), **fit_report(encoder, fitted_on)}
+    return {
+        "scores": {"v_measure": round(result["v_measure"], 2)},
+        "v_measure_std": round(result["v_measure_std"], 2),
+        "texts": len(texts),
+        "labels": len(set(labels)),
+        **fit_report(encoder, fitted_on),
+    }
 
 
-def run_classification(evaluator: Evaluator, config: EncoderConfig, *, tasks: Sequence[str] = (), data_dir: Path | None = None,
-                       fit_corpus: str | None = None, transductive: bool = False,
-                       context_corpus: str | None = None, **_: Any) -> dict:
+def run_classification(
+    evaluator: Evaluator,
+    config: EncoderConfig,
+    *,
+    tasks: Sequence[str] = (),
+    data_dir: Path | None = None,
+    fit_corpus: str | None = None,
+    transductive: bool = False,
+    context_corpus: str | None = None,
+    **_: Any,
+) -> dict:
     """SentEval accuracy x100 (logistic regression; 10-fold CV, or the fixed split where one exists)."""
     from isotrope.evaluate.data import LabelledTexts, load_senteval
     from isotrope.evaluate.tasks import eval_classification
@@ -141,14 +198,26 @@ def run_classification(evaluator: Evaluator, config: EncoderConfig, *, tasks: Se
         if test is None:
             scores[task] = round(eval_classification(encode, train.texts, train.labels)["accuracy"], 2)
         else:
-            scores[task] = round(eval_classification(encode, train.texts, train.labels, test_texts=test.texts,
-                                                     test_labels=test.labels)["accuracy"], 2)
+            scores[task] = round(
+                eval_classification(encode, train.texts, train.labels, test_texts=test.texts, test_labels=test.labels)[
+                    "accuracy"
+                ],
+                2,
+            )
     return {"scores": scores, "average": round(sum(scores.values()) / len(scores), 2), **fit_report(encoder, fitted_on)}
 
 
-def run_isotropy(evaluator: Evaluator, config: EncoderConfig, *, texts_file: Path | None = None, limit: int | None = 5000,
-                 fit_corpus: str | None = None, transductive: bool = False,
-                 context_corpus: str | None = None, **_: Any) -> dict:
+def run_isotropy(
+    evaluator: Evaluator,
+    config: EncoderConfig,
+    *,
+    texts_file: Path | None = None,
+    limit: int | None = 5000,
+    fit_corpus: str | None = None,
+    transductive: bool = False,
+    context_corpus: str | None = None,
+    **_: Any,
+) -> dict:
     """Mean pairwise cosine, partition ratio I(W) and effective rank of the encoder's vectors for a text file."""
     from isotrope.corpus import iter_texts
     from isotrope.encoder import reservoir_sample
@@ -161,8 +230,13 @@ def run_isotropy(evaluator: Evaluator, config: EncoderConfig, *, texts_file: Pat
     return {"scores": scores, **fit_report(encoder, fitted_on)}
 
 
-RUNNERS: dict[str, Callable[..., dict]] = {"sts": run_sts, "retrieval": run_retrieval, "clustering": run_clustering,
-           "classification": run_classification, "isotropy": run_isotropy}
+RUNNERS: dict[str, Callable[..., dict]] = {
+    "sts": run_sts,
+    "retrieval": run_retrieval,
+    "clustering": run_clustering,
+    "classification": run_classification,
+    "isotropy": run_isotropy,
+}
 
 
 def evaluate(task: str, config: EncoderConfig, evaluator: Evaluator | None = None, **options: Any) -> dict:
@@ -179,8 +253,13 @@ def evaluate(task: str, config: EncoderConfig, evaluator: Evaluator | None = Non
     label = resolve_config(config).label()
     if evaluator.encoder is not None:
         label = f"saved encoder: {label}"
-    return {"task": task, "recipe": label, **result, "transductive": transductive,
-            "seconds": round(time.perf_counter() - tick, 1)}
+    return {
+        "task": task,
+        "recipe": label,
+        **result,
+        "transductive": transductive,
+        "seconds": round(time.perf_counter() - tick, 1),
+    }
 
 
 def write_json(result: Any, path: Path | None) -> str:

@@ -32,8 +32,10 @@ SENTEVAL_BINARY = {
     "MPQA": ("mpqa.neg", "mpqa.pos", ("negative", "positive")),
 }
 TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
-SST_FILES = {"SST2": ("stsa.binary", ("negative", "positive")),
-             "SST5": ("stsa.fine", ("very negative", "negative", "neutral", "positive", "very positive"))}
+SST_FILES = {
+    "SST2": ("stsa.binary", ("negative", "positive")),
+    "SST5": ("stsa.fine", ("very negative", "negative", "neutral", "positive", "very positive")),
+}
 
 
 @dataclass(frozen=True)
@@ -243,8 +245,9 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirDataset:
 
 
 # -- clustering --------------------------------------------------------------------
-def load_clustering(path: str | Path, split: str | None = None, text_field: str = "text",
-                    label_field: str = "label") -> LabelledTexts:
+def load_clustering(
+    path: str | Path, split: str | None = None, text_field: str = "text", label_field: str = "label"
+) -> LabelledTexts:
     """A jsonl(.gz) file of ``{"text", "label"}`` records (keep only ``split`` if given).
 
     Labels are mapped to integers in sorted order of their values; ``label_names``
@@ -299,8 +302,9 @@ def load_senteval(data_dir: str | Path, task: str, split: str | None = None) -> 
         return _load_trec(root / "raw" / f"TREC.{trec_split}", trec_split)
     if task in SST_FILES:
         stem, sst_names = SST_FILES[task]
-        return _load_sst(root / "sst" / f"{stem}.{_check_split(task, split, ('train', 'dev', 'test'))}",
-                         f"{task}-{split}", sst_names)
+        return _load_sst(
+            root / "sst" / f"{stem}.{_check_split(task, split, ('train', 'dev', 'test'))}", f"{task}-{split}", sst_names
+        )
     raise ValueError(f"unknown SentEval task {task!r}; expected one of {list(SENTEVAL_TASKS)}")
 
 

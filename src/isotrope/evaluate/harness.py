@@ -49,9 +49,15 @@ class Evaluator:
     _backbones: dict[str, Any] = field(default_factory=dict)
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
-    def fit(self, config: EncoderConfig, corpus: FitCorpus, eval_texts: Sequence[str] = (), transductive: bool = False,
-            context_corpus: str | Path | None = None,
-            corpus_name: str = "the retrieval corpus") -> tuple[ShapedEncoder, str]:
+    def fit(
+        self,
+        config: EncoderConfig,
+        corpus: FitCorpus,
+        eval_texts: Sequence[str] = (),
+        transductive: bool = False,
+        context_corpus: str | Path | None = None,
+        corpus_name: str = "the retrieval corpus",
+    ) -> tuple[ShapedEncoder, str]:
         """A fitted encoder and a description of what it was fitted on (``corpus_name`` names a list of texts).
 
         ``context_corpus`` (a text file) gives the backbone's context tables their own
@@ -85,9 +91,11 @@ class Evaluator:
         if not encoder.needs_corpus and not tables_from_corpus:
             return encoder, table_on.removeprefix("; ") or "nothing (no fitted statistics)"
         if texts is None:
-            raise ValueError(f"model {config.model!r} / shaping {config.shape!r} / weights {config.weights!r} needs a "
-                             "fit corpus: pass --fit-corpus FILE (or --transductive to fit on the evaluation texts, "
-                             "labelled as such)")
+            raise ValueError(
+                f"model {config.model!r} / shaping {config.shape!r} / weights {config.weights!r} needs a "
+                "fit corpus: pass --fit-corpus FILE (or --transductive to fit on the evaluation texts, "
+                "labelled as such)"
+            )
         fitted_on = f"{fitted_on} ({len(texts)} texts){table_on}"
         encoder.fit_sample(texts, fitted_on=fitted_on)
         return encoder, fitted_on
@@ -99,8 +107,7 @@ class Evaluator:
         if texts is None:
             raise ValueError("--shape auto chooses from a corpus: pass --fit-corpus FILE (or 'corpus' for retrieval)")
         fitted_on = f"{fitted_on} ({len(texts)} texts)"
-        encoder = choose_shape(texts, config, fitted_on=fitted_on, seed=self.seed,
-                               backbone=self._backbone(config, texts))
+        encoder = choose_shape(texts, config, fitted_on=fitted_on, seed=self.seed, backbone=self._backbone(config, texts))
         return encoder, f"{fitted_on}; auto chose {encoder.metadata['auto_shape']['chosen']}"
 
     def build(self, config: EncoderConfig, fit_texts: Sequence[str] | None = None) -> ShapedEncoder:
@@ -123,8 +130,9 @@ class Evaluator:
                 backbone = CachedBackbone(cast(TokenizedBackbone, backbone), self.cache_dir)
             elif self.cache_dir and backbone.needs_fit and fit_texts:
                 # context and distilled tables computed through the cached transformer (its token states are reused)
-                cast(StaticBackbone, backbone).fit(fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None),
-                             show_progress=True)
+                cast(StaticBackbone, backbone).fit(
+                    fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None), show_progress=True
+                )
             self._backbones[key] = backbone
         return self._backbones[key]
 

@@ -60,8 +60,7 @@ def rank_documents(scores: Mapping[str, float]) -> list[str]:
     return [doc for doc, _ in order]
 
 
-def _mean_over_qrels(run: Run, qrels: Qrels, k: int,
-                     per_query: Callable[[list[str], Mapping[str, int]], float]) -> float:
+def _mean_over_qrels(run: Run, qrels: Qrels, k: int, per_query: Callable[[list[str], Mapping[str, int]], float]) -> float:
     if k < 1:
         raise ValueError(f"cutoff k must be >= 1; got {k}")
     if not qrels:

@@ -104,8 +104,13 @@ def run_sweep(config_path: str | Path, out: str | Path) -> list[dict[str, Any]]:
 def _config(point: dict[str, Any], data_dir: Path | None) -> EncoderConfig:
     """The recipe of a sweep point, its file names resolved against ``data_dir``."""
     try:
-        return EncoderConfig.from_dict({key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS
-                                        else value for key, value in point.items() if key in FIELDS})
+        return EncoderConfig.from_dict(
+            {
+                key: str(_resolve(value, data_dir, files_only=True)) if key in _RECIPE_PATHS else value
+                for key, value in point.items()
+                if key in FIELDS
+            }
+        )
     except ConfigError as error:
         raise ConfigError(f"sweep point {json.dumps(point)}: {error}", error.field) from None
 
@@ -120,8 +125,11 @@ def _finished_rows(out: Path, fit_samples: int) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
     rows = json.loads(path.read_text())
-    return {_row_key(row["point"], row["task"], row["task_options"], row["fit_samples"]): row
-            for row in rows if "task_options" in row and "fit_samples" in row}
+    return {
+        _row_key(row["point"], row["task"], row["task_options"], row["fit_samples"]): row
+        for row in rows
+        if "task_options" in row and "fit_samples" in row
+    }
 
 
 def _relative_to(data_dir: Path | None, value: Any) -> Any:

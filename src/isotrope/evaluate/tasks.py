@@ -60,7 +60,7 @@ def eval_sts(encode: Encode, pairs: STSPairs, kind: TextKind = "document") -> fl
     if len(pairs) < 2:
         raise ValueError(f"{pairs.name}: need at least 2 pairs")
     vectors = _unit_rows(_encode(encode, [*pairs.sentences1, *pairs.sentences2], kind))
-    first, second = vectors[: len(pairs)], vectors[len(pairs):]
+    first, second = vectors[: len(pairs)], vectors[len(pairs) :]
     cosine = np.einsum("ij,ij->i", first.astype(np.float64), second.astype(np.float64))
     return spearman(cosine, pairs.scores)
 
@@ -75,14 +75,15 @@ def _keep_best(indices: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndar
     """Per row, the k highest scores (lowest column first among equal scores), column order kept."""
     if scores.shape[1] <= k:
         return indices, scores
-    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
     above, tied = scores > kth, scores == kth
     keep = above | (tied & (np.cumsum(tied, axis=1) <= k - above.sum(axis=1, keepdims=True)))
     return indices[keep].reshape(-1, k), scores[keep].reshape(-1, k)
 
 
-def top_k(queries: np.ndarray, documents: np.ndarray, k: int,
-          query_block: int = 256, document_block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+def top_k(
+    queries: np.ndarray, documents: np.ndarray, k: int, query_block: int = 256, document_block: int = 65536
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k inner products, ``(indices, scores)`` of shape (n_queries, k), best first.
 
     Computed in (query_block x document_block) tiles so memory stays bounded.
@@ -93,15 +94,16 @@ def top_k(queries: np.ndarray, documents: np.ndarray, k: int,
     all_indices = np.empty((queries.shape[0], k), dtype=np.int64)
     all_scores = np.empty((queries.shape[0], k), dtype=np.float32)
     for q_start in range(0, queries.shape[0], query_block):
-        block = queries[q_start:q_start + query_block]
+        block = queries[q_start : q_start + query_block]
         best_idx = np.empty((block.shape[0], 0), dtype=np.int64)
         best_val = np.empty((block.shape[0], 0), dtype=np.float32)
         for d_start in range(0, documents.shape[0], document_block):
-            scores = block @ documents[d_start:d_start + document_block].T
+            scores = block @ documents[d_start : d_start + document_block].T
             columns = np.broadcast_to(np.arange(d_start, d_start + scores.shape[1]), scores.shape)
             # earlier blocks hold lower indices, so candidates stay in ascending index order
-            best_idx, best_val = _keep_best(np.concatenate([best_idx, columns], axis=1),
-                                            np.concatenate([best_val, scores], axis=1), k)
+            best_idx, best_val = _keep_best(
+                np.concatenate([best_idx, columns], axis=1), np.concatenate([best_val, scores], axis=1), k
+            )
         order = np.argsort(-best_val, axis=1, kind="stable")
         rows = slice(q_start, q_start + block.shape[0])
         all_indices[rows] = np.take_along_axis(best_idx, order, axis=1)
@@ -109,8 +111,9 @@ def top_k(queries: np.ndarray, documents: np.ndarray, k: int,
     return all_indices, all_scores
 
 
-def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int] = (10, 100),
-                   query_block: int = 256, document_block: int = 65536) -> dict:
+def eval_retrieval(
+    encode: Encode, dataset: BeirDataset, k_values: Sequence[int] = (10, 100), query_block: int = 256, document_block: int = 65536
+) -> dict:
     """nDCG@k, recall@k and MRR@k (x100) for every k in ``k_values``, plus the run.
 
     The run holds the ``max(k_values)`` best documents per query by cosine. The
@@ -136,8 +139,12 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
         raise ValueError(f"query dim {queries.shape[1]} differs from document dim {documents.shape[1]}")
     indices, scores = top_k(queries, documents, depth, query_block, document_block)
     run: dict[str, dict[str, float]] = {qid: {} for qid in dataset.queries}
-    run.update({qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
-                for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())})
+    run.update(
+        {
+            qid: {doc_ids[j]: float(s) for j, s in zip(row_idx, row_val)}
+            for qid, row_idx, row_val in zip(query_ids, indices.tolist(), scores.tolist())
+        }
+    )
     result: dict = dict(empty)
     for k in sorted(set(k_values)):
         result[f"ndcg@{k}"] = 100.0 * ndcg_at_k(run, dataset.qrels, k)
@@ -148,8 +155,14 @@ def eval_retrieval(encode: Encode, dataset: BeirDataset, k_values: Sequence[int]
 
 
 # -- clustering --------------------------------------------------------------------
-def eval_clustering(encode: Encode, texts: Sequence[str], labels: Sequence, seeds: Sequence[int] = (0, 1, 2, 3, 4),
-                    kind: TextKind = "document", batch_size: int = 500) -> dict:
+def eval_clustering(
+    encode: Encode,
+    texts: Sequence[str],
+    labels: Sequence,
+    seeds: Sequence[int] = (0, 1, 2, 3, 4),
+    kind: TextKind = "document",
+    batch_size: int = 500,
+) -> dict:
     """MTEB-style clustering: V-measure x100 of MiniBatchKMeans, mean and std over seeds."""
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
@@ -166,14 +179,26 @@ def eval_clustering(encode: Encode, texts: Sequence[str], labels: Sequence, seed
 
 # -- classification ----------------------------------------------------------------
 def _classifier(inner_folds: int, seed: int, Cs: Sequence[float]) -> GridSearchCV:
-    return GridSearchCV(LogisticRegression(max_iter=1000), {"C": list(Cs)}, scoring="accuracy",
-                        cv=StratifiedKFold(inner_folds, shuffle=True, random_state=seed))
+    return GridSearchCV(
+        LogisticRegression(max_iter=1000),
+        {"C": list(Cs)},
+        scoring="accuracy",
+        cv=StratifiedKFold(inner_folds, shuffle=True, random_state=seed),
+    )
 
 
-def eval_classification(encode: Encode, texts: Sequence[str], labels: Sequence[int], folds: int = 10,
-                        seed: int = 0, test_texts: Sequence[str] | None = None,
-                        test_labels: Sequence[int] | None = None, kind: TextKind = "document",
-                        inner_folds: int = 5, Cs: Sequence[float] = SENTEVAL_CS) -> dict:
+def eval_classification(
+    encode: Encode,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    folds: int = 10,
+    seed: int = 0,
+    test_texts: Sequence[str] | None = None,
+    test_labels: Sequence[int] | None = None,
+    kind: TextKind = "document",
+    inner_folds: int = 5,
+    Cs: Sequence[float] = SENTEVAL_CS,
+) -> dict:
     """SentEval-style accuracy x100 of logistic regression on the encoded texts.
 
     Without a test set: stratified ``folds``-fold cross-validation (mean and std

@@ -102,8 +102,7 @@ class TokenChunker:
         special = tokenizer.num_special_tokens_to_add() if hasattr(tokenizer, "num_special_tokens_to_add") else 0
         if isinstance(max_length, int) and chunk_tokens + special > max_length:
             raise ValueError(
-                f"chunk_tokens={chunk_tokens} plus {special} special tokens exceeds the tokenizer's "
-                f"model_max_length={max_length}"
+                f"chunk_tokens={chunk_tokens} plus {special} special tokens exceeds the tokenizer's model_max_length={max_length}"
             )
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
@@ -159,9 +158,7 @@ class TokenChunker:
 
     def _windows(self, text: str, start: int, end: int, budget: int) -> list[_Unit]:
         """Token windows of at most ``budget`` tokens over ``text[start:end]``, cut between words when possible."""
-        encoded = self.tokenizer(
-            text[start:end], add_special_tokens=False, return_offsets_mapping=True, verbose=False
-        )
+        encoded = self.tokenizer(text[start:end], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         offsets = encoded["offset_mapping"]
         words = encoded.word_ids()
         n = len(offsets)
@@ -222,9 +219,7 @@ class LlamaIndexChunker:
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
         self.overlap_tokens = overlap_tokens
-        self._splitter = SentenceSplitter(
-            chunk_size=chunk_tokens, chunk_overlap=overlap_tokens, tokenizer=self._tokenize
-        )
+        self._splitter = SentenceSplitter(chunk_size=chunk_tokens, chunk_overlap=overlap_tokens, tokenizer=self._tokenize)
 
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False, verbose=False)

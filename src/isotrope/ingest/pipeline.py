@@ -57,8 +57,9 @@ def _distinct_chunks(stream: Iterable[tuple[Document, list[Chunk]]]) -> Iterator
                 yield document.source, chunk
 
 
-def _write(target: Target, documents: Callable[[], Iterator[Document]], raw_cache: dict[str, np.ndarray],
-           report: IngestReport) -> None:
+def _write(
+    target: Target, documents: Callable[[], Iterator[Document]], raw_cache: dict[str, np.ndarray], report: IngestReport
+) -> None:
     """Embed and add every chunk not stored yet, in batches, then finish the store."""
     plan, encoder = target.plan, target.encoder
     existing = target.resume_from()

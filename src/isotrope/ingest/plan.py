@@ -65,7 +65,8 @@ class IngestReport:
         return (
             f"{self.documents} documents, {self.chunks} chunks: {self.added} added, {self.unchanged} unchanged, "
             f"{self.deleted} deleted, {len(self.skipped)} files skipped"
-            + (f", {self.empty} empty documents skipped" if self.empty else "") + f" ({timing})"
+            + (f", {self.empty} empty documents skipped" if self.empty else "")
+            + f" ({timing})"
         )
 
 
@@ -214,8 +215,7 @@ class Target:
         existing = set(ids)
         if len(ids) != len(existing):
             duplicated = sorted(chunk_id for chunk_id, count in Counter(ids).items() if count > 1)
-            logger.warning("%s: %d chunk ids were stored more than once; rewriting them once", collection.path,
-                           len(duplicated))
+            logger.warning("%s: %d chunk ids were stored more than once; rewriting them once", collection.path, len(duplicated))
             store.delete(duplicated)
             store.commit()
             existing.difference_update(duplicated)
@@ -253,8 +253,9 @@ class ChunkWriter:
         self.seconds = 0.0
         self.progress = tqdm(desc="indexing", unit="chunk", disable=not show_progress)
 
-    def add(self, ids: Sequence[str], vectors: np.ndarray, texts: Sequence[str], metadata: Sequence[dict[str, Any]],
-            raw: np.ndarray) -> None:
+    def add(
+        self, ids: Sequence[str], vectors: np.ndarray, texts: Sequence[str], metadata: Sequence[dict[str, Any]], raw: np.ndarray
+    ) -> None:
         tick = time.perf_counter()
         extra: dict[str, Any] = {"raw_vectors": raw} if self.store.stores_raw_vectors else {}
         if getattr(self.store, "appends_new_ids", False):
@@ -302,6 +303,10 @@ def warn_if_encoder_differs(collection: Collection, config: EncoderConfig | None
     if config.model != recorded.get("model") or (
         config.shape and config.shape != "auto" and format_shape(parse_shape(shape_value(config))) != collection.encoder.shape
     ):
-        logger.warning("%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
-                       "(use `isotrope reshape` or a new store)", collection.path, recorded.get("model"),
-                       recorded.get("shape"))
+        logger.warning(
+            "%s exists: keeping its encoder (model %s, shape %s); the model/shape asked for are ignored "
+            "(use `isotrope reshape` or a new store)",
+            collection.path,
+            recorded.get("model"),
+            recorded.get("shape"),
+        )

@@ -309,7 +309,7 @@ def _tokenize(expr: str) -> list[_Token]:
             break
         match = _TOKEN.match(expr, pos)
         if not match:
-            raise ValueError(f"filter syntax error at position {pos}: unexpected {expr[pos:pos + 10]!r} in {expr!r}")
+            raise ValueError(f"filter syntax error at position {pos}: unexpected {expr[pos : pos + 10]!r} in {expr!r}")
         kind = match.lastgroup or ""
         text, start = match.group(kind), match.start(kind)
         if kind == "name" and text.lower() in _KEYWORDS:
@@ -340,9 +340,7 @@ class _Parser:
     def fail(self, expected: str) -> ValueError:
         token = self.peek()
         got = "end of input" if token.kind == "end" else repr(token.text)
-        return ValueError(
-            f"filter syntax error at position {token.pos}: expected {expected}, got {got} in {self.expr!r}"
-        )
+        return ValueError(f"filter syntax error at position {token.pos}: expected {expected}, got {got} in {self.expr!r}")
 
     def accept(self, kind: str, text: str | None = None) -> bool:
         token = self.peek()

@@ -54,8 +54,7 @@ def lancedb_index_for(n: int, dim: int) -> dict[str, int] | None:
     return {"num_partitions": max(1, round(math.sqrt(n))), "num_sub_vectors": sub}
 
 
-def exact_neighbours(queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np.ndarray]], k: int,
-                     metric: str) -> np.ndarray:
+def exact_neighbours(queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np.ndarray]], k: int, metric: str) -> np.ndarray:
     """Keys of the exact top ``k`` per query over ``(keys, vectors)`` batches, scored in float64."""
     from isotrope.stores.memory import exact_scores, top_k
 
@@ -76,8 +75,12 @@ def recall(found: Sequence[Sequence[int]] | np.ndarray, truth: np.ndarray) -> fl
     return float(np.mean(shares)) if shares else 1.0
 
 
-def calibrate(ladder: Sequence[int], search: Callable[[int], Sequence[Sequence[int]] | np.ndarray], truth: np.ndarray,
-              target: float = TARGET_RECALL + CALIBRATION_MARGIN) -> tuple[int, float]:
+def calibrate(
+    ladder: Sequence[int],
+    search: Callable[[int], Sequence[Sequence[int]] | np.ndarray],
+    truth: np.ndarray,
+    target: float = TARGET_RECALL + CALIBRATION_MARGIN,
+) -> tuple[int, float]:
     """The smallest setting of ``ladder`` whose results reach ``target`` recall (else the largest), and its recall."""
     value, reached = ladder[-1], 0.0
     for setting in ladder:

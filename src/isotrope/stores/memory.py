@@ -142,10 +142,7 @@ class MemoryStore(VectorStore):
         rows = self._rows(where)
         scores = exact_scores(q, self._vectors[rows], self.metric)
         best = top_k(scores, k)
-        return [
-            [self._hit(int(rows[c]), float(scores[qi, c])) for c in best[qi]]
-            for qi in range(q.shape[0])
-        ]
+        return [[self._hit(int(rows[c]), float(scores[qi, c])) for c in best[qi]] for qi in range(q.shape[0])]
 
     def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
         """Exact BM25 (Lucene IDF, as LanceDB) of each query text over the rows matching ``where``.

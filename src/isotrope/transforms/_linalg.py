@@ -53,8 +53,14 @@ def removable_directions(kind: str, matrix: np.ndarray, k: int, count: int) -> n
     components = components[:k].copy()
     keep = min(k, max(spanned - 1, 0))
     if keep < k:
-        logger.warning("%s fitted on %d sample(s): removing %d of %d directions (the sample spans %s)",
-                       kind, count, keep, k, spanned if spanned <= k else f"more than {k}")
+        logger.warning(
+            "%s fitted on %d sample(s): removing %d of %d directions (the sample spans %s)",
+            kind,
+            count,
+            keep,
+            k,
+            spanned if spanned <= k else f"more than {k}",
+        )
         components[keep:] = 0.0
     return components
 

@@ -20,9 +20,7 @@ def check_positive_int(kind: str, name: str, value: Any, *, allow_none: bool = F
 def resolve_n_components(kind: str, n_components: int, n_features: int) -> int:
     """Check that ``n_components`` fits the data dimension and return it as int."""
     if n_components > n_features:
-        raise ValueError(
-            f"{kind} transform: n_components={n_components} is larger than the {n_features} input features"
-        )
+        raise ValueError(f"{kind} transform: n_components={n_components} is larger than the {n_features} input features")
     return int(n_components)
 
 

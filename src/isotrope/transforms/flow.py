@@ -128,8 +128,10 @@ class FlowTransform(Transform):
 
         order = np.random.default_rng(self.seed).permutation(n)
         if n < 2:
-            raise ValueError(f"flow transform: needs at least 2 samples to fit; got {n} (fit a moments shaping such as "
-                             "center or whiten on so small a corpus)")
+            raise ValueError(
+                f"flow transform: needs at least 2 samples to fit; got {n} (fit a moments shaping such as "
+                "center or whiten on so small a corpus)"
+            )
         n_val = math.ceil(self.validation_fraction * n)
         if n - n_val < 2:  # actnorm is initialised from the training rows' spread: one row would map to zero
             if n_val:

@@ -38,9 +38,7 @@ class Quantile(Transform):
         check_positive_int(self.kind, "n_quantiles", n_quantiles)
         check_positive_int(self.kind, "subsample", subsample, allow_none=True)
         if subsample is not None and n_quantiles > subsample:
-            raise ValueError(
-                f"quantile transform: n_quantiles={n_quantiles} is larger than subsample={subsample}"
-            )
+            raise ValueError(f"quantile transform: n_quantiles={n_quantiles} is larger than subsample={subsample}")
         self.output_distribution = output_distribution
         self.n_quantiles = n_quantiles
         self.subsample = subsample
@@ -63,8 +61,12 @@ class Quantile(Transform):
         so memory does not grow with the number of rows beyond ``subsample``."""
         array = check_matrix(X)
         if self.subsample is not None and self.subsample < array.shape[0]:
-            rows = resample(np.arange(array.shape[0]), replace=False, n_samples=self.subsample,
-                            random_state=check_random_state(self.random_state))
+            rows = resample(
+                np.arange(array.shape[0]),
+                replace=False,
+                n_samples=self.subsample,
+                random_state=check_random_state(self.random_state),
+            )
             array = array[rows]
         return array.astype(np.float64, copy=False)
 

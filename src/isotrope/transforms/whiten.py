@@ -74,15 +74,16 @@ class Whiten(MomentsTransform):
             shrinkage = oas_shrinkage(covariance, moments.count)
             logger.warning(
                 "whiten fitted on %d samples in %d dimensions: the covariance is singular; "
-                "shrunk toward the identity (OAS shrinkage %.2f)", moments.count, d, shrinkage,
+                "shrunk toward the identity (OAS shrinkage %.2f)",
+                moments.count,
+                d,
+                shrinkage,
             )
             values, components = top_eigenpairs(shrunk_covariance(covariance, shrinkage), k)
             values = np.clip(values, 0.0, None)
         null = _null_directions(values)
         if null.any() and self.power < 0:
-            logger.warning(
-                "whiten: %d of %d kept directions have ~zero variance; their scale is set to 0", int(null.sum()), k
-            )
+            logger.warning("whiten: %d of %d kept directions have ~zero variance; their scale is set to 0", int(null.sum()), k)
         scale = np.where(null, 1.0, values + self.eps) ** self.power
         if self.power < 0:
             scale[null] = 0.0
