@@ -24,7 +24,6 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-<<<<<<< HEAD
 lint: $(STAMP)
 	$(BIN)/python -m ruff check src connectors tests benchmarks
 	$(BIN)/python -m ruff format --check src connectors tests benchmarks
@@ -33,11 +32,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/python -m ruff check --fix src connectors tests benchmarks
 	$(BIN)/python -m ruff format src connectors tests benchmarks
-=======
+
 # everything but the tests marked slow (@pytest.mark.slow: more than ~3 s each)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
->>>>>>> contract
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
