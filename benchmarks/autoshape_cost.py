@@ -8,7 +8,7 @@ selection time is what auto adds: the pseudo-queries and the texts they were cut
 the backbone, every candidate's fits and scores. Wall and CPU seconds of this process; on a
 shared machine only the CPU seconds and the ratios mean much.
 
-    .venv/bin/python benchmarks/autoshape_cost.py --data-dir ../shared/data \\
+    .venv/bin/python -m benchmarks.autoshape_cost --data-dir ../shared/data \\
         --sets .cache/isotrope/sets/stsb-para retrieval/scifact --models static:all-MiniLM-L6-v2 \\
         --out benchmarks/results/autoshape_cost
 """
@@ -16,11 +16,11 @@ shared machine only the CPU seconds and the ratios mean much.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 
+from benchmarks.common import run_per_set_and_model
 from isotrope.autoshape import choose_shape, fit_unshaped, format_candidate
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
@@ -82,16 +82,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/autoshape_cost"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    path = args.out.with_suffix(".json")
-    results = json.loads(path.read_text()) if path.exists() else []
-    done = {(r["set"], r["model"]) for r in results}
-    for name in args.sets:
-        folder = args.data_dir / name if (args.data_dir / name).exists() else Path(name)
-        for model in args.models:
-            if (folder.name, model) not in done:
-                results.append(measure(folder, model, args.cache_dir))
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(results, indent=2) + "\n")
+    results = run_per_set_and_model(
+        args.out.with_suffix(".json"),
+        args.data_dir,
+        args.sets,
+        args.models,
+        lambda folder, model: measure(folder, model, args.cache_dir),
+    )
     args.out.with_suffix(".md").write_text(report(results))
     print(report(results))
 

@@ -9,7 +9,7 @@ pseudo-queries (:func:`isotrope.autoshape.gather_evidence`, the code ``--shape a
 agreement is the Spearman and Kendall correlation between the two rankings, and auto's choice is the
 conservative rule applied to that proxy's evidence.
 
-    .venv/bin/python benchmarks/autoshape_proxies.py --data-dir ../shared/data \\
+    .venv/bin/python -m benchmarks.autoshape_proxies --data-dir ../shared/data \\
         --sets retrieval/scifact .cache/isotrope/sets/20ng-topic .cache/isotrope/sets/stsb-para \\
         .cache/isotrope/sets/sick-para --out benchmarks/results/autoshape_proxies
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau, spearmanr
 
+from benchmarks.common import run_per_set_and_model
 from isotrope.autoshape import (
     DEFAULT_PROXY,
     FALLBACK_PROXY,
@@ -182,17 +183,13 @@ def main() -> None:
         print(report(results))
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    path = args.out.with_suffix(".json")
-    results = json.loads(path.read_text()) if path.exists() else []
-    done = {(r["set"], r["model"]) for r in results}
-    for name in args.sets:
-        folder = args.data_dir / name if (args.data_dir / name).exists() else Path(name)
-        for model in args.models:
-            if (folder.name, model) in done:
-                continue
-            results.append(measure(folder, model, args.cache_dir))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(results, indent=2) + "\n")
+    results = run_per_set_and_model(
+        args.out.with_suffix(".json"),
+        args.data_dir,
+        args.sets,
+        args.models,
+        lambda folder, model: measure(folder, model, args.cache_dir),
+    )
     args.out.with_suffix(".md").write_text(report(results))
 
 

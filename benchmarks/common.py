@@ -274,3 +274,21 @@ def sts_sentences(data_dir: str | Path, limit: int | None = None) -> list[str]:
     pairs = load_stsb(data_dir, "test")
     sentences = [s for pair in zip(pairs.sentences1, pairs.sentences2) for s in pair]
     return sentences[:limit]
+
+
+def run_per_set_and_model(
+    out_json: Path, data_dir: Path, sets: list[str], models: list[str], measure: Callable[[Path, str], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``measure(folder, model)`` for every set and model not yet in ``out_json``, which is rewritten after
+    each one (an interrupted run resumes); a set is a folder under ``data_dir`` or a path. Returns all rows."""
+    results = json.loads(out_json.read_text()) if out_json.exists() else []
+    done = {(row["set"], row["model"]) for row in results}
+    for name in sets:
+        folder = data_dir / name if (data_dir / name).exists() else Path(name)
+        for model in models:
+            if (folder.name, model) in done:
+                continue
+            results.append(measure(folder, model))
+            out_json.parent.mkdir(parents=True, exist_ok=True)
+            out_json.write_text(json.dumps(results, indent=2) + "\n")
+    return results

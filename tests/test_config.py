@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import make_sentences
-from isotrope.cli import main
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.errors import ConfigError
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.search import Collection
+from test_cli import run_cli
 
 TEXTS = ["the cat sees a small bird.", "dogs run", "she loves the music of the river and the rain in the city!"]
-
-
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # -- the recipe itself -------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -15,9 +14,9 @@ import isotrope.distill as distill
 from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
-from isotrope.cli import main
 from isotrope.distill import distill_table, fast_source, solve_table
 from isotrope.encoder import ShapedEncoder
+from test_cli import run_cli
 
 
 def test_fast_names_resolve_to_a_teacher():
@@ -159,17 +158,6 @@ def test_save_load_gives_identical_vectors_and_the_fingerprint_covers_the_table(
     assert loaded.fingerprint == fast_encoder.fingerprint
     loaded.backbone.get_state()["table"][7] += 1.0
     assert loaded.fingerprint != fast_encoder.fingerprint
-
-
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_fit_then_index_and_eval_with_the_saved_encoder(monkeypatch, capsys, tmp_path, tiny_bert_path):

@@ -312,7 +312,7 @@ def test_collection_modes_group_by_and_unknown_fields(collection_uri):
 
 
 def test_cli_search_modes(collection_uri, monkeypatch, capsys):
-    from test_search import run_cli
+    from test_cli import run_cli
 
     code, out, err = run_cli(
         monkeypatch, capsys, "search", collection_uri, 'quick "fox" AND -dog*', "--mode", "lexical", "--json", "-k", 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ import pytest
 
 import isotrope.reshape
 from conftest import make_sentences
-from isotrope.cli import main
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.pipeline import index_documents
@@ -21,6 +19,7 @@ from isotrope.reshape import reshape_store
 from isotrope.search import Collection
 from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, ReshapeInProgressError
 from isotrope.stores.lock import StoreLockedError
+from test_cli import run_cli
 
 pytest.importorskip("lancedb")
 
@@ -247,17 +246,6 @@ def test_a_faiss_store_cannot_be_reshaped(tmp_path, base_store, tiny_bert_path):
     assert leftovers(tmp_path / "store") == set()
     with Collection.open(uri) as collection:
         assert collection.store.properties["shape"] == "l2"
-
-
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_reshape(monkeypatch, capsys, store, tmp_path):

@@ -4,20 +4,19 @@ against float64 brute force over the in-memory encoder's vectors of the chunker'
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import make_sentences
-from isotrope.cli import main
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk, TokenChunker
 from isotrope.ingest.loaders import iter_documents
 from isotrope.ingest.pipeline import index_documents
 from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
 from isotrope.stores.base import Hit
+from test_cli import run_cli
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
@@ -137,17 +136,6 @@ def test_create_and_open_errors(tmp_path, encoder, tiny_bert_path):
 
 
 # ----------------------------------------------------------------------------- the command line
-
-
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["isotrope", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_index_search_info(monkeypatch, capsys, tmp_path, corpus, tiny_bert_path):
