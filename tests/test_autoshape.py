@@ -237,7 +237,8 @@ def test_auto_is_not_a_fixed_chain() -> None:
 
 
 def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path: str) -> None:
-    from isotrope.autoshape import PRESET_CANDIDATES, _fit_chain, _fresh_chain
+    from isotrope.autoshape import PRESET_CANDIDATES, _fit_chain
+    from isotrope.shapes import build_chain
     from isotrope.transforms import apply_chain
     from isotrope.transforms.moments import Moments
 
@@ -246,7 +247,7 @@ def test_candidates_fitted_from_shared_moments_equal_a_fresh_fit(tiny_glove_path
     other = rng.normal(size=(20, 50)).astype(np.float32)
     moments = Moments.from_array(fit_raw)
     for preset in PRESET_CANDIDATES:
-        chain = _fresh_chain(preset)
+        chain = build_chain(preset)
         _fit_chain(chain, fit_raw, moments)
         reference = ShapedEncoder.create(tiny_glove_path, shape=preset).fit_transforms(fit_raw)
         np.testing.assert_allclose(apply_chain(chain, other), reference.apply_transforms(other), atol=1e-6, err_msg=preset)

@@ -41,8 +41,7 @@ from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder, build_backbone
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.sentences import split_sentences
-from isotrope.shapes import parse_shape
-from isotrope.transforms import TRANSFORMS
+from isotrope.shapes import build_chain
 from isotrope.transforms.base import Transform, apply_chain
 from isotrope.transforms.moments import Moments, MomentsTransform
 
@@ -248,11 +247,6 @@ def _group_key(candidate: dict[str, Any]) -> str:
     return repr(sorted((key, value) for key, value in candidate.items() if key != "shape"))
 
 
-def _fresh_chain(shape: Any) -> list[Transform]:
-    """Unfitted transforms of a shaping (what ``ShapedEncoder.create`` builds, without a new encoder)."""
-    return [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
-
-
 def _fit_chain(chain: Sequence[Transform], fit_raw: np.ndarray, moments: Moments) -> None:
     """Fit ``chain`` on ``fit_raw`` as :meth:`ShapedEncoder.fit_transforms` does, with two shortcuts that
     leave every fitted array the same: a first step fitted from moments takes the shared ``moments`` of
@@ -337,7 +331,7 @@ def gather_evidence(
             query_at += len(queries)
             targets = [q.target for q in queries]
             for index in members:
-                chain = _fresh_chain(candidates[index]["shape"])
+                chain = build_chain(candidates[index]["shape"])
                 _fit_chain(chain, fit_raw, moments)
                 rows[index].append(
                     reciprocal_ranks_at_10(apply_chain(chain, split_queries), apply_chain(chain, documents), targets)

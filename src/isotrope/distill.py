@@ -192,13 +192,12 @@ def neighbour_agreement(
 ) -> float:
     """How often the static vectors of held-aside texts (whiten-partial fitted on ``train_vectors``)
     find the same ``k`` nearest held-aside neighbours as the teacher's vectors, in [0, 1]."""
-    from isotrope.shapes import parse_shape
-    from isotrope.transforms import TRANSFORMS
+    from isotrope.shapes import build_chain
 
     vectors = np.asarray(test_vectors, dtype=np.float32)
     fit = np.asarray(train_vectors, dtype=np.float32)
-    for step in parse_shape("whiten-partial"):
-        transform = TRANSFORMS[step["kind"]](**step["config"]).fit(fit)
+    for transform in build_chain("whiten-partial"):
+        transform.fit(fit)
         fit, vectors = transform.transform(fit), transform.transform(vectors)
     teacher = teacher_vectors / np.maximum(np.linalg.norm(teacher_vectors, axis=1, keepdims=True), 1e-12)
     k = min(k, len(vectors) - 1)

@@ -20,8 +20,8 @@ from isotrope.fingerprint import fingerprint
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
-from isotrope.shapes import format_shape, parse_shape
-from isotrope.transforms import TRANSFORMS, Transform, apply_chain
+from isotrope.shapes import build_chain, format_shape
+from isotrope.transforms import Transform, apply_chain
 from isotrope.transforms.base import NotFittedError
 from isotrope.weighting import TokenCounts, TokenWeighting
 
@@ -287,7 +287,7 @@ class ShapedEncoder:
             exclude_special=static if config.exclude_special is None else config.exclude_special,
             exclude_punctuation=config.exclude_punctuation,
         )
-        transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape_value(config))]
+        transforms = build_chain(shape_value(config))
         return cls(backbone, config.pooling, weighting, transforms, batch_size, config=config)
 
     # -- description ----------------------------------------------------------------

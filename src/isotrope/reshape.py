@@ -20,15 +20,14 @@ import numpy as np
 from isotrope.encoder import ShapedEncoder, reservoir_sample
 from isotrope.errors import StoreCapabilityError
 from isotrope.search import Collection, describe_encoder, parse_store_uri
-from isotrope.shapes import parse_shape
+from isotrope.shapes import build_chain
 from isotrope.stores.base import ReshapableStore
 from isotrope.stores.layout import ENCODER_DIR, MARKER, RETIRED, STAGED, reshape_lock
 from isotrope.stores.lock import writer_lock
-from isotrope.transforms import TRANSFORMS
 
 
 def _reshaped_encoder(encoder: ShapedEncoder, shape: str) -> ShapedEncoder:
-    transforms = [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
+    transforms = build_chain(shape)
     return ShapedEncoder(
         encoder.backbone,
         encoder.pooling,

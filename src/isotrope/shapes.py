@@ -94,3 +94,10 @@ def format_shape(steps: list[dict[str, Any]]) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in step["config"].items())
         parts.append(f"{step['kind']}({args})" if args else step["kind"])
     return ",".join(parts) if parts else "(identity)"
+
+
+def build_chain(shape: str | list[dict[str, Any]]) -> list[Any]:
+    """The unfitted transforms of a shaping, in order (what an encoder of that shape starts from)."""
+    from isotrope.transforms import TRANSFORMS
+
+    return [TRANSFORMS[step["kind"]](**step["config"]) for step in parse_shape(shape)]
