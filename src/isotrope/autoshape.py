@@ -30,23 +30,21 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import bootstrap
 
 from isotrope.backbones import is_static_source
 from isotrope.config import EncoderConfig
-from isotrope.distill import fast_source
 from isotrope.encoder import ShapedEncoder, build_backbone
-from isotrope.fold import FoldError, fold_encoder
 from isotrope.sentences import split_sentences
 from isotrope.shapes import build_chain
 from isotrope.transforms.base import Transform, apply_chain
 from isotrope.transforms.moments import Moments, MomentsTransform
 
 if TYPE_CHECKING:
-    from isotrope.backbones.static import StaticBackbone
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -402,13 +400,7 @@ def choose_shape(
     encoder.weighting = unshaped.weighting
     if encoder.needs_corpus:
         encoder.fit_transforms(sample_raw)
-    if fast_source(config.model):  # one folded table when the chosen chain folds, as with `--model fast --shape PRESET`
-        encoder.metadata["distill"] = cast("StaticBackbone", encoder.backbone).distill_report  # fast: sources are static
-        try:
-            encoder = fold_encoder(encoder)
-        except FoldError as error:
-            logger.info("fast: the chain is kept unfolded: %s", error)
-    encoder.metadata["fit"] = {"fitted_on": fitted_on or "texts passed to fit()", "n_texts": len(texts)}
+    encoder.finish_fit(fitted_on or "texts passed to fit()", len(texts))  # --model fast: one folded table
     results = []
     for candidate, row, (difference, low, high) in zip(candidates, evidence.per_query, comparisons):
         results.append(
