@@ -81,3 +81,15 @@ def test_other_tokenizers_go_through_the_tokenizer():
     cache = cache_for(tokenizer, 8192)
     assert not cache.enabled
     assert cache.ids(["a b c", "B"]) == [[0, 1, 2], [2]]
+
+
+def test_counts_equal_the_tokenizer_without_specials_or_truncation(tiny_bert_path):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(f"{tiny_bert_path}/tokenizer.json")
+    cache = cache_for(tokenizer, 3)  # truncation applies to ids(), never to counts()
+    tokenizer.no_truncation()
+    expected = [len(encoding.ids) for encoding in tokenizer.encode_batch(TRICKY, add_special_tokens=False)]
+    assert max(expected) > 3
+    assert cache.counts(TRICKY) == expected
+    assert cache.counts(TRICKY) == expected  # second pass: from the cache

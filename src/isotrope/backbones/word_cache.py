@@ -47,6 +47,7 @@ class WordPieceCache:
         self._tokenizer = tokenizer
         self.max_length = max_length
         self._words: dict[str, list[int]] = {}
+        self._lengths: dict[str, int] = {"": 0}  # a word's number of ids, for counts()
         self._first, self._last = 0, 0
         self.enabled = _is_bert_style(json.loads(tokenizer_json))
         if self.enabled:
@@ -54,17 +55,20 @@ class WordPieceCache:
             self.enabled = len(empty) == 2 and len(probe) == 3 and [probe[0], probe[-1]] == empty
             self._first, self._last = (empty[0], empty[1]) if self.enabled else (0, 0)
 
+    def _word_ids(self, word: str) -> list[int]:
+        word_ids = self._words.get(word)
+        if word_ids is None:
+            if len(self._words) >= MAX_CACHED:
+                self._words.clear()
+            word_ids = self._words[word] = self._tokenizer.encode(word, add_special_tokens=False).ids
+        return word_ids
+
     def _text_ids(self, text: str) -> list[int]:
-        ids, words = [self._first], self._words
+        ids = [self._first]
         for word in text.translate(_SPACES).split(" "):
             if not word:
                 continue
-            word_ids = words.get(word)
-            if word_ids is None:
-                if len(words) >= MAX_CACHED:
-                    words.clear()
-                word_ids = words[word] = self._tokenizer.encode(word, add_special_tokens=False).ids
-            ids.extend(word_ids)
+            ids.extend(self._word_ids(word))
             if len(ids) >= self.max_length:
                 break
         del ids[self.max_length - 1 :]
@@ -76,3 +80,21 @@ class WordPieceCache:
         if not self.enabled:
             return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
         return [self._text_ids(text) for text in texts]
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """Each text's number of tokens without special tokens and without truncation (when ``enabled``)."""
+        lengths = self._lengths
+        counts = []
+        for text in texts:
+            words = text.translate(_SPACES).split(" ")
+            try:
+                counts.append(sum(map(lengths.__getitem__, words)))
+            except KeyError:  # a word not seen yet
+                if len(lengths) >= MAX_CACHED:
+                    lengths.clear()
+                    lengths[""] = 0
+                for word in words:
+                    if word not in lengths:
+                        lengths[word] = len(self._tokenizer.encode(word, add_special_tokens=False).ids)
+                counts.append(sum(map(lengths.__getitem__, words)))
+        return counts

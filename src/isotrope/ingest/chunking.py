@@ -5,8 +5,15 @@ of at most ``chunk_tokens`` tokens (counted with the encoder's own tokenizer, wi
 special tokens) and starts each chunk with the trailing sentences of the previous one
 that fit in ``overlap_tokens``. A sentence over the budget is split at line breaks, and
 a line still over it into token windows cut at word boundaries. Every chunk is a
-substring ``document.text[start:end]`` and is re-counted after packing, so the budget
-holds even where a tokenizer counts a joined text differently from its parts.
+substring ``document.text[start:end]``; a chunk of several units is re-counted after
+packing, so the budget holds even where a tokenizer counts a joined text differently
+from its parts.
+
+:meth:`TokenChunker.chunk_many` cuts many documents with a few batched tokenizer calls (the
+sentences of every document in one call, then the packed chunks in another): the same chunks
+as :meth:`TokenChunker.chunk` one document at a time. Counting goes straight to the
+``tokenizers`` object (a private copy, no truncation or padding), so a folded encoder's
+tokenizer needs no transformers.
 
 Chunk ids are stable: :func:`chunk_id` hashes the document key, the chunk's position and
 its text, so re-ingesting an unchanged file gives identical ids and a changed chunk a
@@ -16,10 +23,12 @@ new one.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from isotrope.backbones.word_cache import WordPieceCache
 from isotrope.ingest.loaders import Document
 from isotrope.sentences import split_lines, split_sentences
 
@@ -48,6 +57,8 @@ class _Unit(NamedTuple):
     start: int
     end: int
     tokens: int
+    #: whether ``tokens`` is the count of ``text[start:end]`` on its own (a token window's is its share of a line's)
+    counted: bool = True
 
 
 def chunk_id(source: str, position: int, text: str) -> str:
@@ -84,22 +95,26 @@ def make_chunks(document: Document, spans: Sequence[tuple[int, int]]) -> list[Ch
 
 
 class TokenChunker:
-    """Sentence-aware chunks of at most ``chunk_tokens`` tokens of a fast Hugging Face tokenizer.
+    """Sentence-aware chunks of at most ``chunk_tokens`` tokens of a fast tokenizer.
 
+    ``tokenizer`` is a transformers fast tokenizer or a ``tokenizers.Tokenizer`` (then
+    ``max_length``, the encoder's limit with special tokens, replaces ``model_max_length``).
     ``overlap_tokens`` bounds the trailing sentences repeated at the start of the next
     chunk (a sentence longer than that is not repeated). ``chunk_tokens`` excludes special
-    tokens, so it must leave room for them within the tokenizer's ``model_max_length``.
+    tokens, so it must leave room for them within the tokenizer's maximum length.
     """
 
-    def __init__(self, tokenizer: Any, chunk_tokens: int = 256, overlap_tokens: int = 32) -> None:
+    def __init__(
+        self, tokenizer: Any, chunk_tokens: int = 256, overlap_tokens: int = 32, max_length: int | None = None
+    ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if not 0 <= overlap_tokens < chunk_tokens:
             raise ValueError(f"overlap_tokens must be in [0, chunk_tokens={chunk_tokens}), got {overlap_tokens}")
-        if getattr(tokenizer, "is_fast", True) is False:
-            raise ValueError(f"TokenChunker needs a fast tokenizer (offset mapping); got {type(tokenizer).__name__}")
-        max_length = getattr(tokenizer, "model_max_length", None)
-        special = tokenizer.num_special_tokens_to_add() if hasattr(tokenizer, "num_special_tokens_to_add") else 0
+        core = _core_tokenizer(tokenizer)
+        max_length = max_length if max_length is not None else getattr(tokenizer, "model_max_length", None)
+        processor = core.post_processor
+        special = processor.num_special_tokens_to_add(False) if processor is not None else 0
         if isinstance(max_length, int) and chunk_tokens + special > max_length:
             raise ValueError(
                 f"chunk_tokens={chunk_tokens} plus {special} special tokens exceeds the tokenizer's model_max_length={max_length}"
@@ -107,44 +122,60 @@ class TokenChunker:
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
         self.overlap_tokens = overlap_tokens
+        self._core = core
+        #: BERT-style WordPiece: a text's count is the sum of its words' counts, each word tokenized once
+        self._words = WordPieceCache(core, core.to_str(), max_length=sys.maxsize)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Number of tokens of each text, without special tokens (batched)."""
+        if self._words.enabled:
+            return self._words.counts(texts)
         counts: list[int] = []
         for begin in range(0, len(texts), _TOKENIZE_BATCH):
-            encoded = self.tokenizer(
-                list(texts[begin : begin + _TOKENIZE_BATCH]),
-                add_special_tokens=False,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-                verbose=False,
-            )
-            counts.extend(len(ids) for ids in encoded["input_ids"])
+            encoded = self._core.encode_batch(list(texts[begin : begin + _TOKENIZE_BATCH]), add_special_tokens=False)
+            counts.extend(len(encoding.ids) for encoding in encoded)
         return counts
 
     def chunk(self, document: Document) -> list[Chunk]:
         """Chunks of ``document`` in text order, positions 0, 1, ..."""
-        text = document.text
-        units = self._units(text)
-        spans = _spans(units, _pack([u.tokens for u in units], self.chunk_tokens, self.overlap_tokens))
-        if any(n > self.chunk_tokens for n in self.count_tokens([text[s:e] for s, e in spans])):
-            # the tokenizer is not additive (e.g. byte-level BPE marks a word after a space):
-            # make every unit fit on its own, then pack checking each chunk's real count
-            units = self._fitting_units(text, units)
+        return self.chunk_many([document])[0]
 
-            def fits(first: int, last: int) -> bool:
-                start, end = _spans(units, [(first, last)])[0]
-                return self.count_tokens([text[start:end]])[0] <= self.chunk_tokens
+    def chunk_many(self, documents: Sequence[Document]) -> list[list[Chunk]]:
+        """The chunks of each document, as :meth:`chunk` gives them, counted in batched tokenizer calls."""
+        texts = [document.text for document in documents]
+        sentences = [split_sentences(text) for text in texts]
+        counts = iter(self.count_tokens([text[s:e] for text, spans in zip(texts, sentences) for s, e in spans]))
+        units = [self._units(text, [(s, e, next(counts)) for s, e in spans]) for text, spans in zip(texts, sentences)]
+        groups = [_pack([u.tokens for u in doc_units], self.chunk_tokens, self.overlap_tokens) for doc_units in units]
+        # a chunk of one unit counted on its own text is within the budget; the others are re-counted
+        recount = [
+            (d, _spans(units[d], [(i, j)])[0])
+            for d in range(len(documents))
+            for i, j in groups[d]
+            if j - i > 1 or not units[d][i].counted
+        ]
+        over = {d for (d, (s, e)), n in zip(recount, self.count_tokens([texts[d][s:e] for d, (s, e) in recount])) if n > self.chunk_tokens}
+        return [
+            make_chunks(document, self._refit(document.text, units[d]) if d in over else _spans(units[d], groups[d]))
+            for d, document in enumerate(documents)
+        ]
 
-            groups = _pack([u.tokens for u in units], self.chunk_tokens, self.overlap_tokens, fits)
-            spans = _spans(units, groups)
-        return make_chunks(document, spans)
+    def _refit(self, text: str, units: list[_Unit]) -> list[tuple[int, int]]:
+        """Spans for a tokenizer that is not additive (e.g. byte-level BPE marks a word after a space):
+        every unit made to fit on its own, then packed checking each chunk's real count."""
+        units = self._fitting_units(text, units)
 
-    def _units(self, text: str) -> list[_Unit]:
-        """Sentences that fit the budget; longer ones split at line breaks, then into token windows."""
+        def fits(first: int, last: int) -> bool:
+            start, end = _spans(units, [(first, last)])[0]
+            return self.count_tokens([text[start:end]])[0] <= self.chunk_tokens
+
+        return _spans(units, _pack([u.tokens for u in units], self.chunk_tokens, self.overlap_tokens, fits))
+
+    def _units(self, text: str, sentences: Sequence[tuple[int, int, int]]) -> list[_Unit]:
+        """Sentences ``(start, end, tokens)`` that fit the budget; longer ones split at line breaks, then
+        into token windows."""
         units = []
-        sentences = split_sentences(text)
-        for (start, end), tokens in zip(sentences, self.count_tokens([text[s:e] for s, e in sentences])):
+        for start, end, tokens in sentences:
             if tokens <= self.chunk_tokens:
                 units.append(_Unit(start, end, tokens))
                 continue
@@ -158,9 +189,9 @@ class TokenChunker:
 
     def _windows(self, text: str, start: int, end: int, budget: int) -> list[_Unit]:
         """Token windows of at most ``budget`` tokens over ``text[start:end]``, cut between words when possible."""
-        encoded = self.tokenizer(text[start:end], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        offsets = encoded["offset_mapping"]
-        words = encoded.word_ids()
+        encoded = self._core.encode(text[start:end], add_special_tokens=False)
+        offsets = encoded.offsets
+        words = encoded.word_ids
         n = len(offsets)
 
         def word_start(k: int) -> bool:
@@ -180,7 +211,7 @@ class TokenChunker:
             piece = text[left:right]
             if piece.strip():  # byte-level tokens may carry the space before a word: trim it
                 left += len(piece) - len(piece.lstrip())
-                units.append(_Unit(left, left + len(piece.strip()), last - first))
+                units.append(_Unit(left, left + len(piece.strip()), last - first, counted=False))
             if last == n:
                 break
             following = max(last - min(self.overlap_tokens, (last - first) // 2), first + 1)
@@ -194,7 +225,7 @@ class TokenChunker:
         result = []
         for unit, tokens in zip(units, self.count_tokens([text[u.start : u.end] for u in units])):
             if tokens <= self.chunk_tokens:
-                result.append(unit._replace(tokens=tokens))
+                result.append(unit._replace(tokens=tokens, counted=True))
                 continue
             tighter = min(unit.tokens, self.chunk_tokens) - (tokens - self.chunk_tokens)
             if tighter < 1:
@@ -237,6 +268,20 @@ class LlamaIndexChunker:
             spans.append((start, start + len(piece)))
             cursor = start + 1
         return make_chunks(document, spans)
+
+
+def _core_tokenizer(tokenizer: Any) -> Any:
+    """A private ``tokenizers.Tokenizer`` copy of ``tokenizer`` (a transformers fast tokenizer or a
+    ``tokenizers.Tokenizer``) without truncation or padding: counts and offsets as transformers gives them."""
+    from tokenizers import Tokenizer
+
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if getattr(tokenizer, "is_fast", True) is False or not isinstance(backend, Tokenizer):
+        raise ValueError(f"TokenChunker needs a fast tokenizer (offset mapping); got {type(tokenizer).__name__}")
+    core = Tokenizer.from_str(backend.to_str())
+    core.no_truncation()
+    core.no_padding()
+    return core
 
 
 def _spans(units: Sequence[_Unit], groups: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

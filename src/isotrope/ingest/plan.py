@@ -129,6 +129,9 @@ class IngestPlan:
         """A token chunker, or None for ``chunk_tokens <= 0``: each document is one chunk (the encoder truncates)."""
         if self.chunk_tokens <= 0:
             return None
+        core = getattr(encoder.backbone, "core_tokenizer", None)
+        if core is not None:  # a folded table: its ``tokenizers`` object, no transformers needed
+            return TokenChunker(core, self.chunk_tokens, self.overlap_tokens, max_length=encoder.backbone.max_length)
         return TokenChunker(encoder.tokenizer, self.chunk_tokens, self.overlap_tokens)
 
     def sample(self, items: Iterable[tuple[Hashable, T]]) -> list[T]:
@@ -284,15 +287,34 @@ def chunk_document(document: Document, chunker: TokenChunker | None) -> list[Chu
     return chunker.chunk(document) if chunker else make_chunks(document, [(0, len(document.text))])
 
 
+#: documents (or characters of text) chunked together by :func:`chunk_stream`: a few batched tokenizer calls each
+CHUNK_BATCH_DOCUMENTS = 512
+CHUNK_BATCH_CHARACTERS = 2_000_000
+
+
 def chunk_stream(
     documents: Iterable[Document], chunker: TokenChunker | None, report: IngestReport | None = None
 ) -> Iterator[tuple[Document, list[Chunk]]]:
-    """Each document with its chunks; empty (whitespace-only) documents are left out and counted in ``report``."""
+    """Each document with its chunks, in order; empty (whitespace-only) documents are left out and counted in
+    ``report``. Documents are chunked in batches (:meth:`TokenChunker.chunk_many`), a few hundred at a time."""
+    batch: list[Document] = []
+    characters = 0
     for document in documents:
-        if document.text.strip():
-            yield document, chunk_document(document, chunker)
-        elif report is not None:
-            report.empty += 1
+        if not document.text.strip():
+            if report is not None:
+                report.empty += 1
+            continue
+        batch.append(document)
+        characters += len(document.text)
+        if len(batch) >= CHUNK_BATCH_DOCUMENTS or characters >= CHUNK_BATCH_CHARACTERS:
+            yield from _chunk_batch(batch, chunker)
+            batch, characters = [], 0
+    yield from _chunk_batch(batch, chunker)
+
+
+def _chunk_batch(documents: list[Document], chunker: TokenChunker | None) -> Iterator[tuple[Document, list[Chunk]]]:
+    chunks = chunker.chunk_many(documents) if chunker else [chunk_document(d, None) for d in documents]
+    return zip(documents, chunks)
 
 
 def warn_if_encoder_differs(collection: Collection, config: EncoderConfig | None) -> None:
