@@ -29,6 +29,7 @@ import os
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,7 @@ class FaissStore(VectorStore):
         self._dirty = False
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
+        self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
         self._conn = self._connect(dim, factory, metric, refine)
         self._has_fields_table = (
             self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
@@ -498,9 +500,7 @@ class FaissStore(VectorStore):
                 if existing:
                     self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(existing.values(), dtype=np.int64)))
                 self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
-                if self._needs_training and self.is_exact and len(self) >= self.train_min:
-                    self._index = self._rebuild()
-                    self._calibrated = False
+                self._train_if_due()
         except BaseException:
             self._conn.execute("ROLLBACK TO isotrope_add")
             self._index = self._rebuild()
@@ -509,6 +509,31 @@ class FaissStore(VectorStore):
             self._conn.execute("RELEASE isotrope_add")
         self._gpu_index = None
         self._dirty = True
+
+    def _train_if_due(self) -> None:
+        """Train an index that needs it once enough rows exist (until then search is exact)."""
+        if not self._deferring and self._needs_training and self.is_exact and len(self) >= self.train_min:
+            self._build_index(self._rebuild)
+            self._calibrated = False
+
+    def _build_index(self, build: Callable[[], faiss.Index]) -> None:
+        """Replace the index by ``build()``'s, the old one released first (peak memory: one index)."""
+        self._index = self._exact_index()
+        self._index = build()
+
+    @contextmanager
+    def deferred_index(self) -> Iterator[None]:
+        """A bulk load: inside, rows go into the current index as it is (no training, and an auto store
+        neither switches nor rebuilds its index at commits); the first commit after it builds the index
+        that is due, once, instead of at every growth step."""
+        rows = len(self)
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            if len(self) != rows:  # the next commit follows the plan even if nothing is written in between
+                self._dirty = True
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""
@@ -623,8 +648,12 @@ class FaissStore(VectorStore):
         """Write the index (temp file, fsync), commit SQLite with its digest, then rename it into place."""
         if not self._dirty and not self._conn.in_transaction:
             return
-        if self.factory == _AUTO:
+        if self._deferring:
+            pass
+        elif self.factory == _AUTO:
             self._follow_plan()
+        else:
+            self._train_if_due()
         tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
         faiss.write_index(self._index, str(tmp))  # streamed to disk: no serialized copy in memory
         with open(tmp, "rb+") as handle:
@@ -659,14 +688,14 @@ class FaissStore(VectorStore):
     def _build(self, factory: str) -> None:
         """Rebuild the index from ``factory`` and calibrate its search breadth (inside the open transaction)."""
         self._use_factory(factory)
-        self._index = self._rebuild()
+        self._build_index(self._rebuild)
         self._begin()  # the previous index's calibration does not describe this one
         self._conn.execute("DELETE FROM meta WHERE key IN ('nprobe', 'ef_search', 'calibrated_recall')")
         self._save_settings({"index_factory": factory, "index_rows": str(len(self)), **self.calibrate()})
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
         """Set nprobe / efSearch to the smallest breadth reaching ``target`` recall@10 against exact search,
-        with midpoints of stored vectors as queries (index_plan's rule); returns the settings chosen (none for
+        with index_plan's calibration queries made from stored vectors; returns the settings chosen (none for
         exact indexes)."""
         ivf = faiss.try_extract_index_ivf(self._index)
         hnsw = isinstance(_inner(self._index), faiss.IndexHNSW)
@@ -674,13 +703,9 @@ class FaissStore(VectorStore):
             return {}
         n, k = len(self), index_plan.CALIBRATION_K
         keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
-        chosen = np.random.default_rng(1).choice(keys, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
-        order = np.argsort(chosen)
-        stored = np.concatenate(
-            [v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(chosen))})", np.sort(chosen).tolist())]
-        )
-        queries = index_plan.calibration_queries(stored[np.argsort(order)])  # back in the random order
-        truth = index_plan.exact_neighbours(queries, self._iter_vectors(), k, self.metric)
+        chosen = np.sort(np.random.default_rng(1).choice(keys, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
+        stored = np.concatenate([v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(chosen))})", chosen.tolist())])
+        queries, truth = index_plan.calibration_set(chosen, stored, self._iter_vectors, self.metric)
         name, ladder = (
             ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
             if ivf is not None
@@ -689,9 +714,9 @@ class FaissStore(VectorStore):
 
         def search(value: int) -> np.ndarray:
             setattr(self, name, value)
-            return self._refined(queries, k, lambda fetch: self._index.search(queries, fetch, params=self._search_params(None)))[
-                1
-            ]
+            params = self._search_params(None)
+            found = self._refined(queries, k + 1, lambda fetch: self._index.search(queries, fetch, params=params))[1]
+            return index_plan.without_sources(found, chosen, k)
 
         value, reached = index_plan.calibrate(ladder, search, truth, target)
         setattr(self, name, value)

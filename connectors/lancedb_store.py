@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -183,6 +184,7 @@ class LanceDBStore(ReshapableStore):
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
+        self._deferring = False  # inside deferred_index(): commits build no ANN index
         if isinstance(self.path, Path) and self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
         self._db = lancedb.connect(self.path, storage_options=storage_options)
@@ -382,7 +384,7 @@ class LanceDBStore(ReshapableStore):
 
     def commit(self) -> None:
         """Every write is already a committed Lance version; bring the full-text index up to date
-        and build the ANN index if it is now due."""
+        and build the ANN index if it is now due (not inside :meth:`deferred_index`)."""
         self._maybe_index()
         if self._lexical_state is not None and self._lexical_state != "exact":
             self._refresh_lexical_index()
@@ -406,8 +408,18 @@ class LanceDBStore(ReshapableStore):
             self._index_type = None if found is None else found.index_type
         return cast("str | None", self._index_type)  # never True: only False ("not looked up") or the found type
 
+    @contextmanager
+    def deferred_index(self) -> Iterator[None]:
+        """A bulk load: inside, writes and commits neither build nor rebuild nor extend the ANN index; the
+        first commit after it builds the index that is due, once, over every row."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
     def _maybe_index(self) -> None:
-        if self.index_threshold is None:
+        if self.index_threshold is None or self._deferring:
             return
         n = len(self)
         if self.vector_index is None and n >= self.index_threshold:
@@ -447,29 +459,35 @@ class LanceDBStore(ReshapableStore):
 
     def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
         """Set ``nprobes`` to the smallest of index_plan's ladder reaching ``target`` recall@10 against exact
-        search (midpoints of stored vectors as queries); saved in the table's metadata."""
+        search (index_plan's calibration queries made from stored vectors); saved in the table's metadata."""
         if self.vector_index is None:
             return {}
         k = index_plan.CALIBRATION_K
-        positions: dict[str, int] = {}
+        positions: dict[str, int] = {}  # id -> row position in the scan, the key of the exact search
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            start = 0
             for batch in self._table.to_lance().to_batches(columns=["id", "vector"], batch_size=65_536):
                 if batch.num_rows:
                     ids = batch.column("id")
-                    keys = np.arange(len(positions), len(positions) + batch.num_rows, dtype=np.int64)
+                    keys = np.arange(start, start + batch.num_rows, dtype=np.int64)
+                    start += batch.num_rows
                     positions.update(zip(ids.to_pylist(), keys.tolist()))
                     yield keys, _to_numpy(batch.column("vector"), self.dim, ids, "vector")
 
         n = len(self)
-        chosen = np.random.default_rng(1).choice(n, min(2 * index_plan.CALIBRATION_QUERIES, n), replace=False)
+        for _ in batches():  # positions of every id
+            pass
+        chosen = np.sort(np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
         sample = self._table.to_lance().take(chosen, columns=["id", "vector"])
-        queries = index_plan.calibration_queries(_to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector"))
-        truth = index_plan.exact_neighbours(queries, batches(), k, self.metric)
+        sources = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
+        stored = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
+        queries, truth = index_plan.calibration_set(sources, stored, batches, self.metric)
 
-        def search(value: int) -> list[list[int]]:
+        def search(value: int) -> np.ndarray:
             self.nprobes = value
-            return [[positions[h.id] for h in hits] for hits in self.search(queries, k)]
+            found = [[positions[h.id] for h in hits] for hits in self.search(queries, k + 1)]
+            return index_plan.without_sources(found, sources, k)
 
         value, reached = index_plan.calibrate(index_plan.NPROBE_LADDER, search, truth, target)
         self.nprobes = value

@@ -51,8 +51,9 @@ def fill(store, data: np.ndarray, batch: int = 700, first: int = 0) -> None:
 
 def test_rules_follow_the_count():
     assert index_plan.faiss_factory_for(index_plan.EXACT_BELOW - 1) == "Flat"
-    assert index_plan.faiss_factory_for(1_000_000) == "IVF1024,Flat"
-    assert index_plan.nlist_for(100_000) == 256 and index_plan.nlist_for(10) == 64
+    assert index_plan.faiss_factory_for(1_000_000) == "IVF4096,Flat"  # 4 sqrt(n) = 4000
+    assert index_plan.nlist_for(100_000) == 1024 and index_plan.nlist_for(10) == 64
+    assert index_plan.nlist_for(9000) == 128  # 4 sqrt(n) = 379, but 39 training points per list allow 230
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW - 1, 384) is None
     assert index_plan.lancedb_index_for(1_000_000, 384) == {"num_partitions": 1000, "num_sub_vectors": 48}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,8 @@ from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.plan import ChunkWriter, DocumentSource, IngestPlan, IngestReport, Target, chunk_stream
+
+T = TypeVar("T")
 
 
 def index_documents(source: DocumentSource, store: str | Path, **options: Any) -> IngestReport:
@@ -79,8 +81,20 @@ def _write(
         writer.add([c.id for c in pending], vectors, [c.text for c in pending], [c.metadata for c in pending], raw)
         pending.clear()
 
+    read_seconds = 0.0
+
+    def timed(stream: Iterator[T]) -> Iterator[T]:
+        nonlocal read_seconds
+        while True:
+            tick = time.perf_counter()
+            item = next(stream, None)
+            read_seconds += time.perf_counter() - tick
+            if item is None:
+                return
+            yield item
+
     with target.writer(committed=len(existing)) as writer:
-        for document, chunks in chunk_stream(documents(), plan.chunker(encoder), report):
+        for document, chunks in timed(chunk_stream(documents(), plan.chunker(encoder), report)):
             report.documents += 1
             seen_documents.add(document.key)
             for chunk in chunks:
@@ -98,7 +112,12 @@ def _write(
     report.added = writer.added
     tick = time.perf_counter()
     target.finish(existing, produced, seen_documents, report)
-    report.seconds.update(embed=embed_seconds, write=writer.seconds + time.perf_counter() - tick)
+    finish_seconds = time.perf_counter() - tick
+    # read+chunk: reading and chunking documents; write includes finish (deletes, the last commit and
+    # the ANN index it builds)
+    report.seconds.update(
+        read_chunk=read_seconds, embed=embed_seconds, write=writer.seconds + finish_seconds, finish=finish_seconds
+    )
 
 
 def _embed(encoder: ShapedEncoder, chunks: list[Chunk], raw_cache: dict[str, np.ndarray]) -> np.ndarray:

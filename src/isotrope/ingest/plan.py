@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -245,10 +245,15 @@ class Target:
 
 class ChunkWriter:
     """Adds shaped chunks to a store in the order given, with their raw vectors where the store keeps
-    them; commits grow with the store (a FAISS commit rewrites the whole index): O(n) work in all."""
+    them; commits grow with the store (a FAISS commit rewrites the whole index): O(n) work in all.
+    While it is open the store's ANN index is not built or rebuilt (``deferred_index``): the commit
+    that finishes the run builds the index for the final size once."""
 
     def __init__(self, store: Any, committed: int, commit_every: int, show_progress: bool) -> None:
         self.store = store
+        self._deferral = ExitStack()
+        if hasattr(store, "deferred_index"):
+            self._deferral.enter_context(store.deferred_index())
         self.committed = committed
         self.commit_every = commit_every
         self.added = 0
@@ -274,6 +279,7 @@ class ChunkWriter:
         self.progress.update(len(ids))
 
     def close(self) -> None:
+        self._deferral.close()
         self.progress.close()
 
     def __enter__(self) -> ChunkWriter:

@@ -1,0 +1,83 @@
+"""Bulk loads build the ANN index once at the end (``deferred_index``), and calibration queries are
+made from stored vectors with the source left out of the neighbours."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lancedb_store import LanceDBStore
+from isotrope.stores import index_plan
+from test_index_plan import DIM, brute_force, draw, fill, recall_of
+
+
+def test_calibration_set_leaves_the_source_out_and_matches_brute_force():
+    data = draw(2000, 21)
+    keys = np.array([5, 17, 300, 1999])
+    batches = lambda: ((np.arange(s, s + 500), data[s : s + 500]) for s in range(0, 2000, 500))  # noqa: E731
+    queries, truth = index_plan.calibration_set(keys, data[keys], batches, "ip")
+    np.testing.assert_allclose(np.linalg.norm(queries, axis=1), 1.0, rtol=1e-5)  # the stored vectors' length
+    scores = data.astype(np.float64) @ data[keys].astype(np.float64).T
+    scores[keys, np.arange(len(keys))] = -np.inf
+    nearest = scores.max(axis=0)  # each source's nearest other stored vector
+    # moved orthogonally by the distance d to that neighbour, then scaled back: cosine 1 / sqrt(1 + d^2)
+    expected_cosine = 1 / np.sqrt(1 + (2 - 2 * nearest))
+    np.testing.assert_allclose((queries.astype(np.float64) * data[keys]).sum(axis=1), expected_cosine, atol=1e-4)
+    expected = brute_force(queries, data, k=11)
+    for row, source, exact in zip(truth, keys, expected):
+        assert source not in row
+        assert row.tolist() == [k for k in exact if k != source][:10]
+
+
+def test_without_sources_drops_the_source_and_pads():
+    found = np.array([[3, 1, 2], [4, 5, -1]])
+    np.testing.assert_array_equal(index_plan.without_sources(found, np.array([1, 9]), 2), [[3, 2], [4, 5]])
+    np.testing.assert_array_equal(index_plan.without_sources([[7]], np.array([7]), 2), [[-1, -1]])
+
+
+def test_faiss_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+    data, queries = draw(6000, 22), draw(60, 23)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    builds = []
+    original = store._build
+    monkeypatch.setattr(store, "_build", lambda factory: (builds.append(factory), original(factory)))
+    with store.deferred_index():
+        fill(store, data, batch=700)  # crosses the threshold and grows 6x: nothing is built
+        assert store.is_exact and store.index_info()["index_built"] == "Flat"
+    assert builds == []
+    store.commit()
+    assert builds == [index_plan.faiss_factory_for(6000)]
+    info = store.index_info()
+    assert info["index_built"] == index_plan.faiss_factory_for(6000) and not store.is_exact
+    assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
+    assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
+    store.close()
+
+
+def test_faiss_trains_a_fixed_factory_after_a_deferred_load(tmp_path):
+    data = draw(3000, 24)
+    store = FaissStore(tmp_path / "s", dim=DIM, factory="IVF16,Flat", metric="ip")
+    with store.deferred_index():
+        fill(store, data, batch=1000)
+        assert store.is_exact  # enough rows to train, but the load is not over
+    store.commit()
+    assert not store.is_exact and store._index.ntotal == 3000
+    store.close()
+    assert not FaissStore(tmp_path / "s").is_exact  # the trained index was committed
+
+
+@pytest.mark.slow
+def test_lancedb_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+    data, queries = draw(3000, 25), draw(40, 26)
+    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_type="auto")
+    with store.deferred_index():
+        fill(store, data, batch=1000)
+        assert store.vector_index is None
+    store.commit()
+    info = store.index_info()
+    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000**0.5)
+    assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
+    store.close()
