@@ -26,6 +26,7 @@ import argparse
 import gzip
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -103,12 +104,13 @@ def index_child(args: argparse.Namespace) -> dict[str, Any]:
 
     sentences = read_sentences(args.data_dir)
     encoder = ShapedEncoder.load(args.encoder)
+    load_before = os.getloadavg()
     start = time.perf_counter()
     report = index_documents(
         documents(sentences, args.chunks),
         f"{args.kind}:{args.path}",
         encoder=encoder,
-        chunk_tokens=0,
+        chunk_tokens=args.chunk_tokens,
         batch_size=ADD_BATCH,
         show_progress=False,
     )
@@ -121,6 +123,9 @@ def index_child(args: argparse.Namespace) -> dict[str, Any]:
         "chunks_per_s": report.added / wall,
         "disk_bytes": disk,
         "disk_bytes_per_chunk": disk / report.added,
+        "passages": report.documents,
+        "chunk_tokens": args.chunk_tokens,
+        "load_average_before_after": [round(x, 2) for x in (*load_before, *os.getloadavg())],
     }
 
 
@@ -413,6 +418,7 @@ def run(
     workdir: str | None,
     keep: bool,
     types: dict[str, str] | None = None,
+    chunk_tokens: int = 256,
 ) -> dict[str, Any]:
     types = {**DEFAULT_TYPES, **(types or {})}
     result: dict[str, Any] = {
@@ -450,6 +456,8 @@ def run(
                 str(single),
                 "--batch-repeats",
                 str(batch_repeats),
+                "--chunk-tokens",
+                str(chunk_tokens),
             ]
             logger.warning("indexing %d chunks into %s", chunks, kind)
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
@@ -461,7 +469,7 @@ def run(
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    result["machine"]["load_average_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+    result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out.write_text(json.dumps(result, indent=2))
     return result
 
@@ -554,7 +562,7 @@ def main() -> None:
         for name in ("--data-dir", "--kind", "--path", "--types"):
             parser.add_argument(name)
         parser.add_argument("--encoder", type=Path)
-        for name in ("--chunks", "--queries", "--single", "--batch-repeats"):
+        for name in ("--chunks", "--queries", "--single", "--batch-repeats", "--chunk-tokens"):
             parser.add_argument(name, type=int)
         child_main(parser, lambda args: CHILDREN[args.child](args))
         return
@@ -576,6 +584,9 @@ def main() -> None:
     parser.add_argument("--batch-repeats", type=int, default=5)
     parser.add_argument("--workdir", help="where the stores are written (a temporary folder inside it)")
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=256, help="token budget per chunk (index_documents' default; 0: a chunk per passage)"
+    )
     parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
     parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
     args = parser.parse_args()
@@ -594,6 +605,7 @@ def main() -> None:
         args.workdir,
         args.keep,
         {"faiss": args.faiss_types, "lancedb": args.lancedb_types},
+        args.chunk_tokens,
     )
 
 

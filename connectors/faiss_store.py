@@ -63,7 +63,7 @@ _ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
 #: queries re-ranked together (their candidates' vectors are gathered into one array)
 _REFINE_QUERIES = 256
-_TRAIN_PER_LIST = 64  # k-means sample points per IVF list (faiss asks for at least 39)
+_TRAIN_PER_LIST = 39  # k-means sample points per IVF list (faiss's minimum: training cost is points x lists)
 _AUTO = "auto"
 _READ_BLOCK = 1 << 22
 #: SQLite reads the database through a memory map up to this size: looking up the rows of the

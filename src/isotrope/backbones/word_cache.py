@@ -17,8 +17,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-#: cached words before the cache is emptied and refilled (bounds memory on an endless stream)
-MAX_CACHED = 100_000
+#: cached words before the cache is emptied and refilled (bounds memory on an endless stream: about
+#: 150 bytes a word); a million passages of English hold about 300,000 distinct space-separated words
+MAX_CACHED = 500_000
 
 _SPACES = {9: " ", 10: " ", 13: " "}  # tab, newline, carriage return: whitespace to BertPreTokenizer
 

@@ -68,15 +68,15 @@ def exact_neighbours(queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np
 
 
 def exact_top(
-    queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np.ndarray]], k: int, metric: str
+    queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np.ndarray]], k: int, metric: str, dtype: type = np.float64
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and float64 scores of the exact top ``k`` per query over ``(keys, vectors)`` batches, best first."""
+    """Keys and scores (computed in ``dtype``) of the exact top ``k`` per query over ``(keys, vectors)`` batches, best first."""
     from isotrope.stores.memory import exact_scores, top_k
 
     best_keys = np.full((len(queries), 0), -1, dtype=np.int64)
     best_scores = np.full((len(queries), 0), -np.inf)
     for keys, vectors in batches:
-        scores = np.concatenate([best_scores, exact_scores(queries, vectors, metric)], axis=1)
+        scores = np.concatenate([best_scores, exact_scores(queries, vectors, metric, dtype)], axis=1)
         all_keys = np.concatenate([best_keys, np.broadcast_to(keys, (len(queries), len(keys)))], axis=1)
         chosen = top_k(scores, k)
         rows = np.arange(len(queries))[:, None]
@@ -120,7 +120,7 @@ def calibration_set(
     vectors = np.asarray(vectors, dtype=np.float64)
     if metric == "cosine":
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-    near_keys, near_scores = exact_top(vectors.astype(np.float32), batches(), 2, metric)
+    near_keys, near_scores = exact_top(vectors.astype(np.float32), batches(), 2, metric, np.float32)  # a scale only
     other = np.where(near_keys[:, 0] == keys, near_scores[:, 1], near_scores[:, 0])  # best score but the vector's own
     lengths = np.linalg.norm(vectors, axis=1)
     squared = -other if metric == "l2" else 2 * lengths**2 - 2 * other  # |v - u|^2, taking |u| = |v| for ip

@@ -31,17 +31,17 @@ _MANIFEST = "store.json"
 _VECTORS = "vectors.npy"
 
 
-def exact_scores(queries: np.ndarray, vectors: np.ndarray, metric: str) -> np.ndarray:
-    """Scores of every (query, vector) pair in float64, higher is closer.
+def exact_scores(queries: np.ndarray, vectors: np.ndarray, metric: str, dtype: type = np.float64) -> np.ndarray:
+    """Scores of every (query, vector) pair in ``dtype`` (float64 by default), higher is closer.
 
     ``ip``: inner product; ``cosine``: cosine similarity (0 for a zero vector);
     ``l2``: minus the squared Euclidean distance.
     """
-    q = queries.astype(np.float64)
-    v = vectors.astype(np.float64)
+    q = queries.astype(dtype, copy=False)
+    v = vectors.astype(dtype, copy=False)
     if metric == "cosine":
-        q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+        q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), np.finfo(dtype).tiny)
+        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), np.finfo(dtype).tiny)
     scores = q @ v.T
     if metric == "l2":
         scores = 2.0 * scores - (q * q).sum(axis=1)[:, None] - (v * v).sum(axis=1)[None, :]
