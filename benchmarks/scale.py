@@ -27,6 +27,7 @@ import gzip
 import json
 import logging
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -126,6 +127,8 @@ def index_child(args: argparse.Namespace) -> dict[str, Any]:
         "passages": report.documents,
         "chunk_tokens": args.chunk_tokens,
         "load_average_before_after": [round(x, 2) for x in (*load_before, *os.getloadavg())],
+        # CPU seconds of this process: on a shared machine, close to what the run needs on a free one
+        "cpu_s": sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime")),
     }
 
 
