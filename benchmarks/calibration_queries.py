@@ -1,6 +1,7 @@
 """Issue 22: are the stores' calibration queries as hard as real ones? IVF recall@10 against exact search
 at each nprobe, for real held-out sentence queries and for calibration queries made from the stored vectors
-(index_plan.calibration_set: a stored vector moved by its nearest-neighbour distance, source left out), next
+(index_plan.calibration_set: a stored vector moved by its distance to its n-th nearest other stored vector,
+source left out, for several n), next
 to the midpoints of two stored vectors used before.
 
     python -m benchmarks.calibration_queries --store STORE_DIR --data-dir ../shared/data \\
@@ -35,6 +36,10 @@ def main() -> None:
     parser.add_argument("--nlist", type=int, help="IVF lists (default: index_plan.nlist_for(n))")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--neighbours", type=lambda text: [int(x) for x in text.split(",")], default=[1, 3, 10],
+        help="ranks of the neighbour whose distance moves a calibration query (index_plan.calibration_set)",
+    )
     args = parser.parse_args()
     set_threads(args.threads)
     import faiss
@@ -52,14 +57,19 @@ def main() -> None:
     rng = np.random.default_rng(1)
     chosen = np.sort(rng.choice(n, args.queries, replace=False))
     batches = lambda: ((keys[s : s + 65_536], vectors[s : s + 65_536]) for s in range(0, n, 65_536))  # noqa: E731
-    calibration, calibration_truth = index_plan.calibration_set(chosen, vectors[chosen], batches, "ip")
+    moved = {
+        rank: index_plan.calibration_set(chosen, vectors[chosen], batches, "ip", neighbour=rank) for rank in args.neighbours
+    }
     pairs = rng.choice(n, 2 * args.queries, replace=False)
     midpoints = ((vectors[pairs[: args.queries]] + vectors[pairs[args.queries :]]) / 2).astype(np.float32)
     exact = faiss.IndexFlatIP(dim)
     exact.add(vectors)
     sets = {
         "real held-out sentences": (real, exact.search(real, K)[1], None),
-        "calibration (moved stored vectors, source left out)": (calibration, calibration_truth, chosen),
+        **{
+            f"stored vectors moved by the distance to their neighbour {rank}, source left out": (*moved[rank], chosen)
+            for rank in args.neighbours
+        },
         "midpoints of two stored vectors (before)": (midpoints, exact.search(midpoints, K)[1], None),
     }
     nlist = args.nlist or index_plan.nlist_for(n)
@@ -76,7 +86,7 @@ def main() -> None:
             found = index_plan.without_sources(found, sources, K) if sources is not None else found[:, :K]
             recalls[nprobe] = index_plan.recall(found, truth)
         result[name] = {"recall_at_10_by_nprobe": recalls}
-        print(f"{name:55s}", " ".join(f"{p}:{r:.3f}" for p, r in recalls.items()))
+        print(f"{name[:60]:60s}", " ".join(f"{p}:{r:.3f}" for p, r in recalls.items()))
     args.out.write_text(json.dumps(result, indent=2))
 
 

@@ -16,7 +16,7 @@ def test_calibration_set_leaves_the_source_out_and_matches_brute_force():
     data = draw(2000, 21)
     keys = np.array([5, 17, 300, 1999])
     batches = lambda: ((np.arange(s, s + 500), data[s : s + 500]) for s in range(0, 2000, 500))  # noqa: E731
-    queries, truth = index_plan.calibration_set(keys, data[keys], batches, "ip")
+    queries, truth = index_plan.calibration_set(keys, data[keys], batches, "ip", neighbour=1)
     np.testing.assert_allclose(np.linalg.norm(queries, axis=1), 1.0, rtol=1e-5)  # the stored vectors' length
     scores = data.astype(np.float64) @ data[keys].astype(np.float64).T
     scores[keys, np.arange(len(keys))] = -np.inf
@@ -28,6 +28,10 @@ def test_calibration_set_leaves_the_source_out_and_matches_brute_force():
     for row, source, exact in zip(truth, keys, expected):
         assert source not in row
         assert row.tolist() == [k for k in exact if k != source][:10]
+    # the default moves as far as the 10th nearest other vector: further, so farther from the source
+    farther, _ = index_plan.calibration_set(keys, data[keys], batches, "ip")
+    tenth = np.sort(scores, axis=0)[-10]
+    np.testing.assert_allclose((farther.astype(np.float64) * data[keys]).sum(axis=1), 1 / np.sqrt(3 - 2 * tenth), atol=1e-4)
 
 
 def test_without_sources_drops_the_source_and_pads():
