@@ -37,7 +37,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--neighbours", type=lambda text: [int(x) for x in text.split(",")], default=[1, 3, 10],
+        "--neighbours",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[1, 3, 10],
         help="ranks of the neighbour whose distance moves a calibration query (index_plan.calibration_set)",
     )
     args = parser.parse_args()
@@ -57,9 +59,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     chosen = np.sort(rng.choice(n, args.queries, replace=False))
     batches = lambda: ((keys[s : s + 65_536], vectors[s : s + 65_536]) for s in range(0, n, 65_536))  # noqa: E731
-    moved = {
-        rank: index_plan.calibration_set(chosen, vectors[chosen], batches, "ip", neighbour=rank) for rank in args.neighbours
-    }
+    moved = {rank: index_plan.calibration_set(chosen, vectors[chosen], batches, "ip", neighbour=rank) for rank in args.neighbours}
     pairs = rng.choice(n, 2 * args.queries, replace=False)
     midpoints = ((vectors[pairs[: args.queries]] + vectors[pairs[args.queries :]]) / 2).astype(np.float32)
     exact = faiss.IndexFlatIP(dim)

@@ -11,7 +11,7 @@ from isotrope.ingest import chunking, plan
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.plan import IngestReport, chunk_stream
-from tests.test_chunking import WORDS, make_text, tokenizer  # noqa: F401  (the tiny WordPiece fixture)
+from test_chunking import WORDS, make_text, tokenizer  # noqa: F401  (the tiny WordPiece fixture)
 
 
 def varied_documents(seed: int) -> list[Document]:

@@ -104,9 +104,7 @@ class TokenChunker:
     tokens, so it must leave room for them within the tokenizer's maximum length.
     """
 
-    def __init__(
-        self, tokenizer: Any, chunk_tokens: int = 256, overlap_tokens: int = 32, max_length: int | None = None
-    ) -> None:
+    def __init__(self, tokenizer: Any, chunk_tokens: int = 256, overlap_tokens: int = 32, max_length: int | None = None) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if not 0 <= overlap_tokens < chunk_tokens:
@@ -154,7 +152,11 @@ class TokenChunker:
             for i, j in groups[d]
             if j - i > 1 or not units[d][i].counted
         ]
-        over = {d for (d, (s, e)), n in zip(recount, self.count_tokens([texts[d][s:e] for d, (s, e) in recount])) if n > self.chunk_tokens}
+        over = {
+            d
+            for (d, (s, e)), n in zip(recount, self.count_tokens([texts[d][s:e] for d, (s, e) in recount]))
+            if n > self.chunk_tokens
+        }
         return [
             make_chunks(document, self._refit(document.text, units[d]) if d in over else _spans(units[d], groups[d]))
             for d, document in enumerate(documents)
