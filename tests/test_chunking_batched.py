@@ -113,3 +113,19 @@ def test_a_slow_tokenizer_is_refused() -> None:
 
     with pytest.raises(ValueError, match="needs a fast tokenizer"):
         TokenChunker(Slow())
+
+
+def test_a_folded_encoder_chunks_with_its_tokenizers_object(tiny_bert_path) -> None:
+    from conftest import make_sentences
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.fold import fold_encoder
+    from isotrope.ingest.plan import IngestPlan
+
+    encoder = fold_encoder(ShapedEncoder.create(f"static:{tiny_bert_path}", shape="center").fit(make_sentences(200)))
+    chunker = IngestPlan(source=[], store="faiss:unused", chunk_tokens=24, overlap_tokens=6).chunker(encoder)
+    assert chunker.tokenizer is encoder.backbone.core_tokenizer  # no transformers wrapper built for chunking
+    assert encoder.backbone._hf_tokenizer is None
+    documents = [Document(f"d{i}.txt", "\n\n".join(make_sentences(12, seed=i))) for i in range(5)]
+    expected = [TokenChunker(encoder.tokenizer, 24, 6).chunk(document) for document in documents]  # transformers
+    assert chunker.chunk_many(documents) == expected
+    assert sum(map(len, expected)) > len(documents)

@@ -129,9 +129,10 @@ class IngestPlan:
         """A token chunker, or None for ``chunk_tokens <= 0``: each document is one chunk (the encoder truncates)."""
         if self.chunk_tokens <= 0:
             return None
-        core = getattr(encoder.backbone, "core_tokenizer", None)
+        backbone: Any = encoder.backbone
+        core = getattr(backbone, "core_tokenizer", None)
         if core is not None:  # a folded table: its ``tokenizers`` object, no transformers needed
-            return TokenChunker(core, self.chunk_tokens, self.overlap_tokens, max_length=encoder.backbone.max_length)
+            return TokenChunker(core, self.chunk_tokens, self.overlap_tokens, max_length=backbone.max_length)
         return TokenChunker(encoder.tokenizer, self.chunk_tokens, self.overlap_tokens)
 
     def sample(self, items: Iterable[tuple[Hashable, T]]) -> list[T]:

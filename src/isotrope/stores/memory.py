@@ -37,8 +37,8 @@ def exact_scores(queries: np.ndarray, vectors: np.ndarray, metric: str, dtype: t
     ``ip``: inner product; ``cosine``: cosine similarity (0 for a zero vector);
     ``l2``: minus the squared Euclidean distance.
     """
-    q = queries.astype(dtype, copy=False)
-    v = vectors.astype(dtype, copy=False)
+    q: np.ndarray = queries.astype(dtype, copy=False)
+    v: np.ndarray = vectors.astype(dtype, copy=False)
     if metric == "cosine":
         q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), np.finfo(dtype).tiny)
         v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), np.finfo(dtype).tiny)
