@@ -36,9 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.config import EncoderConfig
-
 from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write
+from isotrope.config import EncoderConfig
 
 CORPUS = "corpus/general_english_sentences.txt.gz"
 
@@ -186,7 +185,9 @@ def wrk_load(url: str, queries: list[str], clients: int, k: int, seconds: float)
         bodies.write_text("".join(json.dumps({"query": query, "k": k}) + "\n" for query in queries), encoding="utf-8")
         script.write_text(WRK_SCRIPT, encoding="utf-8")
         command = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "-s", str(script), url + "/search"]
-        output = subprocess.run(command, env={**os.environ, "WRK_BODIES": str(bodies)}, capture_output=True, text=True, check=True)
+        output = subprocess.run(
+            command, env={**os.environ, "WRK_BODIES": str(bodies)}, capture_output=True, text=True, check=True
+        )
     result = json.loads(output.stdout.strip().splitlines()[-1])
     result["qps"] = round(result["queries"] / result["seconds"], 1)
     return {"clients": clients, **result}
