@@ -13,6 +13,10 @@ the error count as JSON. The server process is stopped at the end whatever happe
 time, as the server did before it batched; ``"--nprobe 16"`` searches fewer IVF lists). The
 hits the server returned for the first ``--recall-queries`` queries are then compared with the
 exact top k (float64 NumPy over every stored vector): the recall of what was timed.
+
+``--wrk-seconds S`` then also loads the server for S seconds with wrk (a C load generator,
+``apt-get install wrk``; one thread, ``--clients`` keep-alive connections, the same held-out queries
+in turn): the Python clients cost as much CPU as the server on a small machine, wrk a fraction.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write
+from isotrope.config import EncoderConfig
 
 CORPUS = "corpus/general_english_sentences.txt.gz"
 
@@ -50,10 +55,13 @@ def read_sentences(data_dir: Path, count: int) -> list[str]:
 
 
 def build_store(
-    store: str, sentences: list[str], model: str, shape: str, fit_samples: int = 20_000, factory: str | None = None
+    store: str,
+    sentences: list[str],
+    config: Any,
+    fit_samples: int = 20_000,
+    factory: str | None = None,
 ) -> None:
-    """Index one chunk per sentence (skipped when the store exists); ``factory``: a FAISS store's index."""
-    from isotrope.config import EncoderConfig
+    """Index one chunk per sentence with the encoder ``config`` (skipped when the store exists); ``factory``: a FAISS store's index."""
     from isotrope.ingest.loaders import Document
     from isotrope.ingest.pipeline import index_documents
     from isotrope.search import Collection
@@ -64,7 +72,7 @@ def build_store(
     report = index_documents(
         documents,
         store,
-        config=EncoderConfig(model=model, shape=shape),
+        config=config,
         chunk_tokens=0,
         fit_samples=fit_samples,
         store_options={"factory": factory} if factory else None,
@@ -150,6 +158,41 @@ def load(url: str, queries: list[str], clients: int, k: int, answers: dict[int, 
     }
 
 
+WRK_SCRIPT = """
+local bodies, index = {}, 0
+for line in io.lines(os.getenv("WRK_BODIES")) do bodies[#bodies + 1] = line end
+request = function()
+  index = index % #bodies + 1
+  return wrk.format("POST", "/search", {["Content-Type"] = "application/json"}, bodies[index])
+end
+done = function(summary, latency, requests)
+  local errors = summary.errors
+  io.write(string.format(
+    '{"queries": %d, "seconds": %.2f, "p50_ms": %.2f, "p99_ms": %.2f, "errors": %d}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1e3, latency:percentile(99) / 1e3,
+    errors.connect + errors.read + errors.write + errors.status + errors.timeout))
+end
+"""
+
+
+def wrk_load(url: str, queries: list[str], clients: int, k: int, seconds: float) -> dict[str, Any]:
+    """``clients`` connections from one wrk thread sending ``queries`` in turn for ``seconds``."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        bodies, script = Path(folder) / "bodies.jsonl", Path(folder) / "search.lua"
+        bodies.write_text("".join(json.dumps({"query": query, "k": k}) + "\n" for query in queries), encoding="utf-8")
+        script.write_text(WRK_SCRIPT, encoding="utf-8")
+        command = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "-s", str(script), url + "/search"]
+        output = subprocess.run(
+            command, env={**os.environ, "WRK_BODIES": str(bodies)}, capture_output=True, text=True, check=True
+        )
+    result = json.loads(output.stdout.strip().splitlines()[-1])
+    result["qps"] = round(result["queries"] / result["seconds"], 1)
+    return {"clients": clients, **result}
+
+
 def served_recall(store: str, queries: list[str], answers: dict[int, list[str]], k: int) -> float:
     """Mean recall@k of the served hits against the exact top k over every stored vector (float64)."""
     from isotrope.search import Collection
@@ -170,6 +213,7 @@ def main() -> None:
     parser.add_argument("--store", required=True, help="lancedb:DIR or faiss:DIR; built when missing")
     parser.add_argument("--model", default="static:all-MiniLM-L6-v2")
     parser.add_argument("--shape", default="whiten-partial")
+    parser.add_argument("--backend", default="torch", help="the new store's encoder runtime: torch, onnx, ...")
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--fit-samples", type=int, default=20_000, help="chunks the shaping is fitted on")
     parser.add_argument("--factory", help="a new FAISS store's index_factory string (default: auto), e.g. HNSW32")
@@ -181,13 +225,15 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--serve-args", default="", help="options for isotrope serve, e.g. '--max-batch 1'")
     parser.add_argument("--recall-queries", type=int, default=200, help="served answers checked against exact search")
+    parser.add_argument("--wrk-seconds", type=float, default=0.0, help="then load with wrk for this long (0: not)")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
     args = parser.parse_args()
 
     sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
     if len(sentences) < args.chunks + args.queries + args.warmup:
         raise SystemExit(f"{args.data_dir / CORPUS} has only {len(sentences)} sentences")
-    build_store(args.store, sentences[: args.chunks], args.model, args.shape, args.fit_samples, args.factory)
+    config = EncoderConfig(model=args.model, shape=args.shape, backend=args.backend)
+    build_store(args.store, sentences[: args.chunks], config, args.fit_samples, args.factory)
     queries = sentences[args.chunks :]  # held out: never indexed
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -214,6 +260,7 @@ def main() -> None:
         measured = queries[args.warmup : args.warmup + args.queries]
         result = load(url, measured, args.clients, args.k, answers)
         single = load(url, queries[args.warmup : args.warmup + args.single], 1, args.k)
+        wrk = wrk_load(url, measured, args.clients, args.k, args.wrk_seconds) if args.wrk_seconds else None
         load_after = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.terminate()
@@ -233,6 +280,7 @@ def main() -> None:
             "startup_seconds": round(startup, 1),
             "concurrent": result,
             "one_client": {key: single[key] for key in ("queries", "errors", "p50_ms", "p99_ms", "qps")},
+            **({"concurrent_wrk": wrk} if wrk else {}),
             f"recall@{args.k}": recall,
             "recall_queries": checked,
             "machine": {

@@ -242,7 +242,8 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
     monkeypatch.setattr("isotrope.connectors.server.serve", lambda store, **kw: captured.update(kw, store=store))
     monkeypatch.setenv("ISOTROPE_API_KEY", "from-env")
     get_command(app).main(
-        ["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64"], standalone_mode=False
+        ["serve", store_uri, "--port", "9", "--max-batch", "16", "--batch-wait-ms", "0.5", "--ef", "64", "--backend", "onnx"],
+        standalone_mode=False,
     )
     assert captured == {
         "store": store_uri,
@@ -254,6 +255,7 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
         "max_batch": 16,
         "batch_wait_ms": 0.5,
         "store_options": {"ef": 64},
+        "backend": "onnx",
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import sys
 from collections.abc import Callable
@@ -319,16 +320,18 @@ def serve(
     max_batch: int = BATCH_QUERIES,
     batch_wait_ms: float = 0.0,
     store_options: dict[str, Any] | None = None,
+    backend: str | None = None,
 ) -> None:
-    """Open ``store`` with its encoder (once, in the collection's worker thread; ``store_options`` such as
-    ``nprobe`` go to the store), warm it up, and serve until interrupted; concurrent searches are
+    """Open ``store`` with its encoder (once, in the collection's worker thread, on ``backend`` when given;
+    ``store_options`` such as ``nprobe`` go to the store), warm it up, and serve until interrupted; concurrent searches are
     batched (see :func:`create_app`)."""
     import uvicorn
 
     from isotrope.search import Collection
 
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime sessions, which are made on open
     worker = collection_worker()
-    collection = worker.submit(Collection.open, store, **(store_options or {})).result()
+    collection = worker.submit(Collection.open, store, backend=backend, **(store_options or {})).result()
     limit_threads(threads)
     worker.submit(limit_threads, threads).result()  # OpenMP's thread count is per calling thread: set it where searches run
     try:

@@ -387,6 +387,7 @@ def serve(
     ] = 0.0,
     nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
     ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
+    backend: SavedBackend = None,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
@@ -404,6 +405,7 @@ def serve(
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
         store_options=_search_options(store, nprobe, ef),
+        backend=backend,
     )
 
 
