@@ -9,8 +9,13 @@ the backbone, every candidate's fits and scores. Wall and CPU seconds of this pr
 shared machine only the CPU seconds and the ratios mean much.
 
     .venv/bin/python -m benchmarks.autoshape_cost --data-dir ../shared/data \\
-        --sets .cache/isotrope/sets/stsb-para retrieval/scifact --models static:all-MiniLM-L6-v2 \\
+        --sets .cache/isotrope/sets/stsb-para retrieval/scifact passages:100000 --models static:all-MiniLM-L6-v2 \\
         --out benchmarks/results/autoshape_cost
+
+As in ``isotrope index``, auto chooses on a fair sample of at most ``IngestPlan.fit_samples``
+(20,000) texts, so its cost stops growing there while encoding the corpus grows with it. A set
+named ``passages:N`` is the first N passages of ``benchmarks.scale`` (windows of consecutive
+general-corpus sentences) instead of a BEIR folder: a corpus larger than any labelled set here.
 """
 
 from __future__ import annotations
@@ -21,30 +26,44 @@ import time
 from pathlib import Path
 
 from benchmarks.common import run_per_set_and_model
+from benchmarks.scale import passages, read_sentences
 from isotrope.autoshape import choose_shape, fit_unshaped, format_candidate
 from isotrope.config import EncoderConfig
-from isotrope.encoder import ShapedEncoder
+from isotrope.encoder import ShapedEncoder, fair_sample
 from isotrope.evaluate.data import load_beir
 from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import document_text
+from isotrope.ingest.plan import IngestPlan
 
 logger = logging.getLogger("autoshape_cost")
 
 
-def measure(folder: Path, model: str, cache_dir: str | None) -> dict:
-    dataset = load_beir(folder, "test")
-    documents = [document_text(doc) for doc in dataset.corpus.values()]
+PASSAGES = "passages:"
+
+
+def corpus_texts(folder: Path, data_dir: Path) -> list[str]:
+    """The texts of a BEIR folder's corpus, or of ``passages:N``."""
+    if folder.name.startswith(PASSAGES):
+        count = int(folder.name[len(PASSAGES) :])
+        return [text for _, text in passages(read_sentences(data_dir), count)]
+    return [document_text(doc) for doc in load_beir(folder, "test").corpus.values()]
+
+
+def measure(folder: Path, model: str, data_dir: Path, cache_dir: str | None) -> dict:
+    documents = corpus_texts(folder, data_dir)
+    sample = fair_sample(((0, text) for text in documents), IngestPlan.fit_samples)
     backbone = Evaluator(cache_dir=cache_dir)._backbone(EncoderConfig(model=model), documents)
     wall, cpu = time.perf_counter(), time.process_time()
     encoder = ShapedEncoder.create(model=model, shape="none", backbone=backbone)
     fit_unshaped(encoder, documents)
     encoder.embed_raw(documents)
     encode = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
-    chosen = choose_shape(documents, {"model": model}, backbone=backbone).metadata["auto_shape"]
+    chosen = choose_shape(sample, EncoderConfig(model=model), backbone=backbone).metadata["auto_shape"]
     result = {
         "set": folder.name,
         "model": model,
         "documents": len(documents),
+        "sample": len(sample),
         "encode_corpus_seconds": round(encode["wall"], 1),
         "encode_corpus_cpu_seconds": round(encode["cpu"], 1),
         "selection_seconds": chosen["selection_seconds"],
@@ -87,7 +106,7 @@ def main() -> None:
         args.data_dir,
         args.sets,
         args.models,
-        lambda folder, model: measure(folder, model, args.cache_dir),
+        lambda folder, model: measure(folder, model, args.data_dir, args.cache_dir),
     )
     args.out.with_suffix(".md").write_text(report(results))
     print(report(results))
