@@ -256,7 +256,7 @@ def test_a_word_longer_than_the_budget_is_cut_by_tokens(tokenizer) -> None:
     assert all(count(tokenizer, c.text) <= 10 for c in chunks)
 
 
-def test_budget_holds_for_a_non_additive_tokenizer() -> None:
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE that merges 'Cat' but not 'ĠCat': a sentence costs one more token after a space."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -265,7 +265,11 @@ def test_budget_holds_for_a_non_additive_tokenizer() -> None:
     vocab = {symbol: index for index, symbol in enumerate(alphabet + [left + right for left, right in merges])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_budget_holds_for_a_non_additive_tokenizer() -> None:
+    tok = byte_level_tokenizer()
     sentences = ["Cat dog.", "Dog cat dog.", "Cat.", "Dog dog cat.", "Cat dog dog dog dog dog dog cat."] * 6
     text = " ".join(sentences)
     assert count(tok, "Cat dog. Cat.") == count(tok, "Cat dog.") + count(tok, "Cat.") + 1  # non-additive

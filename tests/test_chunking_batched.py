@@ -5,13 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
 from isotrope.ingest import chunking, plan
 from isotrope.ingest.chunking import TokenChunker
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.plan import IngestReport, chunk_stream
-from test_chunking import WORDS, make_text, tokenizer  # noqa: F401  (the tiny WordPiece fixture)
+from test_chunking import WORDS, byte_level_tokenizer, make_text, tokenizer  # noqa: F401  (the tiny WordPiece fixture)
 
 
 def varied_documents(seed: int) -> list[Document]:
@@ -34,18 +33,6 @@ def varied_documents(seed: int) -> list[Document]:
             text = rng.choice(["", "  \n ", "\n\n"])
         documents.append(Document(f"docs/{i}.txt", text, {"n": i}))
     return documents
-
-
-def byte_level_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE that merges 'Cat' but not 'ĠCat': a sentence costs one more token after a space."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    merges = [(w[:i], w[i]) for w in ("Cat", "Dog", "cat", "dog") for i in (1, 2)]
-    vocab = {symbol: index for index, symbol in enumerate(alphabet + [left + right for left, right in merges])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
 def bpe_documents() -> list[Document]:
