@@ -838,7 +838,8 @@ class FaissStore(VectorStore):
             if terms and keys:
                 id_of = {key: id_ for id_, key in keys.items()}
                 for part in _chunks(list(id_of)):
-                    sql = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ? AND rowid IN ({','.join('?' * len(part))})"
+                    # ``+rowid``: one full-text query filtered by SQLite, not one per rowid (4x slower at 200 rows)
+                    sql = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ? AND +rowid IN ({','.join('?' * len(part))})"
                     for key, score in self._conn.execute(sql, [fts5_match(terms), *part]):
                         scores[id_of[key]] = score
             out.append(np.array([scores[i] for i in wanted], dtype=np.float64))

@@ -85,8 +85,14 @@ def completed_scores(
     no_dense = [[h.id for h in union if h.id not in d] for union, (d, _) in zip(unions, known)]
     no_lexical = [[h.id for h in union if h.id not in t] for union, (_, t) in zip(unions, known)]
     wanted = list(dict.fromkeys(i for ids in no_dense for i in ids))
-    stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
-    lexical_missing = store.lexical_scores(list(texts), no_lexical)
+    if store.concurrent_queries:  # the full-text lookups run while the vectors are read
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(store.lexical_scores, list(texts), no_lexical)
+            stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
+            lexical_missing = pending.result()
+    else:
+        stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
+        lexical_missing = store.lexical_scores(list(texts), no_lexical)
     out = []
     for q, union, (d, t), d_ids, t_ids, t_found in zip(queries, unions, known, no_dense, no_lexical, lexical_missing):
         if d_ids:
