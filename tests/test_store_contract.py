@@ -515,7 +515,8 @@ def test_hybrid_search_is_the_fusion_of_the_stores_exact_scores(kind, where, tmp
         expected = reference_hybrid(store, texts, vectors, K, weight, candidates, where)
         assert_same_hits([[Hit(i, s, None) for i, s in row] for row in expected], fused)  # tie-aware
         assert all(matches(h.metadata, where) and h.text is not None for row in fused for h in row)
-    dense, lexical = store.search(vectors, DEFAULT_CANDIDATES, where=where), store.lexical_search(texts, DEFAULT_CANDIDATES, where=where)
+    dense = store.search(vectors, DEFAULT_CANDIDATES, where=where)
+    lexical = store.lexical_search(texts, DEFAULT_CANDIDATES, where=where)
     rrf = search_store(store, texts, vectors, K, where=where, mode="hybrid", fusion="rrf")
     assert [[h.id for h in row] for row in rrf] == [
         [h.id for h in reciprocal_rank_fusion([d, t], K)] for d, t in zip(dense, lexical)
