@@ -12,9 +12,11 @@ Peers on the same data in the same run: LanceDB's own hybrid query (``table.sear
 over the store's table and its full-text index, with its default ``RRFReranker`` and with
 ``LinearCombinationReranker``), and LlamaIndex's ``QueryFusionRetriever`` (``relative_score``: min-max
 scores weighted 0.3 / 0.7, as isotrope's default) over ``BM25Retriever`` (llama-index-retrievers-bm25,
-bm25s in memory) and a vector retriever on the same store, 100 candidates each side, as isotrope fuses.
+bm25s in memory) and a vector retriever on the same store, ``DEFAULT_CANDIDATES`` each side, as isotrope fuses.
+``--queries-only``: isotrope's query rows only, with the hybrid query's parts (its two legs at the candidate
+depth and its two completion lookups) timed alone.
 
-    python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--out F.json]
+    python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--queries-only] [--out F.json]
 """
 
 from __future__ import annotations
@@ -208,7 +210,20 @@ def main() -> None:
                 pairs,
             )
             row["hybrid / dense"] = round(row["hybrid p50 ms"] / row["dense p50 ms"], 2)
-            if args.queries_only:
+            if args.queries_only:  # where the hybrid query's time goes: its legs and its completion lookups
+                some = [f"c{i}" for i in rng.choice(args.chunks, DEFAULT_CANDIDATES, replace=False)]
+                row[f"dense k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
+                    lambda q, store=store: store.search(q[1][None], DEFAULT_CANDIDATES), pairs
+                )
+                row[f"lexical k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
+                    lambda q, store=store: store.lexical_search([q[0]], DEFAULT_CANDIDATES), pairs
+                )
+                row[f"vectors of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
+                    lambda q, store=store, some=some: store.vectors(some), pairs
+                )
+                row[f"lexical_scores of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
+                    lambda q, store=store, some=some: store.lexical_scores([q[0]], [some]), pairs
+                )
                 store.close()
                 print(json.dumps({kind: row}), flush=True)
                 continue
