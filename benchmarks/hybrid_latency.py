@@ -12,9 +12,11 @@ Peers on the same data in the same run: LanceDB's own hybrid query (``table.sear
 over the store's table and its full-text index, with its default ``RRFReranker`` and with
 ``LinearCombinationReranker``), and LlamaIndex's ``QueryFusionRetriever`` (``relative_score``: min-max
 scores weighted 0.3 / 0.7, as isotrope's default) over ``BM25Retriever`` (llama-index-retrievers-bm25,
-bm25s in memory) and a vector retriever on the same store, 100 candidates each side, as isotrope fuses.
+bm25s in memory) and a vector retriever on the same store, ``DEFAULT_CANDIDATES`` each side, as isotrope fuses.
+``--queries-only``: isotrope's query rows only, with the hybrid query's parts (its two legs at the candidate
+depth and its two completion lookups) timed alone.
 
-    python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--out F.json]
+    python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--queries-only] [--out F.json]
 """
 
 from __future__ import annotations
@@ -89,6 +91,17 @@ def p50_ms(function, queries) -> float:
     return round(1000 * float(np.median(times)), 2)
 
 
+def interleaved_p50_ms(first, second, queries) -> tuple[float, float]:
+    """p50 of two functions timed alternately on each query (a load change hits both alike)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for query in queries:
+        for function, out in ((first, times[0]), (second, times[1])):
+            tick = time.perf_counter()
+            function(query)
+            out.append(time.perf_counter() - tick)
+    return tuple(round(1000 * float(np.median(t)), 2) for t in times)  # type: ignore[return-value]
+
+
 def encode_seconds(model: str, texts: list[str], total: int) -> float:
     """Seconds ``model`` (no shaping) takes to embed ``texts``, scaled to ``total`` chunks."""
     from isotrope.encoder import ShapedEncoder
@@ -156,6 +169,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--minilm-sample", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--queries-only", action="store_true", help="only the isotrope query latencies (no embedding, cost or peer rows)"
+    )
     args = parser.parse_args()
     from lancedb.rerankers import LinearCombinationReranker, RRFReranker
 
@@ -165,37 +181,52 @@ def main() -> None:
     query_texts = make_texts(args.queries, 5, 10, seed=2)
     query_vectors = rng.standard_normal((args.queries, DIM)).astype(np.float32)
     pairs = list(zip(query_texts, query_vectors))
-    embedding = {
-        "static:all-MiniLM-L6-v2": encode_seconds("static:all-MiniLM-L6-v2", texts, args.chunks),
-        "all-MiniLM-L6-v2": encode_seconds("all-MiniLM-L6-v2", texts[: args.minilm_sample], args.chunks),
-    }
-    bm25, build = bm25_retriever(texts, DEFAULT_CANDIDATES)
-    result: dict = {
-        "chunks": args.chunks,
-        "queries": args.queries,
-        "embedding seconds (scaled to all chunks)": embedding,
-        "LlamaIndex BM25Retriever build seconds": build,
-    }
+    result: dict = {"chunks": args.chunks, "queries": args.queries}
+    if not args.queries_only:
+        result["embedding seconds (scaled to all chunks)"] = embedding = {
+            "static:all-MiniLM-L6-v2": encode_seconds("static:all-MiniLM-L6-v2", texts, args.chunks),
+            "all-MiniLM-L6-v2": encode_seconds("all-MiniLM-L6-v2", texts[: args.minilm_sample], args.chunks),
+        }
+        bm25, result["LlamaIndex BM25Retriever build seconds"] = bm25_retriever(texts, DEFAULT_CANDIDATES)
     for kind in ("faiss", "lancedb"):
         with tempfile.TemporaryDirectory() as folder:
-            with without_terms():
-                plain, plain_seconds = write(kind, Path(folder) / "plain", texts, vectors)
-                plain.close()
+            row = result[kind] = {}
+            if not args.queries_only:
+                with without_terms():
+                    plain, plain_seconds = write(kind, Path(folder) / "plain", texts, vectors)
+                    plain.close()
             store, seconds = write(kind, Path(folder) / "store", texts, vectors)
-            lexical = seconds - plain_seconds
-            row = result[kind] = {
-                "write seconds, no lexical index": round(plain_seconds, 1),
-                "write seconds": round(seconds, 1),
-                "lexical share of the writes": round(lexical / seconds, 3),
-                **{
-                    f"lexical share of ingestion, {model}": round(lexical / (seconds + embed), 3)
-                    for model, embed in embedding.items()
-                },
-                "dense p50 ms": p50_ms(lambda q, store=store: store.search(q[1][None], 10), pairs),
-                "lexical p50 ms": p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs),
-                "hybrid p50 ms": p50_ms(lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"), pairs),
-            }
+            row["write seconds"] = round(seconds, 1)
+            if not args.queries_only:
+                lexical = seconds - plain_seconds
+                row["write seconds, no lexical index"] = round(plain_seconds, 1)
+                row["lexical share of the writes"] = round(lexical / seconds, 3)
+                for model, embed in embedding.items():
+                    row[f"lexical share of ingestion, {model}"] = round(lexical / (seconds + embed), 3)
+            row["lexical p50 ms"] = p50_ms(lambda q, store=store: store.lexical_search([q[0]], 10), pairs)
+            row["dense p50 ms"], row["hybrid p50 ms"] = interleaved_p50_ms(
+                lambda q, store=store: store.search(q[1][None], 10),
+                lambda q, store=store: search_store(store, [q[0]], q[1][None], 10, mode="hybrid"),
+                pairs,
+            )
             row["hybrid / dense"] = round(row["hybrid p50 ms"] / row["dense p50 ms"], 2)
+            if args.queries_only:  # where the hybrid query's time goes: its legs and its completion lookups
+                some = [f"c{i}" for i in rng.choice(args.chunks, DEFAULT_CANDIDATES, replace=False)]
+                row[f"dense k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
+                    lambda q, store=store: store.search(q[1][None], DEFAULT_CANDIDATES), pairs
+                )
+                row[f"lexical k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
+                    lambda q, store=store: store.lexical_search([q[0]], DEFAULT_CANDIDATES), pairs
+                )
+                row[f"vectors of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
+                    lambda q, store=store, some=some: store.vectors(some), pairs
+                )
+                row[f"lexical_scores of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
+                    lambda q, store=store, some=some: store.lexical_scores([q[0]], [some]), pairs
+                )
+                store.close()
+                print(json.dumps({kind: row}), flush=True)
+                continue
             if kind == "lancedb":
                 row["LanceDB hybrid (RRFReranker) p50 ms"] = p50_ms(lancedb_hybrid(store, RRFReranker()), pairs)
                 linear = LinearCombinationReranker(weight=DEFAULT_ALPHA)

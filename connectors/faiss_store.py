@@ -850,6 +850,26 @@ class FaissStore(VectorStore):
             out.append(self._hits(keys, scores)[0])
         return out
 
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Each query text's ``-bm25()`` of each of its ids (0 for a row sharing no term): the FTS5 query
+        restricted to those rows, with the whole index's statistics."""
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        out = []
+        for text, wanted in zip(texts, ids):
+            keys = self._keys(list(wanted))
+            scores = dict.fromkeys(wanted, 0.0)
+            terms = query_terms(text)
+            if terms and keys:
+                id_of = {key: id_ for id_, key in keys.items()}
+                for part in _chunks(list(id_of)):
+                    # ``+rowid``: one full-text query filtered by SQLite, not one per rowid (4x slower at 200 rows)
+                    sql = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ? AND +rowid IN ({','.join('?' * len(part))})"
+                    for key, score in self._conn.execute(sql, [fts5_match(terms), *part]):
+                        scores[id_of[key]] = score
+            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
+        return out
+
     def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> list[list[Hit]]:
         found_keys, vectors = [], []
         for part in _chunks(np.sort(keys).tolist()):

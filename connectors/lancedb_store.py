@@ -664,6 +664,23 @@ class LanceDBStore(ReshapableStore):
             out.append([Hit(r["id"], float(r["_score"]), r["text"], _load_metadata(r["metadata"])) for r in rows])
         return out
 
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Each query text's BM25 score of each of its ids (0 for a row sharing no term): the full-text
+        query prefiltered to those rows, with the whole index's statistics."""
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        out = []
+        for text, wanted in zip(texts, ids):
+            scores = dict.fromkeys(wanted, 0.0)
+            terms = query_terms(text)
+            for part in _chunks(list(wanted)) if terms else ():
+                match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
+                query = self._table.search(match, query_type="fts").where(_id_filter(part), prefilter=True)
+                for row in query.limit(len(part)).select(["id", "_score"]).to_arrow().to_pylist():
+                    scores[row["id"]] = float(row["_score"])
+            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
+        return out
+
     def metadata_fields(self) -> set[str]:
         """The metadata keys of the stored rows: the set saved at the last commit (no scan), kept
         up to date by this process's writes; scanned after deletes and updates, or when the saved

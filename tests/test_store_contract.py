@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from isotrope.errors import IsotropeError, StoreCapabilityError
-from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, convex_fusion, reciprocal_rank_fusion, search_store
+from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, reciprocal_rank_fusion, search_store
 from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import Hit, ReshapableStore, VectorStore
 from isotrope.stores.filters import check_fields, matches, parse_where
@@ -483,22 +483,40 @@ def test_lexical_search_is_exact_bm25_on_random_texts(kind, tmp_path):
     assert len(QUERIES) == len(store.lexical_search(QUERIES, 3))
 
 
+def reference_hybrid(store, texts, vectors, k, alpha=DEFAULT_ALPHA, candidates=DEFAULT_CANDIDATES, where=None):
+    """The convex fusion recomputed in NumPy from the store's *full* rankings (every row's dense score, every
+    row's BM25, 0 for no shared term): the union of the two top ``max(k, candidates)``, each side z-scored over it."""
+    depth = max(k, candidates)
+    out = []
+    for d, t in zip(store.search(vectors, len(store), where=where), store.lexical_search(texts, len(store), where=where)):
+        dense, lexical = {h.id: h.score for h in d}, {h.id: h.score for h in t}
+        union = list(dict.fromkeys([h.id for h in d[:depth]] + [h.id for h in t[:depth]]))
+        if not union:
+            out.append([])
+            continue
+        sides = [np.array([scores.get(i, 0.0) for i in union], dtype=np.float64) for scores in (dense, lexical)]
+        z = [(s - s.mean()) / s.std() if s.std() > 0 else np.zeros_like(s) for s in sides]
+        fused = alpha * z[0] + (1 - alpha) * z[1]
+        order = np.argsort(-fused, kind="stable")[:k]
+        out.append([(union[j], fused[j]) for j in order])
+    return out
+
+
 @pytest.mark.parametrize("where", [None, {"draft": False}], ids=["all", "filtered"])
-def test_hybrid_search_is_the_fusion_of_the_stores_own_lists(kind, where, tmp_path):
+def test_hybrid_search_is_the_fusion_of_the_stores_exact_scores(kind, where, tmp_path):
     store = Corpus().write(open_store(kind, tmp_path, metric="cosine"))
     texts = ["quick fox", "proteins in cells", "the and", "zygomorphic orchid banks"]
     vectors = make_vectors(len(texts), seed=9)
-    depth = max(K, DEFAULT_CANDIDATES)
-    dense = store.search(vectors, depth, where=where)  # computed here, independently of search_store
-    lexical = store.lexical_search(texts, depth, where=where)
-    assert lexical[2] == []  # stop words only: the hybrid list is the dense one, renormalised
-    for alpha in (None, 0.0, 0.3, 1.0):
-        fused = search_store(store, texts, vectors, K, where=where, mode="hybrid", alpha=alpha)
+    assert store.lexical_search(texts, K, where=where)[2] == []  # stop words only: all lexical scores 0
+    for alpha, candidates in itertools.product((None, 0.0, 0.3, 1.0), (K, DEFAULT_CANDIDATES)):
+        # K candidates a side: most of the union misses one side's list, so its score there is completed
+        fused = search_store(store, texts, vectors, K, where=where, mode="hybrid", alpha=alpha, candidates=candidates)
         weight = DEFAULT_ALPHA if alpha is None else alpha
-        for row, d, t in zip(fused, dense, lexical):
-            expected = convex_fusion(d, t, K, weight)
-            assert [(h.id, h.text, h.metadata) for h in row] == [(h.id, h.text, h.metadata) for h in expected]
-            np.testing.assert_allclose([h.score for h in row], [h.score for h in expected], rtol=1e-12)
+        expected = reference_hybrid(store, texts, vectors, K, weight, candidates, where)
+        assert_same_hits([[Hit(i, s, None) for i, s in row] for row in expected], fused)  # tie-aware
+        assert all(matches(h.metadata, where) and h.text is not None for row in fused for h in row)
+    dense = store.search(vectors, DEFAULT_CANDIDATES, where=where)
+    lexical = store.lexical_search(texts, DEFAULT_CANDIDATES, where=where)
     rrf = search_store(store, texts, vectors, K, where=where, mode="hybrid", fusion="rrf")
     assert [[h.id for h in row] for row in rrf] == [
         [h.id for h in reciprocal_rank_fusion([d, t], K)] for d, t in zip(dense, lexical)
@@ -511,6 +529,15 @@ def test_hybrid_search_is_the_fusion_of_the_stores_own_lists(kind, where, tmp_pa
         search_store(store, texts, vectors, K, mode="sparse")
 
 
+def test_lexical_scores_are_the_lexical_search_scores_of_any_rows(kind, tmp_path):
+    store = Corpus().write(open_store(kind, tmp_path))
+    texts = ["quick fox", "proteins in cells", "the and"]
+    rows = [store.ids()[::3], store.ids()[1:40], store.ids()[:5]]
+    for text, wanted, scores in zip(texts, rows, store.lexical_scores(texts, rows)):
+        full = {h.id: h.score for h in store.lexical_search([text], len(store))[0]}
+        np.testing.assert_allclose(scores, [full.get(i, 0.0) for i in wanted], rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
 def test_group_by_source_keeps_the_best_hit_of_each_source(kind, mode, tmp_path):
     corpus = Corpus()
@@ -521,10 +548,8 @@ def test_group_by_source_keeps_the_best_hit_of_each_source(kind, mode, tmp_path)
     elif mode == "lexical":
         ranked = store.lexical_search(texts, N)
     else:  # the hybrid ranking over the default candidate lists
-        depth = DEFAULT_CANDIDATES
         ranked = [
-            convex_fusion(d, t, N, DEFAULT_ALPHA)
-            for d, t in zip(store.search(vectors, depth), store.lexical_search(texts, depth))
+            [Hit(i, s, None, store.get([i])[0].metadata) for i, s in row] for row in reference_hybrid(store, texts, vectors, N)
         ]
     grouped = search_store(store, texts, vectors, 4, mode=mode, group_by="source")
     for row, full in zip(grouped, ranked):

@@ -1,8 +1,10 @@
 """Fusing a dense and a lexical ranking, and the search modes every store shares.
 
-* ``convex``: each list's scores min-max normalised over its candidates for that query
-  (a list whose candidates all score the same gives them 1), a hit missing from a list
-  gets 0 there, and the fused score is ``alpha * dense + (1 - alpha) * lexical``;
+* ``convex``: the candidates are the union of the dense and the lexical top ``candidates``; a candidate
+  missing from one list gets its exact score on that side (its stored vector's score; its BM25 from the
+  store's ``lexical_scores``, 0 when it shares no query term); each side is z-score normalised over the
+  candidates (``(s - mean) / std``; a side whose candidates all score the same gives them 0) and the
+  fused score is ``alpha * dense + (1 - alpha) * lexical``;
 * ``rrf``: reciprocal-rank fusion, ``sum over lists of 1 / (rrf_k + rank)`` (rank from 1).
 
 Ties keep the order of first appearance, the dense list first. The defaults were chosen on
@@ -17,14 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.stores.base import Hit, check_k
+from isotrope.stores.base import Hit, as_vectors, check_k
+from isotrope.stores.memory import exact_scores
 
 MODES = ("dense", "lexical", "hybrid")
 FUSIONS = ("convex", "rrf")
 #: weight of the dense scores in the convex combination (chosen on SciFact train, frozen)
-DEFAULT_ALPHA = 0.3
+DEFAULT_ALPHA = 0.45
 #: each list contributes at least this many candidates to the fusion
-DEFAULT_CANDIDATES = 100
+DEFAULT_CANDIDATES = 200
 RRF_K = 60
 
 
@@ -41,13 +44,11 @@ def check_alpha(alpha: float | None) -> float:
     return float(value)
 
 
-def _normalised(hits: Sequence[Hit]) -> dict[str, float]:
-    if not hits:
-        return {}
-    scores = np.array([h.score for h in hits], dtype=np.float64)
-    low, span = scores.min(), scores.max() - scores.min()
-    values = np.ones_like(scores) if span == 0 else (scores - low) / span
-    return {hit.id: float(v) for hit, v in zip(hits, values)}
+def zscores(scores: np.ndarray) -> np.ndarray:
+    """``(s - mean) / std`` in float64 (all 0 when the scores are all equal)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    std = scores.std() if len(scores) else 0.0
+    return np.zeros_like(scores) if std == 0 else (scores - scores.mean()) / std
 
 
 def _ranked(scores: Mapping[str, float], first: Mapping[str, Hit], k: int) -> list[Hit]:
@@ -63,12 +64,42 @@ def _first_seen(rankings: Sequence[Sequence[Hit]]) -> dict[str, Hit]:
     return first
 
 
-def convex_fusion(dense: Sequence[Hit], lexical: Sequence[Hit], k: int, alpha: float = DEFAULT_ALPHA) -> list[Hit]:
-    """``alpha * minmax(dense) + (1 - alpha) * minmax(lexical)``, best ``k`` first."""
-    first = _first_seen([dense, lexical])
-    d, t = _normalised(dense), _normalised(lexical)
-    scores = {i: alpha * d.get(i, 0.0) + (1.0 - alpha) * t.get(i, 0.0) for i in first}
-    return _ranked(scores, first, k)
+def convex_fusion(
+    candidates: Sequence[Hit], dense: np.ndarray, lexical: np.ndarray, k: int, alpha: float = DEFAULT_ALPHA
+) -> list[Hit]:
+    """``alpha * zscore(dense) + (1 - alpha) * zscore(lexical)``, best ``k`` of ``candidates`` first
+    (``dense`` and ``lexical``: each candidate's exact score on that side)."""
+    fused = alpha * zscores(dense) + (1.0 - alpha) * zscores(lexical)
+    scores = {hit.id: float(value) for hit, value in zip(candidates, fused)}
+    return _ranked(scores, {hit.id: hit for hit in candidates}, k)
+
+
+def completed_scores(
+    store: Any, texts: Sequence[str], vectors: Any, dense: Sequence[Sequence[Hit]], lexical: Sequence[Sequence[Hit]]
+) -> list[tuple[list[Hit], np.ndarray, np.ndarray]]:
+    """Per query: the union of its two lists (first appearance, dense first) and every candidate's exact
+    dense and lexical score, a score missing from a list computed from the store."""
+    queries = as_vectors(vectors, store.dim, "queries")
+    unions = [list(_first_seen([d, t]).values()) for d, t in zip(dense, lexical)]
+    known = [({h.id: h.score for h in d}, {h.id: h.score for h in t}) for d, t in zip(dense, lexical)]
+    no_dense = [[h.id for h in union if h.id not in d] for union, (d, _) in zip(unions, known)]
+    no_lexical = [[h.id for h in union if h.id not in t] for union, (_, t) in zip(unions, known)]
+    wanted = list(dict.fromkeys(i for ids in no_dense for i in ids))
+    if store.concurrent_queries:  # the full-text lookups run while the vectors are read
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(store.lexical_scores, list(texts), no_lexical)
+            stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
+            lexical_missing = pending.result()
+    else:
+        stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
+        lexical_missing = store.lexical_scores(list(texts), no_lexical)
+    out = []
+    for q, union, (d, t), d_ids, t_ids, t_found in zip(queries, unions, known, no_dense, no_lexical, lexical_missing):
+        if d_ids:
+            d = {**d, **dict(zip(d_ids, exact_scores(q[None], np.stack([stored[i] for i in d_ids]), store.metric)[0]))}
+        t = {**t, **dict(zip(t_ids, t_found))}
+        out.append((union, np.array([d[h.id] for h in union]), np.array([t[h.id] for h in union])))
+    return out
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K) -> list[Hit]:
@@ -121,7 +152,7 @@ def search_store(
         raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
     if fusion == "rrf":
         return [reciprocal_rank_fusion([d, t], k) for d, t in zip(dense, lexical)]
-    return [convex_fusion(d, t, k, weight) for d, t in zip(dense, lexical)]
+    return [convex_fusion(c, d, t, k, weight) for c, d, t in completed_scores(store, texts, vectors, dense, lexical)]
 
 
 def best_per_group(hits: Sequence[Hit], field: str, k: int) -> list[Hit]:

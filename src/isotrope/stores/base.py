@@ -72,6 +72,9 @@ class VectorStore(Protocol):
         For each query text, the ``k`` best hits by BM25 over the stored texts analyzed by
         :mod:`isotrope.lexical` (only hits sharing a term; scores higher is better). Hybrid
         search fuses the two lists (:func:`isotrope.fusion.search_store`, any store).
+    ``lexical_scores(texts, ids)``
+        For each query text, the BM25 score ``lexical_search`` gives each of its ids (0 for a row
+        sharing no term), as one float64 array: hybrid search completes its candidates' scores with it.
     ``metadata_fields()``
         The metadata keys some stored row has (a filter naming another is an error:
         :func:`isotrope.stores.filters.check_fields`).
@@ -137,6 +140,8 @@ class VectorStore(Protocol):
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
 
     def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]: ...
 
     def metadata_fields(self) -> set[str]: ...
 

@@ -162,6 +162,10 @@ class MemoryStore(VectorStore):
             out.append([self._hit(int(r), float(scores[r])) for r in rows[:k]])
         return out
 
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Each query text's BM25 score of each of its ids (0 for a row sharing no term)."""
+        return [bm25_scores(self._terms, query_terms(text))[[self._row[i] for i in wanted]] for text, wanted in zip(texts, ids)]
+
     def metadata_fields(self) -> set[str]:
         return {key for metadata in self._metadata for key in metadata}
 
