@@ -233,6 +233,14 @@ def test_api_key_guards_every_route_but_healthz(collection):
     assert client.get("/").status_code == 200  # the page holds no data; it asks for the key
 
 
+def test_default_threads_follow_the_encoder():
+    from isotrope.backbones.onnx import physical_cores
+    from isotrope.connectors.server import default_threads
+
+    assert default_threads("fast") == default_threads("static:all-MiniLM-L6-v2") == 1
+    assert default_threads("all-MiniLM-L6-v2") == physical_cores()
+
+
 def test_api_key_from_the_environment(store_uri, monkeypatch):
     from typer.main import get_command
 
@@ -251,7 +259,7 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
         "port": 9,
         "api_key": "from-env",
         "log_level": "info",
-        "threads": 1,
+        "threads": None,
         "max_batch": 16,
         "batch_wait_ms": 0.5,
         "store_options": {"ef": 64},

@@ -299,6 +299,17 @@ def create_app(
     return app
 
 
+def default_threads(model: str) -> int:
+    """1 for a static table: a query is a lookup and a short index walk, and a second OpenMP thread
+    spin-waits (a fast-encoder store at 100,000 chunks: p50 7 ms with 1 thread, 44 ms with 2 under 8
+    clients); the physical cores for a transformer, whose batched forward pass they share (46 against
+    55 ms; docs/BENCHMARKS.md)."""
+    from isotrope.backbones import is_static_source
+    from isotrope.backbones.onnx import physical_cores
+
+    return 1 if is_static_source(model) else physical_cores()
+
+
 def limit_threads(threads: int) -> None:
     """Cap the BLAS/OpenMP pools and torch's intra-op threads: one query is a few dozen tokens, too
     little work to share out, and on a busy machine OpenMP threads spin-wait for each other
@@ -316,7 +327,7 @@ def serve(
     port: int = 8000,
     api_key: str | None = None,
     log_level: str = "info",
-    threads: int = 1,
+    threads: int | None = None,
     max_batch: int = BATCH_QUERIES,
     batch_wait_ms: float = 0.0,
     store_options: dict[str, Any] | None = None,
@@ -329,9 +340,12 @@ def serve(
 
     from isotrope.search import Collection
 
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime sessions, which are made on open
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime sessions, which are made on open
     worker = collection_worker()
     collection = worker.submit(Collection.open, store, backend=backend, **(store_options or {})).result()
+    threads = threads or default_threads(collection.encoder.config.model)
+    logger.info("searching on %d CPU thread(s)", threads)
     limit_threads(threads)
     worker.submit(limit_threads, threads).result()  # OpenMP's thread count is per calling thread: set it where searches run
     try:

@@ -380,7 +380,10 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
-    threads: Annotated[int, typer.Option(help="threads per query for the model and BLAS (1 is fastest for single queries)")] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, help="CPU threads for encoding and search (default: 1 for a static table, the physical cores for a transformer)"),
+    ] = None,
     max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
     batch_wait_ms: Annotated[
         float, typer.Option(min=0.0, help="ms an idle server waits for more queries to batch (0: none)")
