@@ -221,3 +221,26 @@ def test_encoder_with_model_or_shape_is_a_one_line_error(monkeypatch, capsys, tm
     code, _out, err = run_cli(monkeypatch, capsys, *head, "--encoder", tmp_path / "enc", *flag)
     assert code == 1
     assert err.count("\n") == 1 and "--encoder" in err and flag[0] in err
+
+
+def test_the_teacher_is_released_before_the_table_is_solved(tiny_bert_path, inputs, monkeypatch):
+    """The solves run without the transformer in memory (its weights and activations are the peak)."""
+    import gc
+
+    class Teacher(HFBackbone):
+        pass
+
+    alive_at_solve: list[int] = []
+    solve = distill.solve_table
+
+    def counting_solve(*args, **kwargs):
+        gc.collect()
+        alive_at_solve.append(sum(isinstance(thing, Teacher) for thing in gc.get_objects()))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "solve_table", counting_solve)
+    table, report = distill_table(
+        Teacher(tiny_bert_path, device="cpu"), make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,), min_fit_texts=0
+    )
+    assert report["fitted"] in (True, False) and alive_at_solve and set(alive_at_solve) == {0}
+    assert table.dtype == np.float32

@@ -34,7 +34,7 @@ OptionalModel = Annotated[
     ),
 ]
 DistillSamples = Annotated[
-    int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 5000)")
+    int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 10000)")
 ]
 EncoderDir = Annotated[Path | None, typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
 Shape = Annotated[

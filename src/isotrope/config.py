@@ -57,7 +57,7 @@ class EncoderConfig:
     #: causal LMs: Token Prepending over decoder layers ``tp_layers`` (``"START:END"`` or a pair)
     token_prepending: bool = False
     tp_layers: str | tuple[int, int] | None = None
-    #: ``fast``: texts the teacher runs on (None: 5000)
+    #: ``fast``: texts the teacher runs on (None: 10000)
     distill_samples: int | None = None
     #: torch, onnx, onnx-int8, onnx-int8-per-channel (None: torch for a new encoder)
     backend: str | None = None

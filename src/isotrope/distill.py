@@ -16,6 +16,8 @@ does; the unfitted ``T0`` is kept when no ``lam`` beats it there.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,10 +38,14 @@ logger = logging.getLogger(__name__)
 FAST = "fast"
 DEFAULT_TEACHER = "all-MiniLM-L6-v2"
 #: texts the teacher runs on by default (docs/RESULTS.md, "fast": the curve against the sample)
-DEFAULT_DISTILL_SAMPLES = 5000
+DEFAULT_DISTILL_SAMPLES = 10000
 #: candidate regularisation strengths, as multiples of the mean diagonal of A^T A
 LAMBDAS = (10.0, 3.0, 1.0)
 CG_ITERATIONS = 30
+#: the teacher's batches: at most this many texts and padded tokens (its activations, not its
+#: speed, grow with the batch: 16,384 tokens cost some 300 MB more peak memory than 4,096)
+TEACHER_BATCH = 32
+TEACHER_BATCH_TOKENS = 4096
 HOLDOUT_FRACTION = 0.1
 #: fewer teacher texts than this keep the unfitted table: on SciFact a fit from 1,000 texts scored 57.84
 #: nDCG@10 against 59.12 unfitted, from 2,500 +0.25 above it (docs/RESULTS.md, section 12)
@@ -90,7 +96,7 @@ def teacher_pass(
     cols: list[np.ndarray] = []
     values: list[np.ndarray] = []
     with tqdm(total=len(texts), desc="teacher pass", unit="text", disable=not show_progress) as progress:
-        for index, batch in teacher.iter_batches(texts, "document", 64, 16384):
+        for index, batch in teacher.iter_batches(texts, "document", TEACHER_BATCH, TEACHER_BATCH_TOKENS):
             all_sums.add(batch)
             fit_sums.add(batch, rows=np.flatnonzero(~held[index]))
             vectors[index] = pool(batch.states, batch.attention_mask, "mean")
@@ -116,17 +122,28 @@ def _release(passed: TeacherPass, name: str) -> ContextSums:
     return sums
 
 
+def _return_freed_memory() -> None:
+    """Collect garbage and, on glibc, hand the heap's free pages back to the system (``malloc_trim``):
+    torch's freed activations otherwise stay in the process's resident memory under the tables."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
-    """The context-averaged table; tokens never seen get their input embedding mapped by the
-    ridge-regression map from input embeddings to context rows fitted on the seen tokens."""
-    table = sums.table().astype(np.float64)
+    """The context-averaged table, float32 (V, d); tokens never seen get their input embedding mapped
+    by the ridge-regression map from input embeddings to context rows fitted on the seen tokens
+    (computed in float64)."""
+    table = sums.table()
     seen = sums.counts > 0
     if seen.all() or not seen.any():
         return table
     seen_inputs = input_table[seen].astype(np.float64)  # never the whole table in float64: its peak memory
     gram = seen_inputs.T @ seen_inputs
     ridge = 1e-3 * np.trace(gram) / len(gram)
-    mapping = np.linalg.solve(gram + ridge * np.eye(len(gram)), seen_inputs.T @ table[seen])
+    mapping = np.linalg.solve(gram + ridge * np.eye(len(gram)), seen_inputs.T @ table[seen].astype(np.float64))
     del seen_inputs
     unseen = np.flatnonzero(~seen)
     for begin in range(0, len(unseen), _ROW_BLOCK):
@@ -156,7 +173,8 @@ def solve_table(
     Only the rows of tokens that occur in ``bags`` move; the others stay at ``T0``. The
     normal equations (A^T A + lam I) T = A^T Y + lam T0 share one matrix across the output
     dimensions, so all columns are solved as one block system. ``start`` warm-starts the
-    solve (default ``T0``). The products run in ``dtype`` (float32 halves the time of float64).
+    solve (default ``T0``). The products run in ``dtype`` (float32 halves the time of float64),
+    and the table is returned in it.
     """
     from scipy import sparse
     from scipy.sparse.linalg import LinearOperator, cg
@@ -182,7 +200,7 @@ def solve_table(
     )
     x0 = (prior if start is None else start[used].astype(dtype)).ravel()
     solution, _ = cg(operator, rhs.ravel(), x0=x0, rtol=tol, maxiter=iterations, M=jacobi)
-    fitted = np.array(table, dtype=np.float64, copy=True)
+    fitted = np.array(table, dtype=dtype, copy=True)
     fitted[used] = solution.reshape(size, dim)
     return fitted
 
@@ -222,7 +240,13 @@ def distill_table(
     min_fit_texts: int = MIN_FIT_TEXTS,
     show_progress: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen."""
+    """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
+
+    Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
+    :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
+    so the solves run without the transformer and its V x d float64 accumulators; every table here
+    is float32 (the solves run in float32 anyway).
+    """
     rng = np.random.default_rng(seed)
     unique = list(dict.fromkeys(texts))
     chosen = np.sort(rng.choice(len(unique), size=min(samples, len(unique)), replace=False))
@@ -231,22 +255,26 @@ def distill_table(
     holdout = np.sort(rng.choice(len(sample), size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
     logger.info("fast: teacher pass over %d of %d texts (%d held aside to choose the fit)", len(sample), len(unique), n_held)
     passed = teacher_pass(teacher, sample, holdout, show_progress)
-    report: dict[str, Any] = {"teacher_texts": len(sample), "held_aside": n_held}
-    if not n_held or len(sample) < min_fit_texts:
+    del teacher, sample
+    _return_freed_memory()  # the transformer's weights and activations go before the tables are built and solved
+    report: dict[str, Any] = {"teacher_texts": len(passed.vectors), "held_aside": n_held}
+    final_prior = initial_table(_release(passed, "all_sums"), input_table)
+    if not n_held or len(passed.vectors) < min_fit_texts:
         report.update(
             fitted=False,
-            reason=f"{len(sample)} teacher texts: a fit needs at least {max(min_fit_texts, 100)} "
+            reason=f"{len(passed.vectors)} teacher texts: a fit needs at least {max(min_fit_texts, 100)} "
             "(smaller samples overfit): unfitted context table",
         )
-        return initial_table(_release(passed, "all_sums"), input_table).astype(np.float32), report
-    keep = np.setdiff1d(np.arange(len(sample)), holdout)
+        return final_prior, report
+    keep = np.setdiff1d(np.arange(len(passed.vectors)), holdout)
     train_bags, test_bags = passed.bags[keep], passed.bags[holdout]
+    train_bags32, test_bags32 = train_bags.astype(np.float32), test_bags.astype(np.float32)  # no float64 table copy
     train_targets, test_targets = passed.vectors[keep], passed.vectors[holdout]
     prior = initial_table(_release(passed, "fit_sums"), input_table)
     scale = lambda_scale(train_bags)
 
     def score(table: np.ndarray) -> float:
-        return neighbour_agreement(train_bags @ table, test_bags @ table, test_targets)
+        return neighbour_agreement(train_bags32 @ table, test_bags32 @ table, test_targets)
 
     scores = {"unfitted": score(prior)}
     best, best_table, table = None, prior, prior
@@ -263,12 +291,11 @@ def distill_table(
         if scores[f"{relative:g}"] > scores[f"{best:g}" if best is not None else "unfitted"]:
             best, best_table = relative, table
     report["validation"] = {name: round(value, 4) for name, value in scores.items()}
-    del prior, table  # from here only best_table is needed (each V x d float64)
-    final_prior = initial_table(_release(passed, "all_sums"), input_table)
+    del prior, table  # from here only best_table is needed
     if best is None:
         report.update(fitted=False, reason="no fit beat the unfitted table on the held-aside texts")
         logger.info("fast: keeping the unfitted context table")
-        return final_prior.astype(np.float32), report
+        return final_prior, report
     report.update(fitted=True, lam=best, lam_scale=scale)
     final = solve_table(passed.bags, passed.vectors, final_prior, best * lambda_scale(passed.bags), iterations, start=best_table)
-    return final.astype(np.float32), report
+    return final.astype(np.float32, copy=False), report
