@@ -34,7 +34,7 @@ def watch(timeline: list[dict[str, Any]], stop: threading.Event) -> None:
     while not stop.is_set():
         rss = current_rss_mb()
         if rss > high + STEP_MB:
-            frame = sys._current_frames().get(main)
+            frame = sys._current_frames().get(main) if main is not None else None
             frames = [f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in traceback.extract_stack(frame)][-FRAMES:]
             timeline.append({"mb": round(rss), "s": round(time.perf_counter() - started, 2), "frames": frames[::-1]})
             high = rss
