@@ -16,6 +16,7 @@ does; the unfitted ``T0`` is kept when no ``lam`` beats it there.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -126,10 +127,8 @@ def _return_freed_memory() -> None:
     """Collect garbage and, on glibc, hand the heap's free pages back to the system (``malloc_trim``):
     torch's freed activations otherwise stay in the process's resident memory under the tables."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def initial_table(sums: ContextSums, input_table: np.ndarray) -> np.ndarray:
@@ -200,7 +199,7 @@ def solve_table(
     )
     x0 = (prior if start is None else start[used].astype(dtype)).ravel()
     solution, _ = cg(operator, rhs.ravel(), x0=x0, rtol=tol, maxiter=iterations, M=jacobi)
-    fitted = np.array(table, dtype=dtype, copy=True)
+    fitted: np.ndarray = np.array(table, dtype=dtype, copy=True)
     fitted[used] = solution.reshape(size, dim)
     return fitted
 
