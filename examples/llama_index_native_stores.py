@@ -57,16 +57,18 @@ def main() -> None:
 
         # reload later: the index from its folder, the embedding from its own folder
         reloaded = load_index_from_storage(
-            StorageContext.from_defaults(vector_store=FaissVectorStore.from_persist_dir(str(work / "faiss")),
-                                         persist_dir=str(work / "faiss")),
+            StorageContext.from_defaults(
+                vector_store=FaissVectorStore.from_persist_dir(str(work / "faiss")), persist_dir=str(work / "faiss")
+            ),
             embed_model=IsotropeEmbedding(work / "encoder"),
         )
         show("faiss, reloaded", reloaded)
 
         # LlamaIndex's LanceDB store (its scores are exp(-distance), the order is the same)
         lance_store = LanceDBVectorStore(uri=str(work / "lancedb"), table_name="chunks", mode="overwrite")
-        lance_index = VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=lance_store),
-                                       embed_model=embed_model)
+        lance_index = VectorStoreIndex(
+            nodes, storage_context=StorageContext.from_defaults(vector_store=lance_store), embed_model=embed_model
+        )
         show("lancedb", lance_index)
 
 

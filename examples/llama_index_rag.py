@@ -26,19 +26,22 @@ from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorSto
 
 SAMPLE = {
     "bread.md": "# Bread\n\nMix flour, water, salt and yeast, then knead the dough for ten minutes. Let it rise in a "
-                "warm place for one to two hours, until it has doubled. Bake at 230 degrees for thirty-five minutes; "
-                "the crust should sound hollow when tapped.",
+    "warm place for one to two hours, until it has doubled. Bake at 230 degrees for thirty-five minutes; "
+    "the crust should sound hollow when tapped.",
     "kyoto.md": "# Two days in Kyoto\n\nThe Shinkansen from Tokyo reaches Kyoto in just over two hours. Visit "
-                "Fushimi Inari at sunrise, before the crowds, and walk through Gion in the evening.",
+    "Fushimi Inari at sunrise, before the crowds, and walk through Gion in the evening.",
     "tomatoes.md": "# Growing tomatoes\n\nTomato plants need six to eight hours of sun a day. Water them deeply twice "
-                   "a week and tie the stems to a stake as they grow.",
+    "a week and tie the stems to a stake as they grow.",
     "fjords.md": "# The Norwegian fjords\n\nThe coastal ferry stops at small harbours between Bergen and Kirkenes. "
-                 "In summer the sun never sets above the Arctic Circle.",
+    "In summer the sun never sets above the Arctic Circle.",
     "batteries.md": "# Looking after batteries\n\nLithium-ion batteries age fastest when kept full and hot. Store them "
-                    "half charged in a cool place and avoid draining them to zero.",
+    "half charged in a cool place and avoid draining them to zero.",
 }
-QUESTIONS = ["How long should bread dough rise?", "How do I get from Tokyo to Kyoto?",
-             "How can I make my phone battery last longer?"]
+QUESTIONS = [
+    "How long should bread dough rise?",
+    "How do I get from Tokyo to Kyoto?",
+    "How can I make my phone battery last longer?",
+]
 
 
 def show_hits(question: str, hits) -> None:
@@ -55,10 +58,11 @@ def build(folder: Path, uri: str, workdir: Path) -> VectorStoreIndex:
     nodes = SentenceSplitter(chunk_size=128, chunk_overlap=16).get_nodes_from_documents(documents)
     embed_model = IsotropeEmbedding.from_nodes(nodes, workdir / "encoder", model="all-MiniLM-L6-v2", shape="center")
     store = IsotropeVectorStore(uri, embed_model=embed_model)
-    index = VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=store),
-                             embed_model=embed_model)
-    print(f"indexed {len(documents)} documents as {len(nodes)} chunks into {uri} in {time.perf_counter() - tick:.1f}s "
-          f"(encoder {embed_model.model_name}, fingerprint {embed_model.fingerprint[:12]})")
+    index = VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed_model)
+    print(
+        f"indexed {len(documents)} documents as {len(nodes)} chunks into {uri} in {time.perf_counter() - tick:.1f}s "
+        f"(encoder {embed_model.model_name}, fingerprint {embed_model.fingerprint[:12]})"
+    )
     return index
 
 
@@ -92,16 +96,19 @@ def main() -> None:
 
         if args.folder is None:  # metadata filters go to the store (file_name is SimpleDirectoryReader's)
             only = MetadataFilters(filters=[MetadataFilter(key="file_name", value="tomatoes.md")])
-            show_hits("How often should I water?  [file_name == tomatoes.md]",
-                      index.as_retriever(similarity_top_k=2, filters=only).retrieve("How often should I water?"))
+            show_hits(
+                "How often should I water?  [file_name == tomatoes.md]",
+                index.as_retriever(similarity_top_k=2, filters=only).retrieve("How often should I water?"),
+            )
 
         engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
         question = args.questions[0]
         response = engine.query(question)
         print(f"\nQuery engine, Q: {question}\nretrieved context:")
         for source in response.source_nodes:
-            print(f"  [{source.score:.3f}] {source.node.metadata.get('file_name')}: "
-                  f"{' '.join(source.node.get_content().split())}")
+            print(
+                f"  [{source.score:.3f}] {source.node.metadata.get('file_name')}: {' '.join(source.node.get_content().split())}"
+            )
         print("MockLLM answer (it echoes its prompt):")
         print(textwrap.indent(textwrap.shorten(str(response), 600), "  "))
 

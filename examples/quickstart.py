@@ -50,7 +50,11 @@ Pick the fruit when it is fully coloured and slightly soft.
 """,
 }
 NOTES = [  # a JSON lines file: "text" is indexed, the other fields become filterable metadata
-    {"text": "Sourdough needs a longer rise than yeasted bread, often overnight in the fridge.", "topic": "cooking", "year": 2024},
+    {
+        "text": "Sourdough needs a longer rise than yeasted bread, often overnight in the fridge.",
+        "topic": "cooking",
+        "year": 2024,
+    },
     {"text": "The night bus from Kyoto to Tokyo is cheap but you will not sleep much.", "topic": "travel", "year": 2023},
     {"text": "Slugs love young lettuce; a ring of copper tape keeps them off.", "topic": "garden", "year": 2022},
 ]
@@ -78,24 +82,37 @@ def main() -> None:
 
         # 1. index into LanceDB; index_documents builds the encoder and fits its shaping on the chunks
         tick = time.perf_counter()
-        report = index_documents(docs, f"lancedb:{tmp}/lance", config=EncoderConfig(model="all-MiniLM-L6-v2", shape="center"),
-                                 chunk_tokens=64, overlap_tokens=16, show_progress=False)
+        report = index_documents(
+            docs,
+            f"lancedb:{tmp}/lance",
+            config=EncoderConfig(model="all-MiniLM-L6-v2", shape="center"),
+            chunk_tokens=64,
+            overlap_tokens=16,
+            show_progress=False,
+        )
         print(f"lancedb: {report.summary()} in {time.perf_counter() - tick:.1f}s")
 
         # 2. open the store: its own encoder (fingerprint-checked) encodes the queries
         with Collection.open(f"lancedb:{tmp}/lance") as collection:
             info = collection.info()
-            print(f"encoder {info['model']}, shape {info['shape']}, {info['chunks']} chunks, fingerprint {info['fingerprint'][:12]}")
+            print(
+                f"encoder {info['model']}, shape {info['shape']}, {info['chunks']} chunks, fingerprint {info['fingerprint'][:12]}"
+            )
             show("Q: how long should bread dough rise", collection.search("how long should bread dough rise", k=3))
-            show("Q: how do I get to Kyoto  [where topic = 'travel']",
-                 collection.search("how do I get to Kyoto", k=2, where="topic = 'travel'"))
-            show("Q: how often should I water  [where source = 'garden/tomatoes.txt']",
-                 collection.search("how often should I water", k=2, where={"source": "garden/tomatoes.txt"}))
+            show(
+                "Q: how do I get to Kyoto  [where topic = 'travel']",
+                collection.search("how do I get to Kyoto", k=2, where="topic = 'travel'"),
+            )
+            show(
+                "Q: how often should I water  [where source = 'garden/tomatoes.txt']",
+                collection.search("how often should I water", k=2, where={"source": "garden/tomatoes.txt"}),
+            )
 
         # 3. the same with FAISS and an encoder fitted beforehand (e.g. on a larger, general corpus)
         encoder = ShapedEncoder.create("all-MiniLM-L6-v2", shape="center").fit(DOCUMENTS.values())
-        report = index_documents(docs, f"faiss:{tmp}/faiss", encoder=encoder, chunk_tokens=64, overlap_tokens=16,
-                                 show_progress=False)
+        report = index_documents(
+            docs, f"faiss:{tmp}/faiss", encoder=encoder, chunk_tokens=64, overlap_tokens=16, show_progress=False
+        )
         print(f"\nfaiss: {report.summary()}")
         with Collection.open(f"faiss:{tmp}/faiss") as collection:
             show("Q: a ferry trip in the far north", collection.search("a ferry trip in the far north", k=2))

@@ -382,7 +382,10 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level: critical, error, warning, info, debug")] = "info",
     threads: Annotated[
         int | None,
-        typer.Option(min=1, help="CPU threads for encoding and search (default: 1 for a static table, the physical cores for a transformer)"),
+        typer.Option(
+            min=1,
+            help="CPU threads for encoding and search (default: 1 for a static table, the physical cores for a transformer)",
+        ),
     ] = None,
     max_batch: Annotated[int, typer.Option(min=1, help="concurrent queries encoded and searched together, at most")] = 64,
     batch_wait_ms: Annotated[
