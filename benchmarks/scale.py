@@ -545,7 +545,7 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
         axis.set_title(label, fontsize=10)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend()
-    figure.suptitle("isotrope scale benchmark (2 shared cores, load average 15-30)", fontsize=10)
+    figure.suptitle("isotrope scale benchmark (2 shared cores; the load of each run is in docs/SCALING.md)", fontsize=10)
     figure.tight_layout()
     figure.savefig(out, dpi=110)
 
