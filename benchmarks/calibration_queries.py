@@ -78,7 +78,7 @@ def main() -> None:
     ivf.train(vectors[np.sort(rng.choice(n, min(n, 39 * nlist), replace=False))])
     ivf.add(vectors)
     build_s = time.perf_counter() - tick
-    result = {"store": str(args.store), "n": n, "nlist": nlist, "build_s": build_s, "machine": machine_info(args.threads)}
+    result = {"store": args.store.name, "n": n, "nlist": nlist, "build_s": build_s, "machine": machine_info(args.threads)}
     for name, (queries, truth, sources) in sets.items():
         recalls = {}
         for nprobe in (p for p in NPROBES if p <= nlist):

@@ -206,11 +206,12 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def git_commit() -> str | None:
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """The short commit of the git tree at ``root`` (``+dirty`` with uncommitted changes), or None outside one."""
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import git_commit
 from benchmarks.scale import ADD_BATCH, documents, read_sentences
 
 
@@ -59,7 +60,7 @@ def main() -> None:
         json.dumps(
             {
                 "label": args.label,
-                "code": isotrope.__file__,
+                "code": git_commit(Path(isotrope.__file__).parent),  # None: a tree outside git (PYTHONPATH)
                 "kind": args.kind,
                 "n": args.chunks,
                 "chunks": report.added,
