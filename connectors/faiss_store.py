@@ -648,11 +648,9 @@ class FaissStore(VectorStore):
         """Write the index (temp file, fsync), commit SQLite with its digest, then rename it into place."""
         if not self._dirty and not self._conn.in_transaction:
             return
-        if self._deferring:
-            pass
-        elif self.factory == _AUTO:
+        if not self._deferring and self.factory == _AUTO:
             self._follow_plan()
-        else:
+        elif not self._deferring:
             self._train_if_due()
         tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
         faiss.write_index(self._index, str(tmp))  # streamed to disk: no serialized copy in memory

@@ -463,23 +463,23 @@ class LanceDBStore(ReshapableStore):
         if self.vector_index is None:
             return {}
         k = index_plan.CALIBRATION_K
-        positions: dict[str, int] = {}  # id -> row position in the scan, the key of the exact search
+        dataset = self._table.to_lance()
+        # id -> row position in the scan, the key of the exact search
+        positions = {id_: row for row, id_ in enumerate(dataset.to_table(columns=["id"]).column("id").to_pylist())}
 
         def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             start = 0
-            for batch in self._table.to_lance().to_batches(columns=["id", "vector"], batch_size=65_536):
+            for batch in dataset.to_batches(columns=["id", "vector"], batch_size=65_536):
                 if batch.num_rows:
-                    ids = batch.column("id")
-                    keys = np.arange(start, start + batch.num_rows, dtype=np.int64)
+                    yield (
+                        np.arange(start, start + batch.num_rows, dtype=np.int64),
+                        _to_numpy(batch.column("vector"), self.dim, batch.column("id"), "vector"),
+                    )
                     start += batch.num_rows
-                    positions.update(zip(ids.to_pylist(), keys.tolist()))
-                    yield keys, _to_numpy(batch.column("vector"), self.dim, ids, "vector")
 
-        n = len(self)
-        for _ in batches():  # positions of every id
-            pass
+        n = len(positions)
         chosen = np.sort(np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
-        sample = self._table.to_lance().take(chosen, columns=["id", "vector"])
+        sample = dataset.take(chosen, columns=["id", "vector"])
         sources = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
         stored = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
         queries, truth = index_plan.calibration_set(sources, stored, batches, self.metric)

@@ -253,8 +253,7 @@ class ChunkWriter:
     def __init__(self, store: Any, committed: int, commit_every: int, show_progress: bool) -> None:
         self.store = store
         self._deferral = ExitStack()
-        if hasattr(store, "deferred_index"):
-            self._deferral.enter_context(store.deferred_index())
+        self._deferral.enter_context(store.deferred_index())
         self.committed = committed
         self.commit_every = commit_every
         self.added = 0

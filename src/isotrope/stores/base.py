@@ -19,6 +19,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -108,6 +109,9 @@ class VectorStore(Protocol):
         Whether the lexical index exists (a store written before it had none); build it.
     ``optimize()``
         Rebuild or compact the store's indexes for its current size (nothing to do by default).
+    ``deferred_index()``
+        A context for a bulk load: inside it writes and commits build no ANN index; the first commit
+        after it builds the one the final size calls for, once (nothing to defer by default).
 
     Capabilities are declared attributes (each store sets its own; the defaults are the minimal store):
 
@@ -190,6 +194,10 @@ class VectorStore(Protocol):
 
     def optimize(self) -> None:
         """Rebuild or compact the indexes for the store's current size (nothing to do by default)."""
+
+    def deferred_index(self) -> AbstractContextManager[None]:
+        """A bulk load that builds the ANN index once, at the first commit after it (no index to defer by default)."""
+        return nullcontext()
 
     def close(self) -> None: ...
 
