@@ -14,7 +14,7 @@ over the store's table and its full-text index, with its default ``RRFReranker``
 scores weighted 0.3 / 0.7, as isotrope's default) over ``BM25Retriever`` (llama-index-retrievers-bm25,
 bm25s in memory) and a vector retriever on the same store, ``DEFAULT_CANDIDATES`` each side, as isotrope fuses.
 ``--queries-only``: isotrope's query rows only, with the hybrid query's parts (its two legs at the candidate
-depth and its two completion lookups) timed alone.
+depth, its two completion lookups and the final hits' text) timed alone.
 
     python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--queries-only] [--out F.json]
 """
@@ -211,18 +211,28 @@ def main() -> None:
             )
             row["hybrid / dense"] = round(row["hybrid p50 ms"] / row["dense p50 ms"], 2)
             if args.queries_only:  # where the hybrid query's time goes: its legs and its completion lookups
-                some = [f"c{i}" for i in rng.choice(args.chunks, DEFAULT_CANDIDATES, replace=False)]
-                row[f"dense k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
-                    lambda q, store=store: store.search(q[1][None], DEFAULT_CANDIDATES), pairs
+                row[f"dense k={DEFAULT_CANDIDATES}, ids and scores p50 ms"] = p50_ms(
+                    lambda q, store=store: store.search(q[1][None], DEFAULT_CANDIDATES, with_text=False), pairs
                 )
-                row[f"lexical k={DEFAULT_CANDIDATES} p50 ms"] = p50_ms(
-                    lambda q, store=store: store.lexical_search([q[0]], DEFAULT_CANDIDATES), pairs
+                row[f"lexical k={DEFAULT_CANDIDATES}, ids and scores p50 ms"] = p50_ms(
+                    lambda q, store=store: store.lexical_search([q[0]], DEFAULT_CANDIDATES, with_text=False), pairs
                 )
-                row[f"vectors of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
-                    lambda q, store=store, some=some: store.vectors(some), pairs
+                legs = [
+                    (
+                        store.search(q[1][None], DEFAULT_CANDIDATES, with_text=False)[0],
+                        store.lexical_search([q[0]], DEFAULT_CANDIDATES, with_text=False)[0],
+                    )
+                    for q in pairs
+                ]  # the ids each query's completion looks up (LanceDB: remembered from these searches)
+                row[f"BM25 of the {DEFAULT_CANDIDATES} dense candidates p50 ms"] = p50_ms(
+                    lambda i, store=store, legs=legs: store.lexical_scores([pairs[i][0]], [[h.id for h in legs[i][0]]]),
+                    range(len(pairs)),
                 )
-                row[f"lexical_scores of {DEFAULT_CANDIDATES} ids p50 ms"] = p50_ms(
-                    lambda q, store=store, some=some: store.lexical_scores([q[0]], [some]), pairs
+                row["vectors of the lexical candidates p50 ms"] = p50_ms(
+                    lambda i, store=store, legs=legs: store.vectors([h.id for h in legs[i][1]]), range(len(pairs))
+                )
+                row["text of the final 10 p50 ms"] = p50_ms(
+                    lambda i, store=store, legs=legs: store.get([h.id for h in legs[i][0][:10]]), range(len(pairs))
                 )
                 store.close()
                 print(json.dumps({kind: row}), flush=True)

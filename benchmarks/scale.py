@@ -15,7 +15,8 @@ encoder) or else ``static:all-MiniLM-L6-v2`` with ``whiten-partial`` fitted on 2
 Search runs in a second child per store: each index type is built on the store's own vectors
 (``FaissStore.optimize(factory)``, ``LanceDBStore.create_index``), its breadth calibrated by the
 store (index_plan: recall@10 >= 0.95 on stored vectors), and the bare library searches the very
-index the store committed with the same settings. Single queries alternate store / bare, one query
+index object the store searches, with the same settings (LanceDB ``auto``: the index ingestion built and
+calibrated, searched as it is). Single queries alternate store / bare, one query
 at a time; batches alternate whole batches. recall@10 is against exact float32 search (IndexFlatIP)
 over all stored vectors, with held-out encoded sentences as queries.
 """
@@ -187,11 +188,11 @@ def encoded_queries(args: argparse.Namespace) -> tuple[list[str], np.ndarray]:
     return texts, ShapedEncoder.load(args.encoder).encode(texts, kind="query").astype(np.float32)
 
 
-def collection_p50_ms(uri: str, texts: list[str], count: int) -> float:
+def collection_p50_ms(uri: str, texts: list[str], count: int, **store_options: Any) -> float:
     """Single-query p50 of ``Collection.search(text)``: encoding included."""
     from isotrope.search import Collection
 
-    with Collection.open(uri) as collection:
+    with Collection.open(uri, **store_options) as collection:
         collection.search(texts[0], k=K)
         times = []
         for i in range(count):
@@ -279,13 +280,19 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
         tick = time.perf_counter()
         store.optimize(factory, refine=REFINE.get(name, 0))
         build_s = time.perf_counter() - tick
-        bare_index = faiss.read_index(str(path / "index.faiss"))
+        store.nprobe = args.nprobe or store.nprobe
+        # the very index object the store searches: two copies of one index differ by up to 20 % in
+        # speed on this machine (where their memory landed), which would swamp the store's own cost
+        bare_index = store._index
         params = _params_for(bare_index, None, store.nprobe, store.ef_search)
+        bare_ivf = faiss.try_extract_index_ivf(bare_index)
 
         def ours(q: np.ndarray) -> Any:
             return store.search(q, K)
 
-        def bare(q: np.ndarray, bare_index: Any = bare_index, params: Any = params) -> Any:
+        def bare(q: np.ndarray, bare_index: Any = bare_index, params: Any = params, bare_ivf: Any = bare_ivf) -> Any:
+            if bare_ivf is not None:  # as the store does: one query's lists are scanned by all threads
+                bare_ivf.parallel_mode = 1 if len(q) == 1 else 0
             return bare_index.search(q, K, params=params)
 
         extra: dict[str, Any] = {}
@@ -305,6 +312,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
             "recall_at_10": recall_at_10(found, truth),
             "bare_recall_at_10": recall_at_10(bare(queries)[1].tolist(), truth),
             **time_pair(ours, bare, queries, args.single, args.batch_repeats),
+            "p50_ms_single_with_encode": collection_p50_ms(f"faiss:{path}", texts, args.single, nprobe=store.nprobe),
         }
         if name in ("flat", "ivf"):
             ivf = faiss.try_extract_index_ivf(bare_index)
@@ -354,7 +362,9 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     n = len(store)
     for name in args.types.split(","):
         tick = time.perf_counter()
-        if name == "flat":
+        if name == "auto":  # the index ingestion built and calibrated, as it is
+            pass
+        elif name == "flat":
             for index in store._table.list_indices():
                 if "vector" in index.columns:
                     store._table.drop_index(index.name)
@@ -422,6 +432,7 @@ def run(
     keep: bool,
     types: dict[str, str] | None = None,
     chunk_tokens: int = 256,
+    nprobe: int | None = None,
 ) -> dict[str, Any]:
     types = {**DEFAULT_TYPES, **(types or {})}
     result: dict[str, Any] = {
@@ -461,6 +472,7 @@ def run(
                 str(batch_repeats),
                 "--chunk-tokens",
                 str(chunk_tokens),
+                *(["--nprobe", str(nprobe)] if nprobe else []),
             ]
             logger.warning("indexing %d chunks into %s", chunks, kind)
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
@@ -565,7 +577,7 @@ def main() -> None:
         for name in ("--data-dir", "--kind", "--path", "--types"):
             parser.add_argument(name)
         parser.add_argument("--encoder", type=Path)
-        for name in ("--chunks", "--queries", "--single", "--batch-repeats", "--chunk-tokens"):
+        for name in ("--chunks", "--queries", "--single", "--batch-repeats", "--chunk-tokens", "--nprobe"):
             parser.add_argument(name, type=int)
         child_main(parser, lambda args: CHILDREN[args.child](args))
         return
@@ -592,6 +604,7 @@ def main() -> None:
     )
     parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
     parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
+    parser.add_argument("--nprobe", type=int, help="FAISS IVF lists probed, instead of the calibrated breadth")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     run(
@@ -609,6 +622,7 @@ def main() -> None:
         args.keep,
         {"faiss": args.faiss_types, "lancedb": args.lancedb_types},
         args.chunk_tokens,
+        args.nprobe,
     )
 
 

@@ -64,6 +64,8 @@ _PROPERTY = "isotrope.property."
 _LANCE_DISTANCE = {"ip": "dot", "cosine": "cosine", "l2": "l2"}
 _INDEX_TYPES = {"ivf_pq": IvfPq, "hnsw_sq": HnswSq}
 _ID_CHUNK = 1000
+#: ids whose Lance row id a store remembers from its reads (then it forgets them all and starts again)
+_ROW_IDS_KEPT = 100_000
 _TERMS = "terms"
 #: the table version at which the full-text index was last made exact
 _META_LEXICAL = "isotrope.lexical_index_version"
@@ -147,7 +149,9 @@ class LanceDBStore(ReshapableStore):
         table grows, nprobes calibrated: :mod:`isotrope.stores.index_plan`); default: the one the
         table was created with, else "ivf_pq".
     nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
-        nprobes: the calibrated one of an auto index, else 20).
+        nprobes: the calibrated one of an auto index, else 20). ``refine_factor`` re-ranks that many
+        times k candidates by exact distance; a search without text (hybrid's candidate lists) re-ranks
+        ``max(1, refine_factor * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
     storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
         "allow_http": "true"}`` for an S3-compatible server).
     """
@@ -185,6 +189,8 @@ class LanceDBStore(ReshapableStore):
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
         self._deferring = False  # inside deferred_index(): commits build no ANN index
+        self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
+        self._row_ids_version = -1
         if isinstance(self.path, Path) and self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
         self._db = lancedb.connect(self.path, storage_options=storage_options)
@@ -603,44 +609,87 @@ class LanceDBStore(ReshapableStore):
         # LanceDB distances: cosine 1 - cos, dot 1 - x.y, l2 the squared distance
         return -distances if self.metric == "l2" else 1.0 - distances
 
-    def _vector_query(self, queries: np.ndarray, k: int, where: Mapping[str, Any] | None) -> Any:
+    def _remember_rows(self, table: pa.Table) -> None:
+        """Keep the row id of each id a search without text returned: its caller looks some of them up
+        (hybrid search: vectors, BM25 scores, the final hits' text), and takes the rows directly."""
+        version = self._table.version
+        if version != self._row_ids_version or len(self._row_ids) > _ROW_IDS_KEPT:
+            self._row_ids, self._row_ids_version = {}, version
+        self._row_ids.update(zip(table.column("id").to_pylist(), table.column("_rowid").to_pylist()))
+
+    def _remembered(self, ids: Sequence[str]) -> list[int] | None:
+        """The row ids of ``ids`` remembered from reads of the current table version; None unless all are."""
+        row_ids = [self._row_ids.get(i) for i in ids]
+        if not ids or None in row_ids or self._table.version != self._row_ids_version:
+            return None
+        return cast(list[int], row_ids)
+
+    def _read_rows(self, ids: Sequence[str], columns: list[str]) -> pa.Table:
+        """``id`` and ``columns`` of the stored rows among distinct ``ids``, in any order: taken by their
+        remembered row ids where all are remembered, else found by a filtered scan."""
+        row_ids = self._remembered(ids)
+        if row_ids is not None:
+            table = self._table.take_row_ids(row_ids).select(["id", *columns]).to_arrow()
+            if table.num_rows == len(ids) and set(table.column("id").to_pylist()) == set(ids):
+                return table
+        return self._scan(["id", *columns], _id_filter(ids))
+
+    def _hit_columns(self, with_text: bool) -> list[str]:
+        return ["id", "text", "metadata"] if with_text else ["id"]
+
+    def _hit_rows(self, table: pa.Table, with_text: bool) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """``(id, text, metadata)`` of each row of a query result (``""`` and ``{}`` without text)."""
+        ids = table.column("id").to_pylist()
+        if not with_text:
+            return ((i, "", {}) for i in ids)
+        texts, metadata = table.column("text").to_pylist(), table.column("metadata").to_pylist()
+        return ((i, t, _load_metadata(m)) for i, t, m in zip(ids, texts, metadata))
+
+    def _vector_query(self, queries: np.ndarray, k: int, where: Mapping[str, Any] | None, with_text: bool) -> Any:
         query = (
             self._table.search(list(queries), vector_column_name="vector")
             .distance_type(_LANCE_DISTANCE[self.metric])
             .limit(k)
-            .select(["id", "text", "metadata", "_distance"])
+            .select([*self._hit_columns(with_text), "_distance"])
+            .with_row_id(not with_text)
         )
         if where:
             query = query.where(to_lance(where), prefilter=True)
         if self.vector_index is not None:
             query = query.nprobes(self.nprobes)
             if self.refine_factor:
-                query = query.refine_factor(self.refine_factor)
+                # candidate lists (no text) re-rank as many rows as a 10-hit search does, at least their own k
+                factor = self.refine_factor if with_text else max(1, self.refine_factor * 10 // k)
+                query = query.refine_factor(factor)
             if self.ef:
                 query = query.ef(self.ef)
         return query
 
-    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
         """The ``k`` best hits of each query (higher score is closer), prefiltered by ``where``."""
         q = as_vectors(queries, self.dim, "queries")
         k = check_k(k)
         out: list[list[Hit]] = [[] for _ in range(len(q))]
         if len(q) == 0:
             return out
-        table = self._vector_query(q, k, where).to_arrow()
+        table = self._vector_query(q, k, where, with_text).to_arrow()
+        if not with_text:
+            self._remember_rows(table)
         distances = table.column("_distance").to_numpy().astype(np.float64)
         if "query_index" in table.column_names:
             query_index = table.column("query_index").to_numpy()
         else:  # a single query
             query_index = np.zeros(len(distances), dtype=np.int64)
         order = np.lexsort((distances, query_index)).tolist()  # by query, then distance; stable
-        ids, texts, metadata = (table.column(name).to_pylist() for name in ("id", "text", "metadata"))
+        rows = list(self._hit_rows(table, with_text))
         scores, query_index = self._scores(distances).tolist(), query_index.tolist()
         for row in order:
-            out[query_index[row]].append(Hit(ids[row], scores[row], texts[row], _load_metadata(metadata[row])))
+            out[query_index[row]].append(Hit(rows[row][0], scores[row], rows[row][1], rows[row][2]))
         return out
 
-    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+    def lexical_search(
+        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
+    ) -> list[list[Hit]]:
         """The ``k`` best rows of each query text by LanceDB's BM25 over the ``terms`` index (OR of the
         query's terms), prefiltered by ``where``. A store without the index gets it built first."""
         k = check_k(k)
@@ -656,12 +705,15 @@ class LanceDBStore(ReshapableStore):
                 out.append([])
                 continue
             match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
-            query = self._table.search(match, query_type="fts").limit(k).select(["id", "text", "metadata", "_score"])
+            query = self._table.search(match, query_type="fts").limit(k).select([*self._hit_columns(with_text), "_score"])
             if condition:
                 query = query.where(condition, prefilter=True)
-            rows = query.to_arrow().to_pylist()
-            rows.sort(key=lambda row: -row["_score"])  # stable
-            out.append([Hit(r["id"], float(r["_score"]), r["text"], _load_metadata(r["metadata"])) for r in rows])
+            table = query.with_row_id(not with_text).to_arrow()
+            if not with_text:
+                self._remember_rows(table)
+            scores = table.column("_score").to_pylist()
+            rows = sorted(zip(scores, self._hit_rows(table, with_text)), key=lambda pair: -pair[0])  # stable
+            out.append([Hit(i, float(score), text, metadata) for score, (i, text, metadata) in rows])
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -675,7 +727,7 @@ class LanceDBStore(ReshapableStore):
             terms = query_terms(text)
             for part in _chunks(list(wanted)) if terms else ():
                 match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
-                query = self._table.search(match, query_type="fts").where(_id_filter(part), prefilter=True)
+                query = self._table.search(match, query_type="fts").where(self._rows_filter(part), prefilter=True)
                 for row in query.limit(len(part)).select(["id", "_score"]).to_arrow().to_pylist():
                     scores[row["id"]] = float(row["_score"])
             out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
@@ -724,6 +776,11 @@ class LanceDBStore(ReshapableStore):
         # one schema-metadata update is one new version: the stamp names it
         self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_VERSION: str(self.version + 1)})
 
+    def _rows_filter(self, ids: Sequence[str]) -> str:
+        """A filter keeping the rows of ``ids``: by remembered row id (no scan of the id column) where it can."""
+        row_ids = self._remembered(ids)
+        return _id_filter(ids) if row_ids is None else f"_rowid IN ({', '.join(map(str, row_ids))})"
+
     def _scan(self, columns: list[str], filter: str | None) -> pa.Table:
         return self._table.to_lance().to_table(columns=columns, filter=filter)
 
@@ -731,8 +788,8 @@ class LanceDBStore(ReshapableStore):
         """The stored row of each id (score ``nan``), or ``None``."""
         wanted = as_ids(ids)
         found: dict[str, Hit] = {}
-        for part in _chunks(wanted):
-            for row in self._scan(["id", "text", "metadata"], _id_filter(part)).to_pylist():
+        for part in _chunks(list(dict.fromkeys(wanted))):
+            for row in self._read_rows(part, ["text", "metadata"]).to_pylist():
                 found[row["id"]] = Hit(row["id"], float("nan"), row["text"], _load_metadata(row["metadata"]))
         return [found.get(i) for i in wanted]
 
@@ -759,8 +816,8 @@ class LanceDBStore(ReshapableStore):
     def _column_vectors(self, ids: Sequence[str], column: str, dim: int) -> np.ndarray:
         wanted = as_ids(ids)
         found: dict[str, np.ndarray] = {}
-        for part in _chunks(wanted):
-            table = self._scan(["id", column], _id_filter(part))
+        for part in _chunks(list(dict.fromkeys(wanted))):
+            table = self._read_rows(part, [column])
             id_column = table.column("id")
             found.update(zip(id_column.to_pylist(), _to_numpy(table.column(column), dim, id_column, column)))
         missing = [i for i in wanted if i not in found]

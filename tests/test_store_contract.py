@@ -529,6 +529,19 @@ def test_hybrid_search_is_the_fusion_of_the_stores_exact_scores(kind, where, tmp
         search_store(store, texts, vectors, K, mode="sparse")
 
 
+def test_hybrid_search_sees_rows_added_since_the_last_commit(kind, tmp_path):
+    """(FAISS reads through a second, read-only connection when nothing is pending: not before a commit.)"""
+    store = Corpus().write(open_store(kind, tmp_path, metric="cosine"))
+    vector, query = make_vectors(1, seed=21), make_vectors(1, seed=22)
+    store.add(["fresh"], vector, ["zygomorphic orchid banks"], [{"source": "new.txt"}])
+    assert "fresh" not in {h.id for h in store.search(query, K)[0]}  # only the full-text side finds it
+    hits = search_store(store, ["zygomorphic orchid"], query, K, mode="hybrid", candidates=K)[0]
+    found = {h.id: (h.text, h.metadata) for h in hits}
+    assert found["fresh"] == ("zygomorphic orchid banks", {"source": "new.txt"})
+    store.commit()
+    assert "fresh" in {h.id for h in search_store(store, ["zygomorphic orchid"], query, K, mode="hybrid", candidates=K)[0]}
+
+
 def test_lexical_scores_are_the_lexical_search_scores_of_any_rows(kind, tmp_path):
     store = Corpus().write(open_store(kind, tmp_path))
     texts = ["quick fox", "proteins in cells", "the and"]
@@ -536,6 +549,36 @@ def test_lexical_scores_are_the_lexical_search_scores_of_any_rows(kind, tmp_path
     for text, wanted, scores in zip(texts, rows, store.lexical_scores(texts, rows)):
         full = {h.id: h.score for h in store.lexical_search([text], len(store))[0]}
         np.testing.assert_allclose(scores, [full.get(i, 0.0) for i in wanted], rtol=1e-6, atol=1e-9)
+
+
+def test_hits_without_text_and_lookups_of_the_hits_a_search_returned(kind, tmp_path):
+    """``with_text=False`` gives the same ids and scores with ``""`` and ``{}``; ``get``, ``vectors`` and
+    ``lexical_scores`` of the ids a search returned (LanceDB: taken by the row ids that search read) agree
+    with the written rows and with the same lookups in a freshly opened store; a write makes them read again."""
+    corpus = Corpus()
+    store = corpus.write(open_store(kind, tmp_path))
+    queries, texts = make_vectors(3, seed=5), ["quick fox", "proteins in cells", "river banks"]
+    for search, asked in ((store.search, queries), (store.lexical_search, texts)):
+        full, bare = search(asked, K), search(asked, K, with_text=False)
+        assert [[(h.id, h.score) for h in row] for row in bare] == [[(h.id, h.score) for h in row] for row in full]
+        assert all(h.text == "" and h.metadata == {} for row in bare for h in row)
+    ids = list(dict.fromkeys(h.id for row in store.search(queries, 40, with_text=False) for h in row))
+    if kind == "lance":
+        assert store._remembered(ids) is not None  # the lookups below take rows by row id
+    rows = corpus.rows()
+    got = store.get([*ids, "missing", ids[0]])
+    assert [(h.id, h.text, h.metadata) for h in got[:-2]] == [(i, rows[i][1], rows[i][2]) for i in ids]
+    assert got[-2] is None and got[-1].id == ids[0]
+    np.testing.assert_array_equal(store.vectors(ids), np.stack([rows[i][0] for i in ids]))
+    remembered = store.lexical_scores(texts, [ids] * 3)
+    fresh = reopen(kind, store, tmp_path)
+    for a, b in zip(remembered, fresh.lexical_scores(texts, [ids] * 3)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    fresh.search(queries, 40, with_text=False)
+    fresh.add([ids[0]], corpus.vectors[:1] * 2, ["an upserted text"], [{"source": "new"}])
+    fresh.commit()
+    assert (fresh.get([ids[0]])[0].text, fresh.get([ids[0]])[0].metadata) == ("an upserted text", {"source": "new"})
+    np.testing.assert_array_equal(fresh.vectors([ids[0]]), corpus.vectors[:1] * 2)
 
 
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])

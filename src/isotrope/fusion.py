@@ -75,31 +75,56 @@ def convex_fusion(
 
 
 def completed_scores(
-    store: Any, texts: Sequence[str], vectors: Any, dense: Sequence[Sequence[Hit]], lexical: Sequence[Sequence[Hit]]
+    store: Any,
+    vectors: Any,
+    dense: Sequence[Sequence[Hit]],
+    dense_bm25: Sequence[np.ndarray],
+    lexical: Sequence[Sequence[Hit]],
+    lexical_vectors: Mapping[str, np.ndarray],
 ) -> list[tuple[list[Hit], np.ndarray, np.ndarray]]:
     """Per query: the union of its two lists (first appearance, dense first) and every candidate's exact
-    dense and lexical score, a score missing from a list computed from the store."""
+    dense and lexical score: ``dense_bm25`` holds the BM25 of each dense candidate, ``lexical_vectors``
+    the stored vector of each lexical one (a lexical-only candidate's dense score is computed from it)."""
     queries = as_vectors(vectors, store.dim, "queries")
-    unions = [list(_first_seen([d, t]).values()) for d, t in zip(dense, lexical)]
-    known = [({h.id: h.score for h in d}, {h.id: h.score for h in t}) for d, t in zip(dense, lexical)]
-    no_dense = [[h.id for h in union if h.id not in d] for union, (d, _) in zip(unions, known)]
-    no_lexical = [[h.id for h in union if h.id not in t] for union, (_, t) in zip(unions, known)]
-    wanted = list(dict.fromkeys(i for ids in no_dense for i in ids))
-    if store.concurrent_queries:  # the full-text lookups run while the vectors are read
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(store.lexical_scores, list(texts), no_lexical)
-            stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
-            lexical_missing = pending.result()
-    else:
-        stored = dict(zip(wanted, store.vectors(wanted))) if wanted else {}
-        lexical_missing = store.lexical_scores(list(texts), no_lexical)
     out = []
-    for q, union, (d, t), d_ids, t_ids, t_found in zip(queries, unions, known, no_dense, no_lexical, lexical_missing):
-        if d_ids:
-            d = {**d, **dict(zip(d_ids, exact_scores(q[None], np.stack([stored[i] for i in d_ids]), store.metric)[0]))}
-        t = {**t, **dict(zip(t_ids, t_found))}
-        out.append((union, np.array([d[h.id] for h in union]), np.array([t[h.id] for h in union])))
+    for q, ds, bm25, t in zip(queries, dense, dense_bm25, lexical):
+        union = list(_first_seen([ds, t]).values())
+        d = {h.id: h.score for h in ds}
+        missing = [h.id for h in t if h.id not in d]
+        if missing:
+            d.update(zip(missing, exact_scores(q[None], np.stack([lexical_vectors[i] for i in missing]), store.metric)[0]))
+        lex = {h.id: h.score for h in t} | dict(zip((h.id for h in ds), bm25))
+        out.append((union, np.array([d[h.id] for h in union]), np.array([lex[h.id] for h in union])))
     return out
+
+
+def _candidates(
+    store: Any, texts: list[str], vectors: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
+) -> tuple[list[list[Hit]], list[list[Hit]], list[np.ndarray], dict[str, np.ndarray]]:
+    """The dense and the lexical top ``depth`` (ids and scores) and, to ``complete`` them, the BM25 of every
+    dense candidate and the stored vector of every lexical one. Where the store allows, the full-text
+    side runs in a second thread while the dense side runs in this one."""
+
+    def dense_side() -> tuple[list[list[Hit]], list[np.ndarray]]:
+        dense = store.search(vectors, depth, where=where, with_text=False)
+        return dense, store.lexical_scores(texts, [[h.id for h in row] for row in dense]) if complete else []
+
+    def lexical_side() -> tuple[list[list[Hit]], dict[str, np.ndarray]]:
+        lexical = store.lexical_search(texts, depth, where=where, with_text=False)
+        ids = list(dict.fromkeys(h.id for row in lexical for h in row)) if complete else []
+        return lexical, dict(zip(ids, store.vectors(ids))) if ids else {}
+
+    if store.concurrent_queries:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(lexical_side)
+            dense, bm25 = dense_side()
+            lexical, lexical_vectors = pending.result()
+    else:
+        dense, bm25 = dense_side()
+        lexical, lexical_vectors = lexical_side()
+    if len(dense) != len(lexical):
+        raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
+    return dense, lexical, bm25, lexical_vectors
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K) -> list[Hit]:
@@ -140,19 +165,22 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
-    if store.concurrent_queries:  # the lexical query runs while the dense one does
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(store.lexical_search, list(texts), depth, where)
-            dense = store.search(vectors, depth, where=where)
-            lexical = pending.result()
-    else:
-        dense = store.search(vectors, depth, where=where)
-        lexical = store.lexical_search(list(texts), depth, where=where)
-    if len(dense) != len(lexical):
-        raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
+    # the candidate lists carry ids and scores; the text and metadata are read for the fused top k only
+    dense, lexical, bm25, lexical_vectors = _candidates(store, list(texts), vectors, depth, where, fusion == "convex")
     if fusion == "rrf":
-        return [reciprocal_rank_fusion([d, t], k) for d, t in zip(dense, lexical)]
-    return [convex_fusion(c, d, t, k, weight) for c, d, t in completed_scores(store, texts, vectors, dense, lexical)]
+        return _with_text(store, [reciprocal_rank_fusion([d, t], k) for d, t in zip(dense, lexical)])
+    completed = completed_scores(store, vectors, dense, bm25, lexical, lexical_vectors)
+    return _with_text(store, [convex_fusion(c, d, t, k, weight) for c, d, t in completed])
+
+
+def _with_text(store: Any, rankings: list[list[Hit]]) -> list[list[Hit]]:
+    """The hits with their stored text and metadata (one ``get`` for all of them)."""
+    wanted = list(dict.fromkeys(hit.id for ranking in rankings for hit in ranking))
+    stored = dict(zip(wanted, store.get(wanted)))
+    return [
+        [Hit(hit.id, hit.score, row.text, row.metadata) for hit in ranking if (row := stored[hit.id]) is not None]
+        for ranking in rankings
+    ]
 
 
 def best_per_group(hits: Sequence[Hit], field: str, k: int) -> list[Hit]:

@@ -66,10 +66,12 @@ class VectorStore(Protocol):
 
     Searching
 
-    ``search(queries, k, where=None)``
+    ``search(queries, k, where=None, with_text=True)``
         For each query row, the ``k`` closest hits, best first, restricted to rows
         whose metadata matches ``where`` (see :mod:`isotrope.stores.filters`).
-    ``lexical_search(texts, k, where=None)``
+        ``with_text=False``: the hits carry id and score only (text ``""``, metadata ``{}``),
+        for a caller that keeps a few of many hits and reads those with ``get``.
+    ``lexical_search(texts, k, where=None, with_text=True)``
         For each query text, the ``k`` best hits by BM25 over the stored texts analyzed by
         :mod:`isotrope.lexical` (only hits sharing a term; scores higher is better). Hybrid
         search fuses the two lists (:func:`isotrope.fusion.search_store`, any store).
@@ -141,9 +143,11 @@ class VectorStore(Protocol):
 
     def delete(self, ids: Iterable[str]) -> None: ...
 
-    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]: ...
 
-    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]: ...
+    def lexical_search(
+        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
+    ) -> list[list[Hit]]: ...
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]: ...
 

@@ -135,16 +135,18 @@ class MemoryStore(VectorStore):
         match = compile_matcher(where)
         return np.array([r for r, m in enumerate(self._metadata) if match(m)], dtype=np.int64)
 
-    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+    def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
         """Exact top-``k`` of each query among the rows matching ``where``."""
         q = as_vectors(queries, self.dim, "queries")
         k = check_k(k)
         rows = self._rows(where)
         scores = exact_scores(q, self._vectors[rows], self.metric)
         best = top_k(scores, k)
-        return [[self._hit(int(rows[c]), float(scores[qi, c])) for c in best[qi]] for qi in range(q.shape[0])]
+        return [[self._hit(int(rows[c]), float(scores[qi, c]), with_text) for c in best[qi]] for qi in range(q.shape[0])]
 
-    def lexical_search(self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None) -> list[list[Hit]]:
+    def lexical_search(
+        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
+    ) -> list[list[Hit]]:
         """Exact BM25 (Lucene IDF, as LanceDB) of each query text over the rows matching ``where``.
 
         Statistics (N, document frequencies, average length) are those of the whole store, as in
@@ -159,7 +161,7 @@ class MemoryStore(VectorStore):
             scores = bm25_scores(self._terms, query_terms(text))
             rows = [r for r in np.flatnonzero(scores > 0) if r in allowed]
             rows.sort(key=lambda r: (-scores[r], r))
-            out.append([self._hit(int(r), float(scores[r])) for r in rows[:k]])
+            out.append([self._hit(int(r), float(scores[r]), with_text) for r in rows[:k]])
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -169,7 +171,9 @@ class MemoryStore(VectorStore):
     def metadata_fields(self) -> set[str]:
         return {key for metadata in self._metadata for key in metadata}
 
-    def _hit(self, row: int, score: float) -> Hit:
+    def _hit(self, row: int, score: float, with_text: bool = True) -> Hit:
+        if not with_text:
+            return Hit(self._ids[row], score, "", {})
         return Hit(self._ids[row], score, self._texts[row], dict(self._metadata[row]))
 
     def get(self, ids: Sequence[str]) -> list[Hit | None]:
