@@ -293,3 +293,11 @@ def run_per_set_and_model(
             out_json.parent.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def store_label(uri: str) -> str:
+    """``kind:folder`` of a store URI (the folder's name only: results name no machine paths)."""
+    from isotrope.search import parse_store_uri
+
+    kind, path = parse_store_uri(uri)
+    return f"{kind}:{path.name}"

@@ -118,7 +118,7 @@ def run(
         "table": table,
         "details": details,
         "seconds": seconds,
-        "sts_fit_corpus": sts_fit_corpus,
+        "sts_fit_corpus": Path(sts_fit_corpus).name,
         "distill_samples": distill_samples,
         "sts_distill_samples": sts_distill_samples,
         "fit_samples": fit_samples,

@@ -153,7 +153,7 @@ def measure_speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "folded_dtype": args.dtype,
         "repeat": args.repeat,
         "query": QUERY,
-        "workdir": str(work),
+        "workdir": work.name,
     }
     result["floor: python -c 'import numpy, faiss'"] = cold([sys.executable, "-c", "import numpy, faiss"], args.repeat)
     for name, path in stores.items():

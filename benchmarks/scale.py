@@ -85,8 +85,8 @@ def query_texts(sentences: list[str], count: int) -> list[str]:
 # -- encoder ----------------------------------------------------------------------------
 def prepare_encoder(sentences: list[str], encoder_dir: Path | None, workdir: Path) -> tuple[Path, dict[str, Any]]:
     """A saved encoder folder: the one given, or the static MiniLM table fitted on passages."""
-    if encoder_dir is not None:
-        return encoder_dir, {"encoder": str(encoder_dir), "fit_s": 0.0}
+    if encoder_dir is not None:  # the folder's name only: results name no machine paths
+        return encoder_dir, {"encoder": encoder_dir.name, "fit_s": 0.0}
     from isotrope.encoder import ShapedEncoder
 
     start = time.perf_counter()

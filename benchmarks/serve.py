@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write
+from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write, store_label
 from isotrope.config import EncoderConfig
 
 CORPUS = "corpus/general_english_sentences.txt.gz"
@@ -272,7 +272,7 @@ def main() -> None:
     recall = served_recall(args.store, measured[:checked], answers, args.k) if checked else None
     print_and_write(
         {
-            "store": args.store,
+            "store": store_label(args.store),
             "model": args.model,
             "shape": args.shape,
             "chunks": args.chunks,

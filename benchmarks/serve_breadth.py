@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import cpu_model, git_commit, print_and_write, set_threads
+from benchmarks.common import cpu_model, git_commit, print_and_write, set_threads, store_label
 from benchmarks.serve import read_sentences
 
 
@@ -85,7 +85,7 @@ def main() -> None:
             )
     print_and_write(
         {
-            "store": args.store,
+            "store": store_label(args.store),
             "queries": len(queries),
             "rows": rows,
             "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())},

@@ -463,9 +463,11 @@ class LanceDBStore(ReshapableStore):
         assert plan is not None  # at EXACT_BELOW rows or more the plan is an index, never exact search
         return IvfPq(distance_type=distance, **plan)
 
-    def calibrate(self, target: float = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN) -> dict[str, str]:
-        """Set ``nprobes`` to the smallest of index_plan's ladder reaching ``target`` recall@10 against exact
-        search (index_plan's calibration queries made from stored vectors); saved in the table's metadata."""
+    def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
+        """Set ``nprobes`` to the smallest breadth reaching ``target`` recall@10 against exact search, saved
+        in the table's metadata. Without ``queries``: index_plan's calibration queries made from stored
+        vectors, its doubling ladder, target 0.95 plus its margin; with ``queries`` (vectors of queries like
+        the user's): the recall on them, the finer ladder, target 0.95."""
         if self.vector_index is None:
             return {}
         k = index_plan.CALIBRATION_K
@@ -483,19 +485,27 @@ class LanceDBStore(ReshapableStore):
                     )
                     start += batch.num_rows
 
-        n = len(positions)
-        chosen = np.sort(np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
-        sample = dataset.take(chosen, columns=["id", "vector"])
-        sources = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
-        stored = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
-        queries, truth = index_plan.calibration_set(sources, stored, batches, self.metric)
+        ladder: Sequence[int] = index_plan.NPROBE_LADDER
+        if queries is None:
+            n = len(positions)
+            chosen = np.sort(np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
+            sample = dataset.take(chosen, columns=["id", "vector"])
+            sources = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
+            stored = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
+            q, truth = index_plan.calibration_set(sources, stored, batches, self.metric)
+            goal = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN if target is None else target
+        else:
+            q = as_vectors(queries, self.dim, "queries")
+            truth = index_plan.exact_neighbours(q, batches(), k, self.metric)
+            ladder = index_plan.finer(ladder)
+            goal = index_plan.TARGET_RECALL if target is None else target
 
         def search(value: int) -> np.ndarray:
             self.nprobes = value
-            found = [[positions[h.id] for h in hits] for hits in self.search(queries, k + 1)]
-            return index_plan.without_sources(found, sources, k)
+            found = [[positions[h.id] for h in hits] for hits in self.search(q, k + 1)]
+            return index_plan.without_sources(found, sources, k) if queries is None else np.array([f[:k] for f in found])
 
-        value, reached = index_plan.calibrate(index_plan.NPROBE_LADDER, search, truth, target)
+        value, reached = index_plan.calibrate(ladder, search, truth, goal)
         self.nprobes = value
         logger.info("table %r: nprobes=%d reaches recall@10 %.3f", self.table_name, value, reached)
         settings = {_META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"}

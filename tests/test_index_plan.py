@@ -10,6 +10,7 @@ import json
 import faiss
 import numpy as np
 import pytest
+from lancedb.index import IvfPq
 
 from conftest import make_sentences
 from isotrope.connectors.faiss_store import FaissStore
@@ -86,6 +87,48 @@ def test_faiss_auto_switches_to_ivf_with_recall_over_the_target(tmp_path, small_
     store.close()
     reopened = FaissStore(tmp_path / "s")  # the calibrated breadth is saved with the index
     assert reopened.nprobe == info["nprobe"] and reopened.index_info() == info
+    reopened.close()
+
+
+def test_finer_ladder_puts_one_and_a_half_steps_between_doublings():
+    assert index_plan.finer((1, 2, 4, 8, 16)) == (1, 2, 3, 4, 6, 8, 12, 16)
+    assert index_plan.finer(index_plan.EF_LADDER)[:4] == (16, 24, 32, 48)
+
+
+def assert_smallest_breadth_reaching(store, name, queries, data, target, ladder):
+    """The breadth ``calibrate(queries=...)`` chose is the first of ``ladder`` whose recall on the queries,
+    against a NumPy brute force, reaches ``target`` (each smaller one falls short); it is saved."""
+    truth = brute_force(queries, data)
+    chosen = getattr(store, name)
+    reached = {}
+    for value in ladder[: ladder.index(chosen) + 1]:
+        setattr(store, name, value)
+        reached[value] = recall_of(store.search(queries, 10), truth)
+    setattr(store, name, chosen)
+    assert reached[chosen] >= target and all(r < target for v, r in reached.items() if v < chosen)
+    assert store.index_info()["calibrated_recall_at_10"] == pytest.approx(reached[chosen], abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_calibrating_on_queries_sets_the_smallest_breadth_reaching_the_target(kind, tmp_path):
+    data, queries = draw(3000, 5), draw(80, 6) * 0.5 + draw(80, 7) * 0.5  # between clusters: harder queries
+    if kind == "faiss":
+        store = FaissStore(tmp_path / "s", dim=DIM, factory="IVF64,Flat", metric="ip")
+        fill(store, data, batch=3000)
+        name, ladder = "nprobe", index_plan.finer([p for p in index_plan.NPROBE_LADDER if p <= 64])
+    else:
+        store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_threshold=None)
+        fill(store, data, batch=3000)
+        store.create_index(IvfPq(distance_type="dot", num_partitions=64, num_sub_vectors=DIM // 4))
+        name, ladder = "nprobes", index_plan.finer(index_plan.NPROBE_LADDER)
+    for target in (0.9, 0.99):
+        settings = store.calibrate(target, queries=queries)
+        assert settings and int(next(iter(settings.values()))) == getattr(store, name)
+        assert_smallest_breadth_reaching(store, name, queries, data, target, list(ladder))
+    store.commit()
+    store.close()
+    reopened = FaissStore(tmp_path / "s") if kind == "faiss" else LanceDBStore(tmp_path / "db")
+    assert getattr(reopened, name) == int(next(iter(settings.values())))  # saved with the index
     reopened.close()
 
 
@@ -194,7 +237,26 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     code, out, err = run_cli(monkeypatch, capsys, "search", store, "the cat", "--nprobe", "3", "--json", "-k", "2")
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "optimize", store)
-    assert code == 0, err and json.loads(out)["chunks"] == info["chunks"]
+    assert code == 0, err
+    assert json.loads(out)["chunks"] == info["chunks"]
+    queries = tmp_path / "queries.txt"
+    queries.write_text("\n".join(make_sentences(30, seed=8)))
+    code, out, err = run_cli(monkeypatch, capsys, "calibrate", store, queries)  # an exact index: nothing to set
+    assert code == 0, err
+    assert json.loads(out)["index_exact"] is True
+    ivf, more = f"faiss:{tmp_path / 'ivf'}", tmp_path / "more.txt"
+    more.write_text("\n\n".join(make_sentences(400, seed=4)))  # enough chunks to train 4 lists
+    args = ("--model", tiny_bert_path, "--shape", "center", "--chunk-tokens", "16", "--overlap-tokens", "0")
+    code, out, err = run_cli(monkeypatch, capsys, "index", more, "--store", ivf, "--factory", "IVF4,Flat", *args)
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "calibrate", ivf, queries, "--target", "0.99")
+    assert code == 0, err
+    calibrated = json.loads(out)
+    assert calibrated["nprobe"] in index_plan.finer([1, 2, 4]) and calibrated["calibrated_recall_at_10"] >= 0.99
+    code, out, err = run_cli(monkeypatch, capsys, "info", ivf)
+    assert json.loads(out)["nprobe"] == calibrated["nprobe"]  # saved
+    code, out, err = run_cli(monkeypatch, capsys, "calibrate", ivf, tmp_path / "missing.txt")
+    assert code != 0 and "missing.txt" in err and "Traceback" not in err
     code, out, err = run_cli(
         monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--index", "ivf", "--model", tiny_bert_path
     )

@@ -369,6 +369,24 @@ def optimize(store: Store) -> None:
 
 
 @app.command()
+def calibrate(
+    store: Store,
+    queries: Annotated[Path, typer.Argument(help="queries like your users' (one a line, or .jsonl with a text field)")],
+    target: Annotated[float, typer.Option(min=0.0, max=1.0, help="recall@10 against exact search to reach")] = 0.95,
+    text_field: Annotated[str, typer.Option(help="the .jsonl field holding the query")] = "text",
+) -> None:
+    """Set an approximate index's search breadth from queries like your users' (no rebuild)."""
+    import json
+
+    from isotrope.corpus import iter_texts
+    from isotrope.search import Collection
+
+    with Collection.open(store) as collection:
+        info = collection.calibrate(list(iter_texts(queries, text_field)), target)
+        typer.echo(json.dumps({"store": store, "chunks": len(collection.store), **info}, indent=2))
+
+
+@app.command()
 def serve(
     store: Store,
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the server to the network")] = "127.0.0.1",

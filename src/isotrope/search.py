@@ -221,6 +221,18 @@ class Collection:
         self.store.optimize()
         return self.store.index_info()
 
+    def calibrate(self, queries: Sequence[str], target: float | None = None) -> dict[str, Any]:
+        """Set the approximate index's search breadth (IVF lists, HNSW ef) to the smallest whose recall@10
+        against exact search reaches ``target`` (default 0.95) on these queries, encoded as searches are,
+        and save it; the new index info. Queries like the users' calibrate better than those the index is
+        built with, made from stored vectors (:mod:`isotrope.stores.index_plan`)."""
+        texts = list(queries)
+        if not texts:
+            raise ValueError("calibrating needs at least one query")
+        self.store.calibrate(target, queries=self.encoder.encode(texts, kind="query"))
+        self.store.commit()
+        return self.store.index_info()
+
     def close(self) -> None:
         self.store.close()
 

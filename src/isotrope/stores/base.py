@@ -111,6 +111,9 @@ class VectorStore(Protocol):
         Whether the lexical index exists (a store written before it had none); build it.
     ``optimize()``
         Rebuild or compact the store's indexes for its current size (nothing to do by default).
+    ``calibrate(target=None, queries=None)``
+        Set the approximate index's search breadth from the recall it reaches on ``queries`` (vectors of
+        queries like the user's); ``{}`` for an exact store.
     ``deferred_index()``
         A context for a bulk load: inside it writes and commits build no ANN index; the first commit
         after it builds the one the final size calls for, once (nothing to defer by default).
@@ -198,6 +201,12 @@ class VectorStore(Protocol):
 
     def optimize(self) -> None:
         """Rebuild or compact the indexes for the store's current size (nothing to do by default)."""
+
+    def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
+        """Set the approximate index's search breadth to the smallest reaching ``target`` recall@10 on
+        ``queries`` (query vectors like the user's), saved at the next commit; the settings chosen ({}: an
+        exact store, nothing to calibrate)."""
+        return {}
 
     def deferred_index(self) -> AbstractContextManager[None]:
         """A bulk load that builds the ANN index once, at the first commit after it (no index to defer by default)."""
