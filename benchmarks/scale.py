@@ -228,18 +228,19 @@ def faiss_types(n: int) -> dict[str, str]:
     }
 
 
+def stored_vectors(store: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Every key and vector a FaissStore holds, in key order."""
+    keys, parts = zip(*store._iter_vectors())
+    return np.concatenate(keys), np.concatenate(parts)
+
+
 def bare_refined(store: Any, factory: str, refine: int) -> tuple[Any, Callable[[np.ndarray], Any]]:
     """faiss's own refinement as the peer of FaissStore ``refine``: the same quantised index with an
     in-RAM float32 copy (``RFlat``, k_factor ``refine``, same nprobe), over the store's vectors in key
     order; returns the index and a search giving store keys."""
     import faiss
 
-    keys, parts = [], []
-    for k, v in store._iter_vectors():
-        keys.append(k)
-        parts.append(v)
-    key_array, vectors = np.concatenate(keys), np.concatenate(parts)
-    del parts
+    key_array, vectors = stored_vectors(store)
     index = faiss.index_factory(store.dim, factory + ",RFlat", faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.try_extract_index_ivf(index)
     sample = np.random.default_rng(0).choice(len(vectors), min(len(vectors), 64 * ivf.nlist), replace=False)

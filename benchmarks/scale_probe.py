@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import print_and_write
-from benchmarks.scale import K, query_texts, read_sentences, recall_at_10
+from benchmarks.scale import K, query_texts, read_sentences, recall_at_10, stored_vectors
 
 
 def p50_ms(call: Callable[[int], Any], count: int) -> float:
@@ -50,12 +50,7 @@ def main() -> None:
     with Collection.open(f"faiss:{args.store}") as collection:
         queries = collection.encoder.encode(texts, kind="query").astype(np.float32)
     store = FaissStore(args.store)
-    keys, parts = [], []
-    for k, v in store._iter_vectors():
-        keys.append(k)
-        parts.append(v)
-    key_array, vectors = np.concatenate(keys), np.concatenate(parts)
-    del parts
+    key_array, vectors = stored_vectors(store)
     exact = faiss.IndexFlatIP(store.dim)
     exact.add(vectors)
     truth = key_array[exact.search(queries, K)[1]]
