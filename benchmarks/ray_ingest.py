@@ -1,6 +1,7 @@
 """Ingestion of SciFact on a local Ray runtime vs the single-process pipeline: wall time and memory.
 
     python -m benchmarks.ray_ingest --data-dir DIR --out ray_ingest.json [--limit N] [--store lancedb]
+    python -m benchmarks.ray_ingest --data-dir DIR --out F.json --passages 1000000 --encoder FAST_ENCODER
 
 Each side runs once, in its own process (``python -m benchmarks.ray_ingest --side ...``), on the
 same JSON-lines file (SciFact abstracts, ``_id`` and title + text), with ``isotrope index``'s
@@ -26,6 +27,7 @@ import os
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +125,12 @@ class TreeMemory:
 
 
 # -- the child process: one side ----------------------------------------------------
-def _common_options(device: str) -> dict[str, Any]:
+def _common_options(device: str, encoder_dir: Path | None) -> dict[str, Any]:
     from isotrope.config import EncoderConfig
     from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder
 
+    if encoder_dir is not None:  # a saved (fitted) encoder over the scale benchmark's passages
+        return {"encoder": ShapedEncoder.load(encoder_dir), "loader_options": {"id_field": "pid"}, "show_progress": False}
     config = EncoderConfig(model=MODEL, shape=DEFAULT_SHAPE, max_length=MAX_SEQ_LENGTH)
     return {
         "encoder": ShapedEncoder.create(config, device=device),  # unfitted: fitted by the pipeline
@@ -135,11 +139,11 @@ def _common_options(device: str) -> dict[str, Any]:
     }
 
 
-def run_single(corpus: Path, store: str) -> dict[str, Any]:
+def run_single(corpus: Path, store: str, encoder_dir: Path | None = None) -> dict[str, Any]:
     from isotrope.ingest.pipeline import index_documents
 
     start = time.perf_counter()
-    report = index_documents(corpus, store, **_common_options("cpu"))
+    report = index_documents(corpus, store, **_common_options("cpu", encoder_dir))
     return {
         "index_s": time.perf_counter() - start,
         "report": report.summary(),
@@ -148,7 +152,7 @@ def run_single(corpus: Path, store: str) -> dict[str, Any]:
     }
 
 
-def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
+def run_ray(corpus: Path, store: str, workers: int, encoder_dir: Path | None = None) -> dict[str, Any]:
     # one thread per actor; workers inherit this environment from the runtime started below
     os.environ.update(dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "1"))
     import ray
@@ -159,7 +163,7 @@ def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
         ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
         started = time.perf_counter()
         try:
-            report = index_with_ray(corpus, store, num_actors=workers, **_common_options("cpu"))
+            report = index_with_ray(corpus, store, num_actors=workers, **_common_options("cpu", encoder_dir))
         finally:
             ended = time.perf_counter()
             ray.shutdown()
@@ -178,7 +182,10 @@ def run_ray(corpus: Path, store: str, workers: int) -> dict[str, Any]:
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
-    result = run_single(args.corpus, args.store) if args.side == "single" else run_ray(args.corpus, args.store, args.threads)
+    if args.side == "single":
+        result = run_single(args.corpus, args.store, args.encoder)
+    else:
+        result = run_ray(args.corpus, args.store, args.threads, args.encoder)
     result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     return result
 
@@ -199,17 +206,41 @@ def compare_stores(single: str, distributed: str) -> dict[str, Any]:
     return {"same_ids": same_ids, "max_abs_vector_difference": difference, "same_top10": same_top10}
 
 
+def write_passages(data_dir: str | Path, folder: Path, n: int, files: int = 16) -> int:
+    """The scale benchmark's first ``n`` passages as ``files`` JSON-lines files (``pid``, ``text``)."""
+    from benchmarks.scale import passages, read_sentences
+
+    folder.mkdir()
+    with ExitStack() as stack:
+        handles = [stack.enter_context(open(folder / f"part-{i:02d}.jsonl", "w", encoding="utf-8")) for i in range(files)]
+        for count, (pid, text) in enumerate(passages(read_sentences(data_dir), n)):
+            handles[count % files].write(json.dumps({"pid": pid, "text": text}) + "\n")
+    return n
+
+
 def run(
-    data_dir: str | Path, *, threads: int, store_kind: str = "lancedb", limit: int | None = None, workdir: Path | None = None
+    data_dir: str | Path,
+    *,
+    threads: int,
+    store_kind: str = "lancedb",
+    limit: int | None = None,
+    workdir: Path | None = None,
+    passages: int | None = None,
+    encoder_dir: Path | None = None,
 ) -> dict[str, Any]:
     from benchmarks.ingest import write_corpus
 
     with tempfile.TemporaryDirectory(prefix="isotrope-ray-ingest-", dir=workdir) as tmp:
-        corpus = Path(tmp) / "scifact.jsonl"
-        documents = write_corpus(data_dir, corpus, limit)
+        if passages:
+            corpus = Path(tmp) / "passages"
+            documents = write_passages(data_dir, corpus, passages)
+        else:
+            corpus = Path(tmp) / "scifact.jsonl"
+            documents = write_corpus(data_dir, corpus, limit)
         results: dict[str, Any] = {
             "documents": documents,
-            "model": MODEL,
+            "corpus": f"{passages} scale-benchmark passages" if passages else "SciFact",
+            "model": encoder_dir.name if encoder_dir else MODEL,
             "store": store_kind,
             "threads": threads,
             "machine": machine_info(threads),
@@ -218,6 +249,7 @@ def run(
         stores = {side: f"{store_kind}:{Path(tmp) / side}" for side in SIDES}
         for side in SIDES:
             args = ["--side", side, "--corpus", str(corpus), "--store", stores[side]]
+            args += ["--encoder", str(encoder_dir)] if encoder_dir else []
             results["sides"][side] = run_child("benchmarks.ray_ingest", args, threads)
             logger.info("%s: %.1fs", side, results["sides"][side]["index_s"])
         results["agreement"] = compare_stores(stores["single"], stores["ray"])
@@ -235,6 +267,7 @@ def main() -> None:
     parser.add_argument("--side", choices=SIDES, required=True)
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--store", required=True)
+    parser.add_argument("--encoder", type=Path)
     child_main(parser, _child)
 
 
@@ -251,9 +284,19 @@ def parent_main(argv: list[str] | None = None) -> None:
         help="single side: torch threads; ray side: CPUs and one-thread actors",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="where the corpus and the stores are written")
+    parser.add_argument("--passages", type=int, help="index N of the scale benchmark's passages instead of SciFact")
+    parser.add_argument("--encoder", type=Path, help="with --passages: a saved encoder folder (e.g. --model fast)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    results = run(args.data_dir, threads=args.threads, store_kind=args.store, limit=args.limit, workdir=args.workdir)
+    results = run(
+        args.data_dir,
+        threads=args.threads,
+        store_kind=args.store,
+        limit=args.limit,
+        workdir=args.workdir,
+        passages=args.passages,
+        encoder_dir=args.encoder,
+    )
     args.out.write_text(json.dumps(results, indent=1))
     print(json.dumps({key: results[key] for key in ("sides", "agreement", "ratios")}, indent=1))
 
