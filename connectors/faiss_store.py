@@ -661,20 +661,23 @@ class FaissStore(VectorStore):
         props = check_properties(kv)
         self._begin()
         self._conn.executemany("INSERT OR REPLACE INTO properties (key, value) VALUES (?, ?)", props.items())
-        self._dirty = True
 
     @property
     def properties(self) -> dict[str, str]:
         return dict(self._conn.execute("SELECT key, value FROM properties").fetchall())
 
     def commit(self) -> None:
-        """Write the index (temp file, fsync), commit SQLite with its digest, then rename it into place."""
+        """Write the index if it changed (temp file, fsync), commit SQLite with its digest, then rename the
+        index into place. A commit of settings or properties alone leaves the index file as it is."""
         if not self._dirty and not self._conn.in_transaction:
             return
         if not self._deferring and self.factory == _AUTO:
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
+        if not self._dirty:
+            self._conn.execute("COMMIT")
+            return
         tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
         faiss.write_index(self._index, str(tmp))  # streamed to disk: no serialized copy in memory
         with open(tmp, "rb+") as handle:
@@ -753,8 +756,10 @@ class FaissStore(VectorStore):
         def search(value: int) -> np.ndarray:
             setattr(self, name, value)
             params = self._search_params(None)
+            if queries is not None:  # as a search does
+                return self._refined(q, k, lambda fetch: self._index.search(q, fetch, params=params))[1]
             found = self._refined(q, k + 1, lambda fetch: self._index.search(q, fetch, params=params))[1]
-            return index_plan.without_sources(found, chosen, k) if queries is None else found[:, :k]
+            return index_plan.without_sources(found, chosen, k)
 
         value, reached = index_plan.calibrate(ladder, search, truth, goal)
         setattr(self, name, value)

@@ -500,10 +500,12 @@ class LanceDBStore(ReshapableStore):
             ladder = index_plan.finer(ladder)
             goal = index_plan.TARGET_RECALL if target is None else target
 
-        def search(value: int) -> np.ndarray:
+        def search(value: int) -> list[list[int]] | np.ndarray:
             self.nprobes = value
+            if queries is not None:  # as a search does
+                return [[positions[h.id] for h in hits] for hits in self.search(q, k)]
             found = [[positions[h.id] for h in hits] for hits in self.search(q, k + 1)]
-            return index_plan.without_sources(found, sources, k) if queries is None else np.array([f[:k] for f in found])
+            return index_plan.without_sources(found, sources, k)
 
         value, reached = index_plan.calibrate(ladder, search, truth, goal)
         self.nprobes = value

@@ -121,11 +121,15 @@ def test_calibrating_on_queries_sets_the_smallest_breadth_reaching_the_target(ki
         fill(store, data, batch=3000)
         store.create_index(IvfPq(distance_type="dot", num_partitions=64, num_sub_vectors=DIM // 4))
         name, ladder = "nprobes", index_plan.finer(index_plan.NPROBE_LADDER)
+    index_file = tmp_path / "s" / "index.faiss"
+    written = (index_file.stat().st_ino, index_file.stat().st_mtime_ns) if kind == "faiss" else None
     for target in (0.9, 0.99):
         settings = store.calibrate(target, queries=queries)
         assert settings and int(next(iter(settings.values()))) == getattr(store, name)
         assert_smallest_breadth_reaching(store, name, queries, data, target, list(ladder))
     store.commit()
+    if kind == "faiss":  # the settings are committed without writing the index again
+        assert (index_file.stat().st_ino, index_file.stat().st_mtime_ns) == written
     store.close()
     reopened = FaissStore(tmp_path / "s") if kind == "faiss" else LanceDBStore(tmp_path / "db")
     assert getattr(reopened, name) == int(next(iter(settings.values())))  # saved with the index
