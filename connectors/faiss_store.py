@@ -36,6 +36,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from isotrope.connectors.fts5_terms import TermScores
 from isotrope.lexical import fts5_match, index_text, query_terms
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
@@ -236,6 +237,7 @@ class FaissStore(VectorStore):
         self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
         self._conn = self._connect(dim, factory, metric, refine)
         self._reader: sqlite3.Connection | None = None  # the read-only connection of _db (opened on use)
+        self._term_scores = TermScores("items_fts")  # frequent terms' BM25, for unfiltered lexical reads
         self._has_fields_table = (
             self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
         )
@@ -879,7 +881,9 @@ class FaissStore(VectorStore):
         self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
     ) -> list[list[Hit]]:
         """The ``k`` best rows of each query text by FTS5's ``bm25()`` (negated: higher is better),
-        among rows matching ``where``. A store without the lexical index gets it built first."""
+        among rows matching ``where``. A store without the lexical index gets it built first. Outside a write
+        transaction an unfiltered query is answered from its terms' scores (:mod:`.fts5_terms`): the same
+        rows and scores, without FTS5 scoring every match again."""
         k = check_k(k)
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of query strings, not a single string")
@@ -891,12 +895,17 @@ class FaissStore(VectorStore):
             condition = f" AND rowid IN (SELECT key FROM items WHERE {sql})"
         query = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ?{condition} ORDER BY rank, rowid LIMIT ?"
         out = []
+        db = self._db
         for text in texts:
             terms = query_terms(text)
-            found = self._db.execute(query, [fts5_match(terms), *params, k]).fetchall() if terms else []
-            keys = np.array([[key for key, _ in found]], dtype=np.int64).reshape(1, -1)
-            scores = np.array([[score for _, score in found]], dtype=np.float64).reshape(1, -1)
-            out.append(self._hits(keys, scores, with_text)[0])
+            cached = self._term_scores.top(db, terms, k) if terms and not where and db is self._reader else None
+            if cached is not None:
+                keys, scores = cached
+            else:
+                found = db.execute(query, [fts5_match(terms), *params, k]).fetchall() if terms else []
+                keys = np.array([key for key, _ in found], dtype=np.int64)
+                scores = np.array([score for _, score in found], dtype=np.float64)
+            out.append(self._hits(keys.reshape(1, -1), scores.reshape(1, -1), with_text)[0])
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -905,11 +914,17 @@ class FaissStore(VectorStore):
         if not self.has_lexical_index:
             self.build_lexical_index()
         out = []
+        db = self._db
         for text, wanted in zip(texts, ids):
             keys = self._keys(list(wanted))
             scores = dict.fromkeys(wanted, 0.0)
             terms = query_terms(text)
-            if terms and keys:
+            cached = (
+                self._term_scores.of(db, terms, np.array(list(keys.values()))) if terms and keys and db is self._reader else None
+            )
+            if cached is not None:
+                scores.update(zip(keys, cached.tolist()))
+            elif terms and keys:
                 id_of = {key: id_ for id_, key in keys.items()}
                 for part in _chunks(list(id_of)):
                     # ``+rowid``: one full-text query filtered by SQLite, not one per rowid (4x slower at 200 rows)
