@@ -882,8 +882,8 @@ class FaissStore(VectorStore):
     ) -> list[list[Hit]]:
         """The ``k`` best rows of each query text by FTS5's ``bm25()`` (negated: higher is better),
         among rows matching ``where``. A store without the lexical index gets it built first. Outside a write
-        transaction an unfiltered query is answered from its terms' scores (:mod:`.fts5_terms`): the same
-        rows and scores, without FTS5 scoring every match again."""
+        transaction an unfiltered query whose terms repeat is answered from their scores kept in memory
+        (:mod:`.fts5_terms`): the same rows and scores, without FTS5 scoring every match again."""
         k = check_k(k)
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of query strings, not a single string")
@@ -910,7 +910,8 @@ class FaissStore(VectorStore):
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Each query text's ``-bm25()`` of each of its ids (0 for a row sharing no term): the FTS5 query
-        restricted to those rows, with the whole index's statistics."""
+        restricted to those rows, with the whole index's statistics (or, as in ``lexical_search``, the sum
+        of the terms' scores kept in memory)."""
         if not self.has_lexical_index:
             self.build_lexical_index()
         out = []

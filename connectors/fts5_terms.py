@@ -8,11 +8,11 @@ the scores of given rows come out as FTS5 gives them, ties broken by rowid as ``
 FTS5 scores every matching row before it sorts (a 5 to 10 word query matched 20 to 38 % of 100,000
 synthetic chunks); with its terms' rows in memory, a query costs a scatter-add instead.
 
-Which terms: a term new to the cache is read up to ``MIN_ROWS`` rows; with fewer it is rare and is
-re-read on each query (a cheap read). A frequent term is read in full the second time a query asks for
-it (the first time, FTS5 ranks that query itself: a one-off search pays only the short read) and kept
-if it fits in ``BUDGET_ROWS`` (nothing is evicted, so a broad workload cannot thrash it), else left to
-FTS5. A query is answered here when every term is kept or rare. Every answer reads one snapshot of the
+Which terms: a term new to the cache has its rows counted up to ``MIN_ROWS``; with fewer it is rare
+and is re-read on each query (a cheap read). A frequent term is read the second time a query asks for
+it (the first time, FTS5 ranks that query itself: a one-off search pays only the count) and kept if its
+row count fits in what is left of ``BUDGET_ROWS`` (nothing is evicted, so a broad workload cannot thrash
+it), else left to FTS5. A query is answered here when every term is kept or rare. Every answer reads one snapshot of the
 database (a read transaction), and the cache holds one committed state (``PRAGMA data_version``): a
 commit by any connection empties it.
 """
@@ -63,8 +63,8 @@ class TermScores:
         return pairs[:, 0].astype(np.int64), pairs[:, 1]
 
     def _classify(self, db: sqlite3.Connection, term: str) -> None:
-        """Rare after a short read; a frequent term is seen the first time, kept (or left out, over the
-        budget, counted before it is read) the second."""
+        """Rare after a count up to ``min_rows``; a frequent term is seen the first time, kept (or left out,
+        over the budget, counted before it is read) the second."""
         if term in self._kept or term in self._rare or term in self._left_out:
             return
         if term not in self._seen:
