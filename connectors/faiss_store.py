@@ -285,7 +285,8 @@ class FaissStore(VectorStore):
             raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
         created = not db_path.exists()
         if created:
-            if self.path.exists() and any(p.name != DB_NAME + ".new" for p in self.path.iterdir()):
+            # a creation cut short leaves the temporary database and its journal, which _create_db replaces
+            if self.path.exists() and any(not p.name.startswith(DB_NAME + ".new") for p in self.path.iterdir()):
                 raise StoreFormatError(f"{self.path} is not empty and has no {DB_NAME}: not a FaissStore directory")
             if dim is None:
                 raise ValueError(f"creating a FaissStore at {self.path} needs dim")
@@ -1064,7 +1065,8 @@ def _process_alive(pid: str) -> bool:
 def _create_db(db_path: Path, settings: dict[str, str]) -> None:
     """Write an empty store database under a temporary name, then rename it into place."""
     tmp = db_path.with_name(db_path.name + ".new")
-    tmp.unlink(missing_ok=True)
+    for leftover in (tmp, *(tmp.with_name(tmp.name + suffix) for suffix in ("-journal", "-wal", "-shm"))):
+        leftover.unlink(missing_ok=True)  # a journal left by a killed creation must not replay into the new file
     conn = sqlite3.connect(tmp)
     try:
         conn.executescript(_SCHEMA)

@@ -350,6 +350,18 @@ def test_ivf_filters_agree_with_reference(tmp_path):
 # ----------------------------------------------------------------------------- corrupt or mismatched directories
 
 
+def test_faiss_creation_cut_short_is_created_again(tmp_path):
+    """A run killed while the store database was being created leaves its temporary file and journal."""
+    path = tmp_path / "faiss"
+    path.mkdir()
+    (path / "store.sqlite.new").write_bytes(b"half a database")
+    (path / "store.sqlite.new-journal").write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + b"\0" * 504)
+    store = FaissStore(path, dim=DIM)
+    store.add(ids_of(10), make_data("random", 10))
+    store.commit()
+    assert len(FaissStore(path)) == 10 and not any(p.name.startswith("store.sqlite.new") for p in path.iterdir())
+
+
 def test_faiss_refuses_corrupt_or_mismatched_directories(tmp_path):
     store = filled("faiss", tmp_path, make_data("random", 100))
     store.commit()
