@@ -560,6 +560,14 @@ def test_lance_rows_written_after_the_ann_index_is_built_are_added_to_it(tmp_pat
     stats = store._table.index_stats(name)
     assert (stats.num_indexed_rows, stats.num_unindexed_rows) == (1500, 0)
     assert store.vector_index == "IvfPq" and len(store) == 1500
+    more = make_data("clustered", 600, seed=9)
+    for start in range(0, 600, 100):  # one delta segment per commit, merged into one from the fourth on
+        store.add(ids_of(2100)[1500 + start : 1600 + start], more[start : start + 100])
+        store.commit()
+        stats = store._table.index_stats(name)
+        assert stats.num_unindexed_rows == 0 and stats.num_indices <= 4
+    reference = filled("memory", tmp_path, np.vstack([data, more]), "cosine")
+    assert recall(reference.search(more[:20], K), store.search(more[:20], K)) >= 0.9
 
 
 def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_path):
