@@ -107,6 +107,22 @@ def _chunks(values: Sequence[Any], size: int = _ID_CHUNK) -> Iterator[Sequence[A
         yield values[start : start + size]
 
 
+def _match(terms: Sequence[str]) -> MatchQuery:
+    """The full-text query OR-ing analyzed terms on the ``terms`` column."""
+    return MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
+
+
+def _read_args(columns: list[str], condition: str | None, row_ids: bool) -> dict[str, Any]:
+    """A pylance scanner's arguments: these columns (and ``_rowid`` with ``row_ids``), prefiltered by ``condition``."""
+    return {
+        "columns": columns,
+        "filter": condition,
+        "prefilter": True,
+        "with_row_id": row_ids,
+        "disable_scoring_autoprojection": True,
+    }
+
+
 def _vector_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), type=pa.float32()), vectors.shape[1])
 
@@ -695,7 +711,7 @@ class LanceDBStore(ReshapableStore):
         condition = to_lance(where) if where else None
         if len(queries) == 1:
             nearest = {"column": "vector", "q": queries[0], "k": k, "metric": _LANCE_DISTANCE[self.metric], **settings}
-            return self._dataset().scanner(**self._read_args(columns, condition, with_text), nearest=nearest).to_table()
+            return self._dataset().scanner(**_read_args(columns, condition, not with_text), nearest=nearest).to_table()
         query = (
             self._table.search(list(queries), vector_column_name="vector")
             .distance_type(_LANCE_DISTANCE[self.metric])
@@ -708,17 +724,6 @@ class LanceDBStore(ReshapableStore):
         for name, value in settings.items():
             query = getattr(query, name)(value)
         return query.to_arrow()
-
-    @staticmethod
-    def _read_args(columns: list[str], condition: str | None, with_text: bool) -> dict[str, Any]:
-        """A pylance scanner's arguments: these columns (row ids too for a read without text), prefiltered."""
-        return {
-            "columns": columns,
-            "filter": condition,
-            "prefilter": True,
-            "with_row_id": not with_text,
-            "disable_scoring_autoprojection": True,
-        }
 
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
         """The ``k`` best hits of each query (higher score is closer), prefiltered by ``where``."""
@@ -759,9 +764,8 @@ class LanceDBStore(ReshapableStore):
             if not terms:
                 out.append([])
                 continue
-            match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
-            args = self._read_args([*self._hit_columns(with_text), "_score"], condition, with_text)
-            table = self._dataset().scanner(**args, full_text_query=match, limit=k).to_table()
+            args = _read_args([*self._hit_columns(with_text), "_score"], condition, not with_text)
+            table = self._dataset().scanner(**args, full_text_query=_match(terms), limit=k).to_table()
             if not with_text:
                 self._remember_rows(table)
             scores = table.column("_score").to_pylist()
@@ -779,9 +783,8 @@ class LanceDBStore(ReshapableStore):
             scores = dict.fromkeys(wanted, 0.0)
             terms = query_terms(text)
             for part in _chunks(list(wanted)) if terms else ():
-                match = MatchQuery(" ".join(terms), _TERMS, operator=FullTextOperator.OR)
-                args = self._read_args(["id", "_score"], self._rows_filter(part), with_text=True)
-                for row in self._dataset().scanner(**args, full_text_query=match, limit=len(part)).to_table().to_pylist():
+                args = _read_args(["id", "_score"], self._rows_filter(part), row_ids=False)
+                for row in self._dataset().scanner(**args, full_text_query=_match(terms), limit=len(part)).to_table().to_pylist():
                     scores[row["id"]] = float(row["_score"])
             out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
         return out
