@@ -78,9 +78,6 @@ NODE_ID_KEY = "_node_id"
 REF_DOC_ID_KEY = "ref_doc_id"
 RESERVED_KEYS = (NODE_CONTENT_KEY, NODE_TYPE_KEY, NODE_ID_KEY, REF_DOC_ID_KEY)
 
-#: cosine between a node's embedding and its re-encoded text below which ``add`` refuses the node
-MIN_VERIFY_COSINE = 0.99
-
 
 # --------------------------------------------------------------------------- embedding
 
@@ -401,23 +398,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             row[REF_DOC_ID_KEY] = node.ref_doc_id
         return row
 
-    def _verify(self, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
-        """Re-encode the first node with text and compare it with its embedding."""
-        for node, vector in zip(nodes, vectors):
-            text = node.get_content(metadata_mode=MetadataMode.EMBED)
-            if not text.strip():
-                continue
-            expected = self._collection.encoder.encode([text], kind="document")[0].astype(np.float64)
-            given = vector.astype(np.float64)
-            cosine = float(expected @ given / max(np.linalg.norm(expected) * np.linalg.norm(given), 1e-12))
-            if cosine < MIN_VERIFY_COSINE:
-                raise EncoderMismatchError(
-                    f"node {node.node_id}: its embedding is not this store's encoder's ({self.fingerprint[:12]}) "
-                    f"vector of its text (cosine {cosine:.3f}); embed with IsotropeVectorStore.embed_model "
-                    f"(or IsotropeEmbedding.from_store({self.uri!r})), or pass verify_vectors=False"
-                )
-            return
-
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
         """Upsert nodes (with their embeddings) in one batch; returns their ids."""
         nodes = list(nodes)
@@ -430,13 +410,13 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         dim = self._collection.store.dim
         if vectors.ndim != 2 or vectors.shape[1] != dim:
             raise ValueError(f"embeddings have shape {vectors.shape}; this store holds {dim}-d vectors")
-        if self.verify_vectors:
-            self._verify(nodes, vectors)
         ids = [node.node_id for node in nodes]
+        if self.verify_vectors:  # the vectors were made from the text with its embed-mode metadata
+            embedded = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
+            self._collection.check_vectors(ids, embedded, vectors)
         texts = [node.get_content(metadata_mode=MetadataMode.NONE) for node in nodes]
-        self._collection.store.add(ids, vectors, texts, [self._row_metadata(node) for node in nodes])
-        self._maybe_commit()
-        return ids
+        rows = [self._row_metadata(node) for node in nodes]
+        return self._collection.add(ids, texts, rows, vectors=vectors, verify=False, commit=self.autocommit)
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
         """Delete every node of the document ``ref_doc_id``."""
@@ -459,11 +439,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         self._delete_where(None)
 
     def _delete_where(self, where: dict[str, Any] | None) -> None:
-        store = self._collection.store
-        ids = store.ids(where=where)
-        if ids:
-            store.delete(ids)
-            self._maybe_commit()
+        self._collection.delete(where=where or {}, commit=self.autocommit)
 
     def _maybe_commit(self) -> None:
         if self.autocommit:

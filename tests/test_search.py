@@ -196,3 +196,60 @@ def test_cli_errors_are_one_line(monkeypatch, capsys, tmp_path):
     assert code == 1 and err.splitlines() == [f"error: no isotrope store at {tmp_path / 'none'} (missing encoder/isotrope.json)"]
     code, _, err = run_cli(monkeypatch, capsys, "info", tmp_path)
     assert code == 1 and len(err.splitlines()) == 1 and "cannot tell the store kind" in err
+
+
+@pytest.mark.parametrize("kind", ["faiss", "lancedb"])
+def test_collection_add_encodes_upserts_and_deletes(tmp_path, encoder, kind):
+    """``Collection.add`` encodes with the collection's encoder (the exact brute-force top k over
+    those texts), upserts by id, keeps raw vectors where the store does, and ``delete`` takes ids,
+    a filter or both."""
+    texts = make_sentences(30, seed=41)
+    ids = [f"t{i}" for i in range(len(texts))]
+    rows = [{"part": i % 3} for i in range(len(texts))]
+    with Collection.create(f"{kind}:{tmp_path / 's'}", encoder) as collection:
+        assert collection.add(ids, texts, rows) == ids
+        chunks = [
+            Chunk(id=i, text=t, source="", position=0, start=0, end=len(t), metadata=r) for i, t, r in zip(ids, texts, rows)
+        ]
+        check_against_brute_force(collection.search(QUERIES, k=K), QUERIES, chunks, encoder)
+        if collection.store.stores_raw_vectors:
+            np.testing.assert_allclose(collection.store.raw_vectors(ids[:3]), encoder.embed_raw(texts[:3]), atol=1e-5)
+        collection.add(["t0"], ["a brand new text about trains"], [{"part": 9}])
+        assert len(collection.store) == len(texts)
+        assert collection.get(["t0"])[0].text == "a brand new text about trains"
+        assert collection.delete(where="part = 1") == 10
+        assert collection.delete(ids=["t0", "t2", "missing"], where={"part": 2}) == 1
+        assert sorted(collection.store.ids()) == sorted(f"t{i}" for i in range(30) if i % 3 != 1 and i != 2)
+        with pytest.raises(ValueError, match="ids or a where"):
+            collection.delete()
+
+
+def test_collection_add_refuses_vectors_of_another_encoder(tmp_path, encoder):
+    texts = make_sentences(4, seed=42)
+    with Collection.create(f"faiss:{tmp_path / 's'}", encoder) as collection:
+        good = encoder.encode(texts)
+        collection.add(["a", "b", "c", "d"], texts, vectors=good)
+        shuffled = good[::-1].copy()
+        with pytest.raises(EncoderMismatchError, match=r"e: its vector is not this store's encoder's"):
+            collection.add(["e", "f", "g", "h"], texts, vectors=shuffled)
+        assert len(collection.store) == 4
+
+
+def test_no_writer_goes_around_the_collection():
+    """Outside the store layer and ingestion's writers, stores are written through ``Collection.add``
+    (it encodes with the store's own encoder): no module calls a store's ``add`` directly."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {"src/isotrope/search.py", "src/isotrope/ingest/plan.py"}  # the collection and the ingestion writer
+    pattern = re.compile(r"\bstore\.add\(")
+    offenders = [
+        str(path.relative_to(root))
+        for folder in ("src/isotrope", "connectors")
+        for path in (root / folder).rglob("*.py")
+        if "stores" not in path.relative_to(root).parts
+        and not path.name.endswith("_store.py")
+        and str(path.relative_to(root)) not in allowed
+        and pattern.search(path.read_text())
+    ]
+    assert offenders == []

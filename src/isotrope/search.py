@@ -9,11 +9,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from isotrope.encoder import ShapedEncoder
 from isotrope.errors import EncoderMismatchError, EncoderMissingError
 from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
-from isotrope.stores.base import Hit, VectorStore
+from isotrope.stores.base import Hit, VectorStore, as_vectors
 from isotrope.stores.filters import check_fields, parse_where
 from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
 
@@ -26,6 +28,8 @@ STORE_KINDS = {
 }
 #: store kind -> the store option naming its index type
 INDEX_OPTION = {"faiss": "factory", "lancedb": "index_type"}
+#: the least cosine between a given vector and this encoder's vector of its text (float32 round-off aside)
+MIN_VERIFY_COSINE = 0.99
 
 
 def holds_vectors(path: Path) -> bool:
@@ -204,6 +208,88 @@ class Collection:
         vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
         hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha, group_by=group_by)
         return hits[0] if single else hits
+
+    def add(
+        self,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        vectors: Any = None,
+        verify: bool = True,
+        commit: bool = True,
+        batch_size: int = 64,
+    ) -> list[str]:
+        """Upsert texts under ``ids`` with their metadata, encoded by this collection's encoder; the ids.
+
+        ``vectors`` passes embeddings a caller already made (a framework's embedding step): they must
+        be this encoder's document vectors of ``texts``, which :meth:`check_vectors` checks unless
+        ``verify=False`` (the caller checked them on the texts it embedded).
+        ``commit=False`` leaves the write pending until :meth:`commit` (batching many calls).
+        """
+        ids, texts = list(ids), list(texts)
+        if len(ids) != len(texts):
+            raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+        if not ids:
+            return []
+        rows = [None] * len(ids) if metadata is None else list(metadata)
+        extra: dict[str, Any] = {}
+        if vectors is None:
+            raw = self.encoder.embed_raw(texts, kind="document", batch_size=batch_size)
+            vectors = self.encoder.apply_transforms(raw)
+            if self.store.stores_raw_vectors:
+                extra["raw_vectors"] = raw
+        else:
+            vectors = as_vectors(vectors, self.store.dim)
+            if len(vectors) != len(ids):
+                raise ValueError(f"{len(vectors)} vectors for {len(ids)} texts")
+            if verify:
+                self.check_vectors(ids, texts, vectors)
+        self.store.add(ids, vectors, texts, rows, **extra)
+        if commit:
+            self.store.commit()
+        return ids
+
+    def check_vectors(self, ids: Sequence[str], texts: Sequence[str], vectors: np.ndarray) -> None:
+        """Refuse vectors made elsewhere unless the first non-empty text re-encodes to its vector
+        (cosine ≥ :data:`MIN_VERIFY_COSINE`): vectors of another encoder never enter the store."""
+        for id, text, vector in zip(ids, texts, vectors):
+            if not text.strip():
+                continue
+            expected = self.encoder.encode([text], kind="document")[0].astype(np.float64)
+            given = vector.astype(np.float64)
+            cosine = float(expected @ given / max(np.linalg.norm(expected) * np.linalg.norm(given), 1e-12))
+            if cosine < MIN_VERIFY_COSINE:
+                raise EncoderMismatchError(
+                    f"{id}: its vector is not this store's encoder's ({self.encoder.fingerprint[:12]}) vector of "
+                    f"its text (cosine {cosine:.3f}); embed with this store's encoder, or pass no vectors"
+                )
+            return
+
+    def delete(self, ids: Sequence[str] | None = None, where: Mapping[str, Any] | str | None = None, commit: bool = True) -> int:
+        """Delete rows by id and/or by metadata filter (rows matching both, when both are given); the
+        number of stored rows deleted. A filter no row matches deletes nothing."""
+        if ids is None and where is None:
+            raise ValueError("delete needs ids or a where filter")
+        if isinstance(where, str):
+            where = parse_where(where)
+        doomed = set(self.store.contains(ids)) if ids is not None else None
+        if where is not None:  # {} matches every row
+            matched = set(self.store.ids(where or None))
+            doomed = matched if doomed is None else doomed & matched
+        if doomed:
+            self.store.delete(sorted(doomed))
+            if commit:
+                self.store.commit()
+        return len(doomed or ())
+
+    def get(self, ids: Sequence[str]) -> list[Hit | None]:
+        """The stored rows (text, metadata) of ``ids``, ``None`` where an id is not stored."""
+        return self.store.get(list(ids))
+
+    def commit(self) -> None:
+        """Make pending writes durable and visible."""
+        self.store.commit()
 
     def info(self) -> dict[str, Any]:
         """Counts, model, shaping and fingerprint."""

@@ -36,11 +36,13 @@ def beir_documents(dataset: BeirDataset) -> tuple[list[str], list[str]]:
 
 
 def index_documents(collection: Collection, ids: Sequence[str], texts: Sequence[str], vectors: Any) -> None:
-    """Add the documents (each id as its ``source``) in batches, then commit."""
+    """Add the documents (each id as its ``source``) in batches, then commit. ``vectors`` are the
+    collection encoder's vectors of ``texts``, encoded once for every store the harness fills."""
     for start in range(0, len(ids), _BATCH):
         part = slice(start, start + _BATCH)
-        collection.store.add(ids[part], vectors[part], texts[part], [{"source": i} for i in ids[part]])
-    collection.store.commit()
+        rows = [{"source": i} for i in ids[part]]
+        collection.add(ids[part], texts[part], rows, vectors=vectors[part], verify=start == 0, commit=False)
+    collection.commit()
 
 
 def run_modes(
