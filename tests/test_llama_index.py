@@ -37,7 +37,7 @@ from conftest import make_sentences
 from isotrope.backbones import make_backbone
 from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
 from isotrope.encoder import ShapedEncoder
-from isotrope.search import EncoderMismatchError
+from isotrope.search import Collection, EncoderMismatchError
 from isotrope.transforms import TRANSFORMS
 
 STORE_KINDS = ["faiss", "lancedb"]
@@ -292,6 +292,45 @@ def test_pipeline_upserts_replace_the_nodes_of_a_changed_document(embedding: Iso
     kept = {node_id: ref for node_id, ref in before.items() if ref != "doc-1"}
     assert after == {**kept, **{node.node_id: "doc-1" for node in new_nodes}}
     assert {node.ref_doc_id for node in new_nodes} == {"doc-1"}
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_pipeline_rerun_writes_nothing_and_upserts_changed_documents(
+    kind: str, embedding: IsotropeEmbedding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    pipeline = IngestionPipeline(
+        transformations=[SentenceSplitter(chunk_size=32, chunk_overlap=0), embedding],
+        docstore=SimpleDocumentStore(),
+        vector_store=store,
+    )
+    texts = {f"doc-{i}": " ".join(make_sentences(3, seed=60 + i)) for i in range(4)}
+    first = pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()])
+    stored = {hit.id: (hit.text, hit.metadata) for hit in store.client.get([node.node_id for node in first])}
+    written: list[list[str]] = []
+    real_add = Collection.add
+
+    def spy(self: Collection, ids, *args, **kwargs):  # noqa: ANN001, ANN202
+        written.append(list(ids))
+        return real_add(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Collection, "add", spy)
+    assert pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()]) == []
+    assert written == []
+    assert {hit.id: (hit.text, hit.metadata) for hit in store.client.get(list(stored))} == stored
+
+    texts["doc-2"] = " ".join(make_sentences(2, seed=98))
+    changed = pipeline.run(documents=[Document(text=text, id_=doc_id) for doc_id, text in texts.items()])
+    assert {node.ref_doc_id for node in changed} == {"doc-2"}
+    assert written == [[node.node_id for node in changed]]
+    left = {node.node_id: node.ref_doc_id for node in store.get_nodes()}
+    assert left == {
+        **{node.node_id: node.ref_doc_id for node in first if node.ref_doc_id != "doc-2"},
+        **{node.node_id: "doc-2" for node in changed},
+    }
+    store.close()
 
 
 def _reference_ids(nodes: list[TextNode], filters: MetadataFilters) -> set[str]:
