@@ -312,7 +312,7 @@ def test_pipeline_rerun_writes_nothing_and_upserts_changed_documents(
     written: list[list[str]] = []
     real_add = Collection.add
 
-    def spy(self: Collection, ids, *args, **kwargs):  # noqa: ANN001, ANN202
+    def spy(self: Collection, ids, *args, **kwargs):
         written.append(list(ids))
         return real_add(self, ids, *args, **kwargs)
 
