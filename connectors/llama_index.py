@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.schema import BaseNode, MetadataMode
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
     FilterCondition,
@@ -56,6 +56,7 @@ from isotrope.fusion import search_store
 from isotrope.persist import read_spec
 from isotrope.search import Collection, EncoderMismatchError, parse_store_uri
 from isotrope.shapes import format_shape
+from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields
 from isotrope.stores.layout import ENCODER_DIR
 
@@ -290,6 +291,14 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, bool, int))
 
 
+def _node(hit: Hit) -> BaseNode:
+    """The node of a stored row: rebuilt from LlamaIndex's own format, or (a row written by ``isotrope index``
+    or another framework) a ``TextNode`` of the row's id, text and metadata."""
+    if NODE_CONTENT_KEY in hit.metadata:
+        return metadata_dict_to_node(hit.metadata, hit.text)
+    return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
+
+
 _MODES = {
     VectorStoreQueryMode.DEFAULT: "dense",
     VectorStoreQueryMode.TEXT_SEARCH: "lexical",
@@ -429,10 +438,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         **delete_kwargs: Any,
     ) -> None:
         """Delete the given nodes, those matching ``filters``, or those that are both."""
-        where = _all_of(to_where(filters), _in(NODE_ID_KEY, node_ids))
-        if where is None:
+        where = to_where(filters)
+        if where is None and node_ids is None:
             raise ValueError("delete_nodes needs node_ids or non-empty filters (clear() deletes everything)")
-        self._delete_where(where)
+        self._collection.delete(ids=node_ids, where=where, commit=self.autocommit)
 
     def clear(self) -> None:
         """Delete every node."""
@@ -540,7 +549,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             group_by=kwargs.get("group_by"),
         )[0]
         return VectorStoreQueryResult(
-            nodes=[metadata_dict_to_node(hit.metadata, hit.text) for hit in hits],
+            nodes=[_node(hit) for hit in hits],
             similarities=[hit.score for hit in hits],
             ids=[hit.id for hit in hits],
         )
@@ -552,11 +561,15 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     ) -> list[BaseNode]:
         """Stored nodes by id and/or filter (all nodes when both are None)."""
         store = self._collection.store
-        ids = store.ids(where=_all_of(to_where(filters), _in(NODE_ID_KEY, node_ids)))
-        if node_ids is not None:  # in the order asked for
-            found = set(ids)
+        where = to_where(filters)
+        if node_ids is None:
+            ids = store.ids(where=where)
+        else:  # a node's id is its store id (also in stores not written through LlamaIndex); in the order asked for
+            found = set(store.contains(node_ids))
+            if where is not None:
+                found &= set(store.ids(where=where))
             ids = [node_id for node_id in node_ids if node_id in found]
-        return [metadata_dict_to_node(hit.metadata, hit.text) for hit in store.get(ids) if hit is not None]
+        return [_node(hit) for hit in store.get(ids) if hit is not None]
 
 
 __all__ = ["EncoderMismatchError", "IsotropeEmbedding", "IsotropeVectorStore", "to_where"]

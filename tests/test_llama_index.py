@@ -517,3 +517,25 @@ def test_standard_reload_from_a_persist_dir(kind: str, embedding: IsotropeEmbedd
         load_index_from_storage(StorageContext.from_defaults(persist_dir=persist_dir), embed_model=embedding)
     with pytest.raises(FileNotFoundError, match="holds no persisted IsotropeVectorStore"):
         IsotropeVectorStore.from_persist_dir(tmp_path)
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_a_store_written_without_llama_index_is_read_as_text_nodes(
+    kind: str, embedding: IsotropeEmbedding, encoder: ShapedEncoder, tmp_path: Path
+) -> None:
+    texts = make_sentences(12, seed=21)
+    ids = [f"c{i}" for i in range(len(texts))]
+    rows = [{"source": f"file{i % 3}.txt", "chunk": i} for i in range(len(texts))]
+    with Collection.create(store_uri(kind, tmp_path), encoder) as collection:  # as `isotrope index` writes
+        collection.add(ids, texts, rows)
+        expected = collection.search("the dog eats food", k=4)
+    store = IsotropeVectorStore(store_uri(kind, tmp_path))
+    retrieved = VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model).as_retriever(similarity_top_k=4)
+    hits = retrieved.retrieve("the dog eats food")
+    assert [(hit.node.node_id, hit.node.get_content(), hit.node.metadata) for hit in hits] == [
+        (hit.id, hit.text, hit.metadata) for hit in expected
+    ]
+    assert [node.get_content() for node in store.get_nodes(node_ids=["c3", "missing", "c1"])] == [texts[3], texts[1]]
+    store.delete_nodes(node_ids=["c3", "c4"], filters=MetadataFilters(filters=[MetadataFilter(key="chunk", value=3)]))
+    assert sorted(node.node_id for node in store.get_nodes()) == sorted(set(ids) - {"c3"})
+    store.close()

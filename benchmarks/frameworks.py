@@ -1,0 +1,193 @@
+"""SciFact nDCG@10 through LangChain, LlamaIndex and a plain LanceDB table against `isotrope eval retrieval`,
+and (``--timing``) each framework's per-query overhead over ``Collection.search``.
+
+Quality (deterministic): one encoder (``--model``, ``--shape``, fitted on the corpus when it needs it);
+the reference is the harness's store evaluation (``isotrope eval retrieval --mode dense --store KIND``:
+:func:`~isotrope.evaluate.store_retrieval.eval_through_store`); each framework indexes the same documents
+through its own API into a new store of the same kind (metric cosine) and answers every test query with
+its retriever's top 10:
+
+* LangChain: ``IsotropeVectorStore.from_texts(...)`` then ``as_retriever(search_kwargs={"k": 10}).invoke(q)``;
+* LlamaIndex: ``IngestionPipeline([IsotropeEmbedding], vector_store=IsotropeVectorStore)`` then
+  ``VectorStoreIndex.from_vector_store(...).as_retriever(similarity_top_k=10).retrieve(q)``;
+* LanceDB: a plain table whose schema uses the registry's ``"isotrope"`` function, ``table.search(q)``
+  (exact search: no vector index). ``--kind faiss`` does not apply to it; it is always LanceDB.
+
+Timing (``--timing N``, an idle machine only): a ``--kind`` store of N chunks (SciFact abstracts repeated
+under new ids) built once through ``Collection.add``; then, on that one store, the median seconds per query
+of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
+rounds, :func:`benchmarks.common.compare`), and each framework's overhead in percent (target <= 10 %).
+
+    python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 [--kind faiss|lancedb] [--out F.json]
+    python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 --timing 100000 --queries 300 --skip-quality
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import compare, print_and_write, set_threads
+from isotrope.encoder import ShapedEncoder, default_shape
+from isotrope.evaluate.data import BeirDataset, load_beir
+from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store, scores_of
+from isotrope.search import Collection
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval" / "scifact"
+K = 10
+Run = dict[str, dict[str, float]]
+
+
+def langchain_run(encoder: ShapedEncoder, dataset: BeirDataset, uri: str) -> Run:
+    from isotrope.connectors.langchain import IsotropeEmbeddings, IsotropeVectorStore
+
+    ids, texts = beir_documents(dataset)
+    rows: list[dict[str, Any]] = [{"source": doc_id} for doc_id in ids]
+    with IsotropeVectorStore.from_texts(texts, IsotropeEmbeddings(encoder), rows, ids=ids, uri=uri, metric="cosine") as store:
+        scored = {qid: store.similarity_search_with_score(query, k=K) for qid, query in dataset.queries.items()}
+        retriever = store.as_retriever(search_kwargs={"k": K})
+        for qid, query in list(dataset.queries.items())[:20]:  # the retriever returns the same documents
+            assert [d.id for d in retriever.invoke(query)] == [d.id for d, _ in scored[qid]], qid
+    return {qid: {str(d.id): score for d, score in hits} for qid, hits in scored.items()}
+
+
+def llama_index_run(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, folder: Path) -> Run:
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.ingestion import IngestionPipeline
+    from llama_index.core.schema import TextNode
+
+    from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
+
+    ids, texts = beir_documents(dataset)
+    embedding = IsotropeEmbedding.from_encoder(encoder, folder / "llama-encoder")
+    store = IsotropeVectorStore(uri, embed_model=embedding, store_options={"metric": "cosine"})
+    nodes = [TextNode(id_=doc_id, text=text) for doc_id, text in zip(ids, texts)]
+    IngestionPipeline(transformations=[embedding], vector_store=store).run(nodes=nodes)
+    retriever = VectorStoreIndex.from_vector_store(store, embed_model=embedding).as_retriever(similarity_top_k=K)
+    run = {
+        qid: {hit.node.node_id: float(hit.score or 0.0) for hit in retriever.retrieve(q)} for qid, q in dataset.queries.items()
+    }
+    store.close()
+    return run
+
+
+def lancedb_run(encoder: ShapedEncoder, dataset: BeirDataset, folder: Path) -> Run:
+    import lancedb
+    from lancedb.embeddings import get_registry
+    from lancedb.pydantic import LanceModel, Vector
+
+    import isotrope.connectors.lancedb_registry  # noqa: F401  registers "isotrope"
+
+    encoder.save(folder / "lance-encoder")
+    func = get_registry().get("isotrope").create(encoder=str(folder / "lance-encoder"))
+
+    class Doc(LanceModel):
+        doc_id: str
+        text: str = func.SourceField()
+        vector: Vector(func.ndims()) = func.VectorField()  # type: ignore[valid-type]
+
+    ids, texts = beir_documents(dataset)
+    table = lancedb.connect(folder / "lance-db").create_table("scifact", schema=Doc)
+    table.add([{"doc_id": doc_id, "text": text} for doc_id, text in zip(ids, texts)])
+    run = {}
+    for qid, query in dataset.queries.items():
+        hits = table.search(query).metric("cosine").limit(K).to_list()
+        run[qid] = {hit["doc_id"]: 1.0 - hit["_distance"] for hit in hits}
+    return run
+
+
+def quality(encoder: ShapedEncoder, dataset: BeirDataset, kind: str) -> dict[str, Any]:
+    reference = eval_through_store(encoder, dataset, kinds=[kind], modes=["dense"])[kind]["dense"]["ndcg@10"]
+    out: dict[str, Any] = {"ndcg@10_eval_retrieval": reference}
+    with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-") as tmp:
+        folder = Path(tmp)
+        runs = {
+            "langchain": langchain_run(encoder, dataset, f"{kind}:{folder / 'langchain'}"),
+            "llama_index": llama_index_run(encoder, dataset, f"{kind}:{folder / 'llama'}", folder),
+            "lancedb_registry": lancedb_run(encoder, dataset, folder),
+        }
+    for name, run in runs.items():
+        ndcg = scores_of(run, dataset)["ndcg@10"]
+        out[f"ndcg@10_{name}"] = ndcg
+        out[f"difference_{name}"] = round(ndcg - reference, 2)
+    out["within_0.1"] = all(abs(out[f"difference_{name}"]) <= 0.1 for name in runs)
+    return out
+
+
+def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int) -> dict[str, Any]:
+    from llama_index.core import VectorStoreIndex
+
+    from isotrope.connectors.langchain import IsotropeVectorStore as LangChainStore
+    from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
+
+    ids, texts = beir_documents(dataset)
+    queries = list(dataset.queries.values())[:n_queries]
+    with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-timing-") as tmp:
+        uri = f"{kind}:{Path(tmp) / 'store'}"
+        with Collection.create(uri, encoder, metric="cosine") as collection:
+            for start in range(0, size, 4096):
+                part = range(start, min(start + 4096, size))
+                collection.add([f"{ids[i % len(ids)]}-{i}" for i in part], [texts[i % len(texts)] for i in part], commit=False)
+            collection.commit()
+            collection.optimize()
+
+        sides = {}
+        with Collection.open(uri) as collection:
+            sides["collection"] = compare({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat)
+        with LangChainStore(uri) as store:
+            retriever = store.as_retriever(search_kwargs={"k": K})
+            sides["langchain"] = compare({"langchain": lambda: [retriever.invoke(q) for q in queries]}, repeat)
+        llama_store = LlamaStore(uri)
+        llama = VectorStoreIndex.from_vector_store(llama_store, embed_model=llama_store.embed_model).as_retriever(
+            similarity_top_k=K
+        )
+        sides["llama_index"] = compare({"llama_index": lambda: [llama.retrieve(q) for q in queries]}, repeat)
+        llama_store.close()
+
+    per_query = {name: result[name]["median_s"] / len(queries) for name, result in sides.items()}
+    base = per_query["collection"]
+    return {
+        "chunks": size,
+        "queries": len(queries),
+        "repeat": repeat,
+        "ms_per_query": {name: round(1000 * value, 3) for name, value in per_query.items()},
+        "overhead_percent": {
+            name: round(100 * (value / base - 1), 1) for name, value in per_query.items() if name != "collection"
+        },
+        "note": "rounds of each side are separate (one store handle at a time: the single-writer lock); run on an idle machine",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    parser.add_argument("--model", default="static:all-MiniLM-L6-v2")
+    parser.add_argument("--shape", help="the shaping (default: the model family's, fitted on the corpus)")
+    parser.add_argument("--kind", choices=("faiss", "lancedb"), default="faiss", help="the isotrope store kind")
+    parser.add_argument("--timing", type=int, metavar="N", help="also time per-query overhead on a store of N chunks")
+    parser.add_argument("--queries", type=int, default=300, help="queries per timed round")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds per side")
+    parser.add_argument("--skip-quality", action="store_true", help="the timing only")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="write the JSON result here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    set_threads(args.threads)
+
+    dataset = load_beir(args.data, "test")
+    encoder = ShapedEncoder.create(args.model, shape=args.shape or default_shape(args.model))
+    if encoder.needs_corpus:
+        encoder.fit(beir_documents(dataset)[1], fitted_on="SciFact corpus")
+    result: dict[str, Any] = {"model": args.model, "shape": encoder.shape, "kind": args.kind, "queries": len(dataset.queries)}
+    if not args.skip_quality:
+        result["quality"] = quality(encoder, dataset, args.kind)
+    if args.timing:
+        result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat)
+    print_and_write(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
