@@ -278,12 +278,10 @@ class IsotropeVectorStore(VectorStore):
         where = to_where(filter)
 
         def search(collection: Collection) -> list[Hit]:
-            if len(collection.store) == 0:
-                return []
+            if vector is None:  # Collection.search checks the filter's fields and the mode
+                return collection.search(query or "", k=k, where=where, mode=mode, alpha=alpha, group_by=group_by)  # type: ignore[return-value]
             if where:
                 check_fields(where, collection.store.metadata_fields())
-            if vector is None:
-                return collection.search(query or "", k=k, where=where, mode=mode, alpha=alpha, group_by=group_by)  # type: ignore[return-value]
             array = np.asarray(vector, dtype=np.float32)[None, :]
             return search_store(collection.store, [query or ""], array, k, where=where, mode=mode, group_by=group_by)[0]
 
