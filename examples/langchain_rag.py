@@ -25,28 +25,14 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
 from isotrope.connectors.langchain import IsotropeEmbeddings, IsotropeVectorStore
 
-DOCUMENTS = [
-    Document(
-        page_content="Sourdough needs a lively starter: feed it flour and water the evening before you bake.",
-        metadata={"topic": "baking", "source": "sourdough.md"},
-    ),
-    Document(
-        page_content="Proof shaped loaves in the fridge overnight for a more sour flavour and an easier score.",
-        metadata={"topic": "baking", "source": "proofing.md"},
-    ),
-    Document(
-        page_content="A night train links Vienna and Venice; book a sleeper cabin months ahead in summer.",
-        metadata={"topic": "travel", "source": "trains.md"},
-    ),
-    Document(
-        page_content="In Venice the vaporetto water buses are the cheapest way along the Grand Canal.",
-        metadata={"topic": "travel", "source": "venice.md"},
-    ),
-    Document(
-        page_content="Prune tomato side shoots weekly so the plant puts its energy into fruit.",
-        metadata={"topic": "garden", "source": "tomatoes.md"},
-    ),
+PASSAGES = [  # (source, topic, text)
+    ("sourdough.md", "baking", "Sourdough needs a lively starter: feed it flour and water the evening before you bake."),
+    ("proofing.md", "baking", "Proof shaped loaves in the fridge overnight for a more sour flavour and an easier score."),
+    ("trains.md", "travel", "A night train links Vienna and Venice; book a sleeper cabin months ahead in summer."),
+    ("venice.md", "travel", "In Venice the vaporetto water buses are the cheapest way along the Grand Canal."),
+    ("tomatoes.md", "garden", "Prune tomato side shoots weekly so the plant puts its energy into fruit."),
 ]
+DOCUMENTS = [Document(page_content=text, metadata={"topic": topic, "source": source}) for source, topic, text in PASSAGES]
 QUESTIONS = ["When should I feed my sourdough starter?", "How do I get around Venice cheaply?"]
 PROMPT = PromptTemplate.from_template("Answer from the context only.\n\nContext:\n{context}\n\nQuestion: {question}\nAnswer:")
 

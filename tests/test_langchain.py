@@ -240,3 +240,13 @@ def test_an_embedding_that_is_not_an_isotrope_encoder_is_refused(tmp_path: Path)
     with pytest.raises(TypeError, match="pass an IsotropeEmbeddings, not DeterministicFakeEmbedding"):
         IsotropeVectorStore(f"faiss:{tmp_path / 'store'}", DeterministicFakeEmbedding(size=6))
     assert not Collection.exists(f"faiss:{tmp_path / 'store'}")
+
+
+def test_relevance_scores_map_cosine_onto_zero_one(filled: IsotropeVectorStore) -> None:
+    query = "the old house by the river"
+    scored = filled.similarity_search_with_score(query, k=5)
+    relevance = filled.similarity_search_with_relevance_scores(query, k=5)
+    assert [d.id for d, _ in relevance] == [d.id for d, _ in scored]
+    assert [r for _, r in relevance] == pytest.approx([(1 + s) / 2 for _, s in scored])
+    kept = filled.as_retriever(search_type="similarity_score_threshold", search_kwargs={"score_threshold": 0.5, "k": 24})
+    assert {d.id for d in kept.invoke(query)} == {d.id for d, s in filled.similarity_search_with_score(query, k=24) if s >= 0}
