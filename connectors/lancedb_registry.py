@@ -87,8 +87,14 @@ class IsotropeEmbeddingFunction(TextEmbeddingFunction):
     def ndims(self) -> int:
         return self._encoder.dim
 
-    def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
-        return list(self._encoder.encode([str(text) for text in texts], kind="document"))
+    def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray | None]:
+        """Document vectors of ``texts``; None for a null text (LanceDB's "no embedding")."""
+        texts = list(texts)
+        present = [i for i, text in enumerate(texts) if text is not None]
+        out: list[np.ndarray | None] = [None] * len(texts)
+        for i, vector in zip(present, self._encoder.encode([texts[i] for i in present], kind="document")):
+            out[i] = vector
+        return out
 
     def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
         return list(self._encoder.encode([query], kind="query"))

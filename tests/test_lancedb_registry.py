@@ -87,5 +87,7 @@ def test_a_recipe_needing_no_corpus_is_accepted_and_one_needing_fit_refused(tiny
     func = registry.create(model=tiny_bert_path, shape="l2", device="cpu")
     reference = ShapedEncoder.create(tiny_bert_path, shape="l2", device="cpu")
     assert np.allclose(func.compute_source_embeddings(TEXTS[:3]), reference.encode(TEXTS[:3]), atol=1e-6)
+    with_null = func.compute_source_embeddings([TEXTS[0], None])
+    assert with_null[1] is None and np.allclose(with_null[0], reference.encode(TEXTS[:1])[0], atol=1e-6)
     with pytest.raises(NotFittedError, match="needs fitting"):
         registry.create(model=tiny_bert_path, shape="center", device="cpu")
