@@ -250,3 +250,14 @@ def test_relevance_scores_map_cosine_onto_zero_one(filled: IsotropeVectorStore) 
     assert [r for _, r in relevance] == pytest.approx([(1 + s) / 2 for _, s in scored])
     kept = filled.as_retriever(search_type="similarity_score_threshold", search_kwargs={"score_threshold": 0.5, "k": 24})
     assert {d.id for d in kept.invoke(query)} == {d.id for d, s in filled.similarity_search_with_score(query, k=24) if s >= 0}
+
+
+def test_a_store_written_by_isotrope_index_is_read_as_documents(embeddings: IsotropeEmbeddings, tmp_path: Path) -> None:
+    uri = f"lancedb:{tmp_path / 'store'}"
+    rows = [{"source": f"file{i % 3}.txt", "chunk": i} for i in range(len(DOCS))]
+    with Collection.create(uri, embeddings.encoder) as collection:  # as `isotrope index` writes: plain rows
+        collection.add([f"c{i}" for i in range(len(DOCS))], DOCS, rows)
+        expected = collection.search("a green tree in the city", k=5)
+    with IsotropeVectorStore(uri) as store:
+        got = store.similarity_search_with_score("a green tree in the city", k=5)
+    assert [(d.id, d.page_content, d.metadata, s) for d, s in got] == [(h.id, h.text, h.metadata, h.score) for h in expected]
