@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-quick lint format bench clean
+.PHONY: install demo test test-quick lint format bench docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,15 @@ format: $(STAMP)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# the documentation site (mkdocs.yml): built strictly into site/, or served at http://127.0.0.1:8000
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/python -m mkdocs serve
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 
 clean:
-	rm -rf $(VENV) .isotrope-demo .pytest_cache
+	rm -rf $(VENV) .isotrope-demo .pytest_cache site
