@@ -25,13 +25,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check src connectors tests benchmarks
-	$(BIN)/python -m ruff format --check src connectors tests benchmarks
+	$(BIN)/python -m ruff check src connectors tests benchmarks docs/_hooks
+	$(BIN)/python -m ruff format --check src connectors tests benchmarks docs/_hooks
 	$(BIN)/python -m mypy
 
 format: $(STAMP)
-	$(BIN)/python -m ruff check --fix src connectors tests benchmarks
-	$(BIN)/python -m ruff format src connectors tests benchmarks
+	$(BIN)/python -m ruff check --fix src connectors tests benchmarks docs/_hooks
+	$(BIN)/python -m ruff format src connectors tests benchmarks docs/_hooks
 
 # everything but the tests marked slow (@pytest.mark.slow: more than ~3 s each)
 test-quick: $(STAMP)

@@ -1,0 +1,1 @@
+"""isotrope.connectors: everything that imports a third-party system (FAISS, LanceDB, LlamaIndex, Ray, the server)."""

@@ -629,6 +629,7 @@ class FaissStore(VectorStore):
 
     @property
     def has_lexical_index(self) -> bool:
+        """Whether the FTS5 table of lexical search exists (a store written before it had none: ``build_lexical_index``)."""
         return self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_fts'").fetchone() is not None
 
     def _ensure_lexical_index(self) -> None:
@@ -667,6 +668,7 @@ class FaissStore(VectorStore):
 
     @property
     def properties(self) -> dict[str, str]:
+        """The persisted ``dict[str, str]`` committed with the data (the encoder's fingerprint, index settings)."""
         return dict(self._conn.execute("SELECT key, value FROM properties").fetchall())
 
     def commit(self) -> None:
@@ -1024,9 +1026,11 @@ class FaissStore(VectorStore):
         return [by_id.get(i) for i in wanted]
 
     def contains(self, ids: Iterable[str]) -> set[str]:
+        """The subset of ``ids`` that is stored."""
         return set(self._keys(as_ids(ids)))
 
     def ids(self, where: Mapping[str, Any] | None = None) -> list[str]:
+        """All stored ids (those whose metadata matches ``where``), in insertion order."""
         sql, params = to_sqlite(where) if where else ("1", [])
         return [r[0] for r in self._conn.execute(f"SELECT id FROM items WHERE {sql} ORDER BY key", params)]
 

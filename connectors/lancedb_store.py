@@ -403,6 +403,7 @@ class LanceDBStore(ReshapableStore):
 
     @property
     def properties(self) -> dict[str, str]:
+        """The persisted ``dict[str, str]`` kept in the table's schema metadata (the encoder's fingerprint, index settings)."""
         meta = self._table.schema.metadata or {}
         prefix = _PROPERTY.encode()
         return {k[len(prefix) :].decode(): v.decode() for k, v in meta.items() if k.startswith(prefix)}
@@ -578,6 +579,7 @@ class LanceDBStore(ReshapableStore):
 
     @property
     def has_lexical_index(self) -> bool:
+        """Whether the terms column and its full-text index exist (a store written before them has neither)."""
         return _TERMS in self._table.schema.names and any(_TERMS in i.columns for i in self._table.list_indices())
 
     def _lexical_exact(self) -> bool:
@@ -850,6 +852,7 @@ class LanceDBStore(ReshapableStore):
         return [found.get(i) for i in wanted]
 
     def contains(self, ids: Iterable[str]) -> set[str]:
+        """The subset of ``ids`` that is stored."""
         wanted = as_ids(ids)
         found: set[str] = set()
         for part in _chunks(wanted):
@@ -857,6 +860,7 @@ class LanceDBStore(ReshapableStore):
         return found
 
     def ids(self, where: Mapping[str, Any] | None = None) -> list[str]:
+        """All stored ids (those whose metadata matches ``where``)."""
         return self._scan(["id"], to_lance(where) if where else None).column("id").to_pylist()
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:

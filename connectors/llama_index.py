@@ -116,6 +116,7 @@ class IsotropeEmbedding(BaseEmbedding):
 
     @classmethod
     def class_name(cls) -> str:
+        """The name LlamaIndex serializes this embedding under."""
         return "IsotropeEmbedding"
 
     # -- construction ---------------------------------------------------------------
@@ -359,6 +360,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
 
     @classmethod
     def class_name(cls) -> str:
+        """The name LlamaIndex serializes this vector store under."""
         return "IsotropeVectorStore"
 
     @staticmethod
@@ -373,6 +375,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
 
     @property
     def collection(self) -> Collection:
+        """The isotrope collection (store and encoder) behind this vector store."""
         return self._collection
 
     @property

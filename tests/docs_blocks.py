@@ -53,7 +53,14 @@ def blocks(page: Path) -> list[Block]:
         above = lines[index - 1].strip() if index else ""
         marker = _MARKER.match(above)
         found.append(
-            Block(page, index + 1, language.lower(), code, marker.group(1) if marker else None, (marker.group(2) or "") if marker else "")
+            Block(
+                page,
+                index + 1,
+                language.lower(),
+                code,
+                marker.group(1) if marker else None,
+                (marker.group(2) or "") if marker else "",
+            )
         )
         index = end + 1
     return found

@@ -65,20 +65,28 @@ class SearchOptions(BaseModel):
 
 
 class SearchRequest(SearchOptions):
+    """One query and the search options."""
+
     query: str = Field(min_length=1, max_length=10_000, description="the question or keywords")
 
 
 class BatchRequest(SearchOptions):
+    """Several queries searched with the same options."""
+
     queries: list[str] = Field(min_length=1, max_length=MAX_BATCH, description="query texts")
 
 
 class EmbedRequest(BaseModel):
+    """Texts to encode with the store's encoder."""
+
     model_config = ConfigDict(extra="forbid")
     texts: list[str] = Field(min_length=1, max_length=MAX_BATCH, description="texts to encode")
     kind: Literal["query", "document"] = Field("query", description="query texts get the encoder's query prefix, if any")
 
 
 class HitOut(BaseModel):
+    """One hit: the stored id, its score (higher is closer), text, source file and metadata."""
+
     id: str
     score: float
     text: str | None
@@ -87,15 +95,21 @@ class HitOut(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    """The hits of one query, best first."""
+
     query: str
     hits: list[HitOut]
 
 
 class BatchResponse(BaseModel):
+    """The hits of each query, in the order asked."""
+
     results: list[SearchResponse]
 
 
 class EmbedResponse(BaseModel):
+    """Vectors from the store's encoder, with its fingerprint and dimension."""
+
     fingerprint: str
     dim: int
     vectors: list[list[float]]
@@ -134,6 +148,7 @@ class FormBodyAsJSON:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Pass the request on, a form-encoded POST body relabelled as JSON."""
         if scope["type"] == "http" and scope["method"] == "POST":
             scope = dict(scope)
             scope["headers"] = [
@@ -178,6 +193,7 @@ class Searcher:
         return keywords
 
     async def search(self, queries: list[str], options: SearchOptions, field: str = "query") -> list[list[Hit]]:
+        """The hits of each query, batched with concurrent searches; a blank query is a 422 naming ``field``, a bad filter a 400."""
         for index, query in enumerate(queries):
             if not query.strip():
                 raise HTTPException(422, f"{field if field == 'query' else f'{field}.{index}'}: is blank")
@@ -187,12 +203,14 @@ class Searcher:
             raise HTTPException(400, str(error).strip("'\"")) from None
 
     async def embed(self, texts: list[str], kind: str) -> Any:
+        """The vectors of ``texts`` from the store's encoder, as ``kind`` (query or document) texts."""
         try:
             return await self._run(self.collection.encoder.encode, texts, kind=kind)
         except (ValueError, TypeError) as error:
             raise HTTPException(422, f"texts: {error}") from None
 
     async def info(self) -> dict[str, Any]:
+        """``isotrope info`` of the store, with the server's version and search modes."""
         info = await self._run(self.collection.info)
         return {**info, "server": {"isotrope": __version__, "modes": list(MODES)}}
 

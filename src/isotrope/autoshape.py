@@ -442,4 +442,5 @@ def choose_shape(
 
 
 def format_candidate(candidate: dict[str, Any]) -> str:
+    """A candidate's settings as one short label (``whiten + 0.25``)."""
     return " + ".join(str(value) for value in candidate.values())

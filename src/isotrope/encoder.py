@@ -310,6 +310,7 @@ class ShapedEncoder:
 
     @property
     def shape(self) -> str:
+        """The fitted transform chain as a spec string (``center,l2``)."""
         return format_shape(self.spec["transforms"])
 
     def get_state(self) -> dict[str, np.ndarray]:
@@ -323,6 +324,7 @@ class ShapedEncoder:
 
     @property
     def fingerprint(self) -> str:
+        """sha256 over the encoder's spec and arrays: equal fingerprints encode alike, bit for bit."""
         return fingerprint(self.spec, self.get_state())
 
     @property
@@ -334,6 +336,7 @@ class ShapedEncoder:
 
     @property
     def tokenizer(self) -> Any:
+        """The backbone's tokenizer (a ``tokenizers`` or transformers tokenizer)."""
         return self.backbone.tokenizer
 
     @property
@@ -344,9 +347,11 @@ class ShapedEncoder:
         )
 
     def is_fitted(self) -> bool:
+        """Whether the weighting and every transform are fitted (the encoder can encode)."""
         return not self.backbone.needs_fit and hasattr(self.weighting, "weights_") and all(t.is_fitted() for t in self.transforms)
 
     def check_is_fitted(self) -> None:
+        """Raise :class:`~isotrope.errors.NotFittedError` naming the steps not fitted yet."""
         if not self.is_fitted():
             pending = [t.kind for t in self.transforms if not t.is_fitted()]
             if self.backbone.needs_fit:

@@ -59,12 +59,15 @@ class Foldable(Protocol):
     ) -> None: ...
 
     @property
-    def shape(self) -> str: ...
+    def shape(self) -> str:
+        """The transform chain as a spec string."""
 
     @property
-    def fingerprint(self) -> str: ...
+    def fingerprint(self) -> str:
+        """The encoder's fingerprint."""
 
-    def check_is_fitted(self) -> None: ...
+    def check_is_fitted(self) -> None:
+        """Raise unless the encoder is fitted."""
 
 
 EncoderT = TypeVar("EncoderT", bound=Foldable)

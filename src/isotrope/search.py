@@ -320,6 +320,7 @@ class Collection:
         return self.store.index_info()
 
     def close(self) -> None:
+        """Close the store (uncommitted writes are discarded; ``with`` commits them first)."""
         self.store.close()
 
     def __enter__(self) -> Collection:

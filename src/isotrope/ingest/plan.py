@@ -61,6 +61,7 @@ class IngestReport:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
+        """One line for the command line: counts, what was skipped and the time per step."""
         timing = ", ".join(f"{step} {value:.1f}s" for step, value in self.seconds.items())
         return (
             f"{self.documents} documents, {self.chunks} chunks: {self.added} added, {self.unchanged} unchanged, "
@@ -264,6 +265,7 @@ class ChunkWriter:
     def add(
         self, ids: Sequence[str], vectors: np.ndarray, texts: Sequence[str], metadata: Sequence[dict[str, Any]], raw: np.ndarray
     ) -> None:
+        """Write a batch of embedded chunks; commit once ``commit_every`` rows, or a quarter of those committed before, are pending."""
         tick = time.perf_counter()
         extra: dict[str, Any] = {"raw_vectors": raw} if self.store.stores_raw_vectors else {}
         if getattr(self.store, "appends_new_ids", False):
@@ -279,6 +281,7 @@ class ChunkWriter:
         self.progress.update(len(ids))
 
     def close(self) -> None:
+        """Leave the deferred-index context (the store builds its index at its next commit) and close the progress bar."""
         self._deferral.close()
         self.progress.close()
 
@@ -290,6 +293,7 @@ class ChunkWriter:
 
 
 def chunk_document(document: Document, chunker: TokenChunker | None) -> list[Chunk]:
+    """The chunks of ``document``: token windows with ``chunker``, else the whole text as one chunk."""
     return chunker.chunk(document) if chunker else make_chunks(document, [(0, len(document.text))])
 
 
