@@ -49,7 +49,10 @@ def _params_table(params: list[Any]) -> str:
         default = "" if param.required or param.default is None else f"`{param.default}`"
         if getattr(param, "multiple", False) or param.nargs == -1:
             kind += ", repeatable"
-        rows.append(f"| {names} | {kind} | {default} | {_escape(getattr(param, 'help', '') or '')} |")
+        description = _escape(getattr(param, "help", "") or "")
+        if param.envvar:
+            description += f" (environment: `{param.envvar}`)"
+        rows.append(f"| {names} | {kind} | {default} | {description} |")
     return "\n".join(rows)
 
 
