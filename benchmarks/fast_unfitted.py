@@ -1,6 +1,6 @@
 """``--model fast`` on SciFact without the fit: the unfitted table (context rows, mapped input rows
 for unseen tokens, ``whiten-partial``) at given teacher samples, to compare with the fitted curve
-(docs/RESULTS.md section 12). Same harness and cache as ``isotrope eval retrieval --model fast``;
+(docs/results/fast.md). Same harness and cache as ``isotrope eval retrieval --model fast``;
 only the candidate lambdas are emptied, which is the fallback path the product takes when no fit wins.
 
     python -m benchmarks.fast_unfitted --data-dir ../shared/data --cache-dir .cache/isotrope \

@@ -11,7 +11,7 @@ For every query the candidates are the union of the dense and the lexical top ``
   ``p = (s_1 - mean) / std`` over the side's own top ``depth``).
 
 The rule is chosen on SciFact's *train* queries only (best mean nDCG@10 over the encoders; the shipped
-one is the best with a fixed weight, see docs/RESULTS.md section 11 for why ``peak`` was not adopted);
+one is the best with a fixed weight, see docs/results/hybrid.md for why ``peak`` was not adopted);
 every other split and set is reported with it.
 
     python -m benchmarks.hybrid_fusions --scores .cache/scores --data-dir DATA --sets DIR ... --out F.json

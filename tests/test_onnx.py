@@ -20,7 +20,7 @@ FP32_COSINE = 0.9999
 #: dynamic int8 vs torch fp32 on the tiny random BERT: every text's cosine at least this (observed >= 0.99998)
 INT8_COSINE = 0.999
 #: and on all-MiniLM-L6-v2, mean cosine to torch fp32 (observed on 300 STS-B sentences: 0.970 per tensor,
-#: 0.994 per channel; 0.956 and 0.992 on 2,000; STS-B Spearman within 0.3 % of fp32, see docs/BENCHMARKS.md)
+#: 0.994 per channel; 0.956 and 0.992 on 2,000; STS-B Spearman within 0.3 % of fp32, see docs/benchmarks/onnx-and-ingestion.md)
 INT8_MINILM_MEAN_COSINE = {"onnx-int8": 0.93, "onnx-int8-per-channel": 0.985}
 PROMPT = 'this sentence : "{text}" means [MASK] .'
 MODES = [  # (pooling, layers, prompt): every pooling and every kind of layer choice

@@ -321,7 +321,7 @@ def default_threads(model: str) -> int:
     """1 for a static table: a query is a lookup and a short index walk, and a second OpenMP thread
     spin-waits (a fast-encoder store at 100,000 chunks: p50 7 ms with 1 thread, 44 ms with 2 under 8
     clients); the physical cores for a transformer, whose batched forward pass they share (46 against
-    55 ms; docs/BENCHMARKS.md)."""
+    55 ms; docs/benchmarks/serve.md)."""
     from isotrope.backbones import is_static_source
     from isotrope.backbones.onnx import physical_cores
 

@@ -131,7 +131,7 @@ PROXIES: dict[str, Callable[[str, random.Random], tuple[str, str | None] | None]
     "masked": masked_query,
 }
 #: the proxy used unless asked otherwise (its ranking of candidates agreed best with labelled
-#: queries, docs/RESULTS.md), and the one that works on any text (one-sentence corpora)
+#: queries, docs/results/auto-shaping.md), and the one that works on any text (one-sentence corpora)
 DEFAULT_PROXY = "passage"
 FALLBACK_PROXY = "masked"
 

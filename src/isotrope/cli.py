@@ -575,7 +575,7 @@ def _comma_list(value: str | None) -> list[str]:
 
 @app.command()
 def sweep(
-    config: Annotated[Path, typer.Argument(help="JSON grid: see docs/RESULTS.md")],
+    config: Annotated[Path, typer.Argument(help="JSON grid: see docs/how-to/evaluate.md")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output stem: writes OUT.json and OUT.md")] = Path("sweep"),
 ) -> None:
     """Run a grid of recipes x tasks and write a JSON + Markdown table."""

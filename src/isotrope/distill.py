@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 FAST = "fast"
 DEFAULT_TEACHER = "all-MiniLM-L6-v2"
-#: texts the teacher runs on by default (docs/RESULTS.md, "fast": the curve against the sample)
+#: texts the teacher runs on by default (docs/results/fast.md: the curve against the sample)
 DEFAULT_DISTILL_SAMPLES = 10000
 #: candidate regularisation strengths, as multiples of the mean diagonal of A^T A
 LAMBDAS = (10.0, 3.0, 1.0)
@@ -49,7 +49,7 @@ TEACHER_BATCH = 32
 TEACHER_BATCH_TOKENS = 4096
 HOLDOUT_FRACTION = 0.1
 #: fewer teacher texts than this keep the unfitted table: on SciFact a fit from 1,000 texts scored 57.84
-#: nDCG@10 against 59.12 unfitted, from 2,500 +0.25 above it (docs/RESULTS.md, section 12)
+#: nDCG@10 against 59.12 unfitted, from 2,500 +0.25 above it (docs/results/fast.md)
 MIN_FIT_TEXTS = 2500
 #: rows of the input table mapped at a time (bounds the float64 temporaries)
 _ROW_BLOCK = 4096

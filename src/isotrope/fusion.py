@@ -8,7 +8,7 @@
 * ``rrf``: reciprocal-rank fusion, ``sum over lists of 1 / (rrf_k + rank)`` (rank from 1).
 
 Ties keep the order of first appearance, the dense list first. The defaults were chosen on
-SciFact's *train* queries only and then frozen (docs/RESULTS.md, "Hybrid retrieval").
+SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ class FoldedBackbone(TokenizedBackbone):
         without padding: ids through the word cache (the tokenizer's ids; see
         :mod:`isotrope.backbones.word_cache`), then per text one gather of its rows and one
         weighted sum (a BLAS vector-matrix product), measured 6x faster on abstracts than one
-        ``np.add.reduceat`` over the batch's (tokens x d) rows (docs/RESULTS.md section 12)."""
+        ``np.add.reduceat`` over the batch's (tokens x d) rows (docs/results/fast.md)."""
         output = np.zeros((len(texts), self.dim), dtype=np.float32)
         weights = np.asarray(weights, dtype=np.float32)
         for begin in range(0, len(texts), POOL_BATCH):

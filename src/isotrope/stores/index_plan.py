@@ -23,7 +23,7 @@ The rules (``--index auto``, the default):
   sentences' within 0.03 at every breadth (a little harder); on a million overlapping passages
   (every passage has near-duplicates) they are easier than real ones (0.977 against 0.931 at the
   same breadth), as every query made from stored vectors is: there only queries like the real
-  ones can calibrate (docs/SCALING.md, third round). It is measured when the index is built and
+  ones can calibrate (docs/SCALING.md, "Index rules"). It is measured when the index is built and
   saved with it; ``--nprobe`` / ``--ef`` override it.
 
 Queries like the user's calibrate best: ``isotrope calibrate STORE QUERIES`` (``Collection.calibrate``)
