@@ -85,6 +85,7 @@ class IsotropeEmbeddingFunction(TextEmbeddingFunction):
         return instance
 
     def ndims(self) -> int:
+        """The vector dimension (LanceDB sizes the vector column with it)."""
         return self._encoder.dim
 
     def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray | None]:
@@ -97,6 +98,7 @@ class IsotropeEmbeddingFunction(TextEmbeddingFunction):
         return out
 
     def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        """The query vector of ``query``, encoded as a query."""
         return list(self._encoder.encode([query], kind="query"))
 
 

@@ -79,18 +79,23 @@ class IsotropeEmbeddings(Embeddings):
 
     @property
     def fingerprint(self) -> str:
+        """The fingerprint of the isotrope encoder behind these embeddings."""
         return self.encoder.fingerprint
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Document vectors of ``texts``, as lists of floats."""
         return self.encoder.encode(list(texts), kind="document").tolist() if texts else []
 
     def embed_query(self, text: str) -> list[float]:
+        """The query vector of ``text``, as a list of floats."""
         return self.encoder.encode([text], kind="query")[0].tolist()
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """``embed_documents`` in a worker thread."""
         return await asyncio.to_thread(self.embed_documents, texts)
 
     async def aembed_query(self, text: str) -> list[float]:
+        """``embed_query`` in a worker thread."""
         return await asyncio.to_thread(self.embed_query, text)
 
 
@@ -231,6 +236,7 @@ class IsotropeVectorStore(VectorStore):
         return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The stored documents of ``ids`` (ids not stored are left out), in order."""
         return [_document(hit) for hit in self.run(lambda collection: collection.get(ids)) if hit is not None]
 
     @classmethod
@@ -303,6 +309,7 @@ class IsotropeVectorStore(VectorStore):
         return self._search(query, None, k, filter, mode, alpha, group_by)
 
     def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        """The ``k`` best documents for ``query`` (keywords as ``similarity_search_with_score``)."""
         return [document for document, _ in self.similarity_search_with_score(query, k, **kwargs)]
 
     def similarity_search_by_vector(
