@@ -1,9 +1,14 @@
 """ONNX Runtime execution of a Hugging Face backbone: export once, cache, quantise, run.
 
-The export (``torch.onnx`` with the dynamo exporter; no optimum) has two inputs, ``input_ids`` and
-``attention_mask`` (int64, dynamic batch and sequence axes), and one output per hidden state,
+The export (``torch.onnx`` with the TorchScript exporter and eager attention, as optimum exports for
+sentence-transformers; no optimum) has two inputs, ``input_ids`` and ``attention_mask`` (int64,
+dynamic batch and sequence axes), and one output per hidden state,
 ``hidden_0`` (embeddings) .. ``hidden_L``, so every layer choice (``last``, ``first_last``, an
-index) and prompt pooling read the same states as the torch backbone. Exports live in the cache
+index) and prompt pooling read the same states as the torch backbone (the states are the inputs
+of the next layer, so the extra outputs cost no compute). The TorchScript graph is what ONNX Runtime's
+fusions (LayerNorm, GELU, MatMul+bias) recognise; the dynamo exporter's graph of SDPA attention took
+~20 % more CPU time in fp32 and ~30 % more in int8 (ORT profiler and process CPU time, all-MiniLM-L6-v2,
+STS-B sentences; docs/BENCHMARKS.md). Exports live in the cache
 folder (``$ISOTROPE_CACHE_DIR`` or ``~/.cache/isotrope``) under ``onnx/<content hash of the model
 files>/``: ``model.onnx`` (float32), ``model.int8.onnx`` and ``model.int8-per-channel.onnx``
 (``onnxruntime.quantization.quantize_dynamic``), each written once and reused.
@@ -25,8 +30,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 #: bump when the export's inputs/outputs change: old cache entries are then ignored
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 MODEL_FILE = "model.onnx"
+#: ONNX opset of the export (LayerNormalization is an operator from 17 on)
+OPSET = 17
 QUANTISED_FILES = {"onnx-int8": "model.int8.onnx", "onnx-int8-per-channel": "model.int8-per-channel.onnx"}
 #: only the matrix products are quantised: int8 embedding tables (Gather) cost quality and little time
 QUANTISED_OPS = ["MatMul"]
@@ -99,7 +106,8 @@ def export_hidden_states(model_path: str, folder: Path) -> None:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(model_path, dtype=torch.float32).eval()
+    # eager attention: SDPA traces to a graph ONNX Runtime fuses less well
+    model = AutoModel.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager").eval()
     count = model.config.num_hidden_layers + 1
 
     class AllHiddenStates(torch.nn.Module):
@@ -113,28 +121,20 @@ def export_hidden_states(model_path: str, folder: Path) -> None:
     input_ids = torch.ones((2, 8), dtype=torch.long)
     attention_mask = torch.ones((2, 8), dtype=torch.long)
     attention_mask[1, 5:] = 0  # a padded row, so the mask is not specialised away
-    batch = torch.export.Dim("batch")
-    sequence = torch.export.Dim("sequence", max=getattr(model.config, "max_position_embeddings", None) or 4096)
-    axes = {0: batch, 1: sequence}
-    exporter_log = logging.getLogger("torch.onnx")
-    level = exporter_log.level
-    exporter_log.setLevel(logging.ERROR)  # it lists the optional operator libraries it skips (torchvision)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                AllHiddenStates(),
-                (input_ids, attention_mask),
-                input_names=["input_ids", "attention_mask"],
-                output_names=[f"hidden_{index}" for index in range(count)],
-                dynamic_shapes={"input_ids": axes, "attention_mask": axes},
-                dynamo=True,
-                verbose=False,
-            )
-            program.optimize()
-            program.save(str(folder / MODEL_FILE))
-    finally:
-        exporter_log.setLevel(level)
+    outputs = [f"hidden_{index}" for index in range(count)]
+    axes = {name: {0: "batch", 1: "sequence"} for name in ["input_ids", "attention_mask", *outputs]}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
+        torch.onnx.export(
+            AllHiddenStates(),
+            (input_ids, attention_mask),
+            str(folder / MODEL_FILE),
+            input_names=["input_ids", "attention_mask"],
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
 
 
 def quantise(source: Path, target: Path, per_channel: bool) -> None:
