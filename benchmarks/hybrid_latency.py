@@ -165,7 +165,7 @@ def llama_index_fusion(store, bm25, candidates: int):
     return query
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument(
         "--queries-only", action="store_true", help="only the isotrope query latencies (no embedding, cost or peer rows)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from lancedb.rerankers import LinearCombinationReranker, RRFReranker
 
     texts = make_texts(args.chunks, 40, 120, seed=0)

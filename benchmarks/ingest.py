@@ -83,7 +83,7 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
     from llama_index.core import Document, StorageContext, VectorStoreIndex
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    from benchmarks.encode import model_path
+    from benchmarks.common import model_path
 
     documents = [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
     options: dict[str, Any] = {}
@@ -176,7 +176,7 @@ def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
     from llama_index.core.schema import MetadataMode
     from transformers import AutoTokenizer
 
-    from benchmarks.encode import model_path
+    from benchmarks.common import model_path
     from isotrope.ingest.chunking import TokenChunker
     from isotrope.ingest.loaders import iter_documents
 

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import child_main, child_parser, machine_info, run_child
+from benchmarks.common import child_main, child_parser, run_child
+from benchmarks.harness import machine_info
 
 logger = logging.getLogger(__name__)
 
@@ -444,7 +445,7 @@ def run(
         "passages": f"windows of consecutive sentences of {SENTENCES}: disjoint "
         f"{FIRST_WINDOW}-sentence windows, then sliding windows of "
         f"{', '.join(map(str, SLIDING_WINDOWS))} sentences",
-        "machine": {**machine_info(threads), "search_threads": search_threads},
+        "machine": {**machine_info(), "threads": threads, "search_threads": search_threads},
         "stores": {},
     }
     tmp = Path(tempfile.mkdtemp(prefix="isotrope-scale-", dir=workdir))
@@ -563,7 +564,7 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
     figure.savefig(out, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import sys
 
     if sys.argv[1:2] == ["--table"]:
@@ -606,7 +607,7 @@ def main() -> None:
     parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
     parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
     parser.add_argument("--nprobe", type=int, help="FAISS IVF lists probed, instead of the calibrated breadth")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     run(
         args.chunks,

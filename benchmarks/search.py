@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import compare
+from benchmarks.harness import alternate
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +94,9 @@ def compare_search(
     ours: Callable[[np.ndarray], Any], bare: Callable[[np.ndarray], Any], queries: np.ndarray, single: int, repeat: int
 ) -> dict[str, Any]:
     """Batch throughput and single-query latency of both sides, and our overhead in %."""
-    batch = compare({"isotrope": lambda: ours(queries), "bare": lambda: bare(queries)}, repeat)
+    batch = alternate({"isotrope": lambda: ours(queries), "bare": lambda: bare(queries)}, repeat)
     one = queries[:single]
-    latency = compare(
+    latency = alternate(
         {
             "isotrope": lambda: [ours(one[i : i + 1]) for i in range(single)],
             "bare": lambda: [bare(one[i : i + 1]) for i in range(single)],

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import REPO_ROOT, cpu_model, git_commit, print_and_write, store_label
+from benchmarks.common import print_and_write, store_label
+from benchmarks.harness import REPO_ROOT, machine_info
 from isotrope.config import EncoderConfig
 
 CORPUS = "corpus/general_english_sentences.txt.gz"
@@ -207,7 +208,7 @@ def served_recall(store: str, queries: list[str], answers: dict[int, list[str]],
     return round(float(np.mean(found)), 4)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="shared data root (holds corpus/)")
     parser.add_argument("--store", required=True, help="lancedb:DIR or faiss:DIR; built when missing")
@@ -227,7 +228,7 @@ def main() -> None:
     parser.add_argument("--recall-queries", type=int, default=200, help="served answers checked against exact search")
     parser.add_argument("--wrk-seconds", type=float, default=0.0, help="then load with wrk for this long (0: not)")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     sentences = read_sentences(args.data_dir, args.chunks + args.queries + args.warmup)
     if len(sentences) < args.chunks + args.queries + args.warmup:
@@ -283,13 +284,9 @@ def main() -> None:
             **({"concurrent_wrk": wrk} if wrk else {}),
             f"recall@{args.k}": recall,
             "recall_queries": checked,
-            "machine": {
-                "cpu": cpu_model(),
-                "cores": os.cpu_count(),
-                "load_average_before": load_before,
-                "load_average_after": load_after,
-            },
-            "commit": git_commit(),
+            "machine": machine_info(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
         },
         args.out,
     )

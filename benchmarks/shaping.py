@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import MAX_SEQ_LENGTH, MODEL, compare, scifact_documents, sts_sentences
+from benchmarks.common import MAX_SEQ_LENGTH, MODEL, scifact_documents, sts_sentences
+from benchmarks.harness import alternate
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +54,9 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
         def embed(texts: list[str] = texts, name: str = name) -> None:
             raw_vectors[name] = base.embed_raw(texts)
 
-        raw_timings[name] = compare({"embed_raw": embed}, repeat, warmups={"embed_raw": lambda t=texts: base.embed_raw(t[:16])})[
-            "embed_raw"
-        ]
+        raw_timings[name] = alternate(
+            {"embed_raw": embed}, repeat, warmups={"embed_raw": lambda t=texts: base.embed_raw(t[:16])}
+        )["embed_raw"]
     encoders = shaped_encoders(base.backbone, np.concatenate(list(raw_vectors.values())))
     results: dict[str, Any] = {
         "model": MODEL,
@@ -67,7 +68,7 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
     for name, texts in sets.items():
         entry: dict[str, Any] = {"texts": len(texts), "embed_raw": raw_timings[name], "chains": {}}
         for chain, encoder in encoders.items():
-            timing = compare({"apply": lambda e=encoder, r=raw_vectors[name]: e.apply_transforms(r)}, TRANSFORM_REPEAT)["apply"]
+            timing = alternate({"apply": lambda e=encoder, r=raw_vectors[name]: e.apply_transforms(r)}, TRANSFORM_REPEAT)["apply"]
             # share of the whole encode: embed_raw + apply_transforms
             timing["share_pct"] = 100.0 * timing["median_s"] / (raw_timings[name]["median_s"] + timing["median_s"])
             entry["chains"][chain] = timing

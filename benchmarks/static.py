@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import MAX_SEQ_LENGTH, MODEL, compare, ratio, scifact_dir, scifact_documents
+from benchmarks.common import MAX_SEQ_LENGTH, MODEL, ratio, scifact_dir, scifact_documents
+from benchmarks.harness import alternate
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def run(data_dir: str | Path, *, quick: bool, repeat: int) -> dict[str, Any]:
         for _ in range(passes[name]):
             encoders[name].encode(texts)
 
-    timings = compare(
+    timings = alternate(
         {name: lambda n=name: encode_passes(n) for name in encoders},
         repeat,
         warmups={name: lambda e=encoder: e.encode(texts[:16]) for name, encoder in encoders.items()},

@@ -1,0 +1,288 @@
+"""The suite's one measurement discipline: load guard, threads, alternated rounds, CPU time, memory.
+
+Every topic runs under :func:`measured`: it records the load average before and after and refuses to
+write a result when the 1-minute load at the start is above :data:`MAX_LOAD` (``--allow-loaded``
+writes it marked ``"loaded": true``, which the renderer refuses to cite). Sides of a comparison are
+timed by :func:`alternate` in rounds whose order rotates, each run's wall and CPU time recorded, and
+summarised as median and spread. :func:`set_threads` pins torch, ONNX Runtime (through
+``OMP_NUM_THREADS``, which isotrope's sessions read), OpenMP/BLAS and faiss, and returns what it set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+#: the 1-minute load average above which a result is not written (unless --allow-loaded)
+MAX_LOAD = 1.0
+LIBRARIES = (
+    "isotrope", "torch", "onnxruntime", "onnx", "transformers", "tokenizers", "sentence-transformers", "optimum",
+    "optimum-onnx", "numpy", "faiss-cpu", "lancedb", "pylance", "pyarrow", "llama-index-core",
+    "llama-index-embeddings-huggingface",
+)  # fmt: skip
+
+
+class LoadedMachineError(RuntimeError):
+    """The machine is busy: a timing taken now would measure the load, not the code."""
+
+
+# -- threads ------------------------------------------------------------------------
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment that pins OpenMP / MKL / BLAS / tokenizers threading (for this or a child process)."""
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "RAYON_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "true",
+    }
+
+
+def set_threads(threads: int) -> dict[str, Any]:
+    """Use ``threads`` threads in torch, ONNX Runtime, faiss and BLAS/OpenMP; returns what each reports."""
+    from threadpoolctl import threadpool_limits
+
+    os.environ.update(thread_env(threads))
+    threadpool_limits(limits=threads)
+    recorded: dict[str, Any] = {"requested": threads, "omp_env": threads}
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        recorded["torch"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+        recorded["faiss"] = faiss.omp_get_max_threads()
+    except ImportError:
+        pass
+    try:
+        from isotrope.backbones.onnx import session_threads
+
+        recorded["onnxruntime"] = session_threads()
+    except ImportError:
+        pass
+    return recorded
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# -- timing -------------------------------------------------------------------------
+def cpu_seconds() -> float:
+    """User + system CPU time of this process (all threads) and its finished children."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def summarize(wall: list[float], cpu: list[float] | None = None) -> dict[str, Any]:
+    """Median, spread ((max - min) / median) and every run, wall and CPU seconds."""
+    median = statistics.median(wall)
+    summary: dict[str, Any] = {
+        "median_s": median,
+        "min_s": min(wall),
+        "max_s": max(wall),
+        "spread": (max(wall) - min(wall)) / median if median else None,
+        "runs_s": [round(t, 6) for t in wall],
+    }
+    if cpu:
+        summary["cpu_median_s"] = statistics.median(cpu)
+        summary["cpu_runs_s"] = [round(t, 6) for t in cpu]
+    return summary
+
+
+def alternate(
+    sides: Mapping[str, Callable[[], Any]], rounds: int, warmups: Mapping[str, Callable[[], Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Time each side ``rounds`` times after one untimed warm-up per side.
+
+    Rounds are interleaved and the order rotates every round (A B C, B C A, ...), so a slow spell of
+    the machine falls on every side alike. Wall and CPU time of every run; a summary per side.
+    """
+    names = list(sides)
+    for name in names:
+        (warmups or sides)[name]()
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            cpu_start, start = cpu_seconds(), time.perf_counter()
+            sides[name]()
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(cpu_seconds() - cpu_start)
+    return {name: summarize(wall[name], cpu[name]) for name in names}
+
+
+# -- memory -------------------------------------------------------------------------
+def _status_mb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (VmHWM; ru_maxrss where /proc is missing)."""
+    value = _status_mb("VmHWM")
+    if value is None:
+        scale = 1024 * 1024 if sys.platform == "darwin" else 1024
+        value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+    return value
+
+
+def current_rss_mb() -> float:
+    """Resident memory of this process now (VmRSS; the peak where /proc is missing)."""
+    value = _status_mb("VmRSS")
+    return peak_rss_mb() if value is None else value
+
+
+def _reset_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux: ``5`` to clear_refs); False where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class StageMemory:
+    """Peak RSS per named stage of one process (``with memory.stage("fit"): ...``)."""
+
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        before = current_rss_mb()
+        resettable = _reset_peak()
+        try:
+            yield
+        finally:
+            peak = peak_rss_mb() if resettable else None
+            self.stages[name] = {"rss_before_mb": round(before, 1), "rss_after_mb": round(current_rss_mb(), 1)}
+            if peak is not None:
+                self.stages[name]["peak_rss_mb"] = round(peak, 1)
+
+
+# -- machine ------------------------------------------------------------------------
+def _proc_field(path: str, key: str) -> str | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """The short commit at ``root`` (``+dirty`` with uncommitted tracked changes), or None outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts that make the numbers reproducible: CPU, cores, RAM, versions, commit."""
+    memory = _proc_field("/proc/meminfo", "MemTotal")
+    return {
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": default_threads(),
+        "ram_gb": round(int(memory.split()[0]) / 1024**2, 1) if memory else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "libraries": library_versions(),
+        "git_commit": git_commit(),
+    }
+
+
+# -- one topic's run ----------------------------------------------------------------
+def load_now() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def check_load(allow_loaded: bool, limit: float = MAX_LOAD) -> bool:
+    """True when the machine is loaded (and that is allowed); raises LoadedMachineError when it is not allowed."""
+    load = os.getloadavg()[0]
+    if load <= limit:
+        return False
+    if not allow_loaded:
+        raise LoadedMachineError(
+            f"1-minute load average is {load:.2f} (> {limit}): timings now would measure the load; "
+            "wait for an idle machine or pass --allow-loaded (the result is then marked loaded and never cited)"
+        )
+    return True
+
+
+def measured(topic: str, command: str, mode: str, allow_loaded: bool, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``work`` under the discipline and return the result document (``work``'s figures under ``"result"``)."""
+    loaded = check_load(allow_loaded)
+    before, cpu_start, start = load_now(), cpu_seconds(), time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result = work()
+    return {
+        "topic": topic,
+        "command": command,
+        "mode": mode,
+        "started": started,
+        "loaded": loaded,
+        "load_average_before": before,
+        "load_average_after": load_now(),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "cpu_s": round(cpu_seconds() - cpu_start, 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "machine": machine_info(),
+        "result": result,
+    }
+
+
+def write_result(document: dict[str, Any], path: Path) -> Path:
+    """Write a result document atomically (a temporary file renamed over ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    staging.write_text(json.dumps(document, indent=1) + "\n")
+    staging.replace(path)
+    return path

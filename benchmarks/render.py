@@ -1,0 +1,325 @@
+"""Benchmark tables in README.md and docs/ generated from ``benchmarks/results/*.json``.
+
+    python -m benchmarks render          # rewrite every marked table from the committed results
+    python -m benchmarks render --check  # exit 1 when a committed table differs from what its JSON renders
+
+A table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in any of :data:`DOCUMENTS`;
+NAME is a topic (``encode``, ``ingest``, ...) or ``TOPIC.PART`` (:data:`SECTIONS`). Each rendering
+states the command, machine, load and threads it came from. A result marked ``"loaded": true`` is
+refused (never cited); a topic without a result renders as "not measured yet" with its command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import REPO_ROOT, RESULTS_DIR
+
+#: the files (glob patterns under the repository) whose marked tables are generated
+DOCUMENTS = ("README.md", "docs/**/*.md")
+MARKER = re.compile(r"(<!-- bench:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
+#: what the README says of a side (the backend's vectors)
+SIDE_LABELS = {
+    "isotrope_torch": "isotrope `torch` (PyTorch float32)",
+    "isotrope_onnx": "isotrope `onnx` (ONNX Runtime float32)",
+    "isotrope_onnx-int8": "isotrope `onnx-int8` (int8 weights, per tensor)",
+    "isotrope_onnx-int8-per-channel": "isotrope `onnx-int8-per-channel` (int8 weights, per channel)",
+    "isotrope_fast": "isotrope `--model fast` (static table distilled on STS-B train)",
+    "st_torch": "sentence-transformers torch",
+    "peer_st_torch": "sentence-transformers torch (peer process)",
+    "peer_st_onnx": 'sentence-transformers `backend="onnx"` (peer process)',
+    "peer_st_onnx_int8": "sentence-transformers ONNX int8, `export_dynamic_quantized_onnx_model` (peer process)",
+}
+
+
+class LoadedResultError(ValueError):
+    """A result measured on a busy machine: never cited."""
+
+
+# -- formatting ---------------------------------------------------------------------
+def num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(num(cell) if not isinstance(cell, str) else cell for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def runs(entry: dict[str, Any]) -> str:
+    return ", ".join(f"{t:.3g}" for t in entry.get("runs_s", []))
+
+
+def provenance(document: dict[str, Any]) -> str:
+    """One line: command, machine, load before/after, threads, commit, date."""
+    machine = document["machine"]
+    threads = document.get("threads", {})
+    set_to = ", ".join(f"{name} {value}" for name, value in threads.items() if name != "requested")
+    return (
+        f"`{document['command']}` on {machine['cpu']} ({machine['usable_cores']} cores, {machine['ram_gb']} GB), "
+        f"load {document['load_average_before'][0]:.2f} before / {document['load_average_after'][0]:.2f} after, "
+        f"{threads.get('requested', '?')} threads ({set_to}), commit {machine['git_commit']}, {document['started'][:10]}"
+    )
+
+
+# -- one renderer per topic ---------------------------------------------------------
+def render_encode(result: dict[str, Any]) -> str:
+    rows = []
+    for name, side in result["sides"].items():
+        cosine = (
+            "–"
+            if "mean_cosine_to_torch" not in side
+            else f"{side['mean_cosine_to_torch']:.6f} / {side['min_cosine_to_torch']:.6f}"
+        )
+        rows.append(
+            [
+                SIDE_LABELS.get(name, name),
+                side["texts_per_s"],
+                f"{side['x_st_torch']:.2f}",
+                f"{side['spread']:.2f}",
+                side["cpu_median_s"],
+                cosine,
+                side["stsb_spearman"],
+                f"{100 * side['stsb_share_of_torch']:.1f} %",
+            ]
+        )
+    head = (
+        f"{result['model']}, {result['texts']:,} STS-B test sentences, batch size {result['batch_size']}, max_seq_length "
+        f"{result['max_seq_length']}, median of {result['rounds']} alternated rounds (spread = (max - min) / median); "
+        f"STS-B Spearman x100 on all {result['quality_pairs']:,} test pairs; x ST torch is to sentence-transformers' torch in "
+        "the same process.\n\n"
+    )
+    gates = "\n\nGates: " + ", ".join(f"{name} {num(ok)}" for name, ok in result["gates"].items())
+    header = ["side", "texts/s", "x ST torch", "spread", "CPU s", "cosine to torch (mean / min)", "STS-B", "of torch"]
+    return head + table(header, rows) + gates
+
+
+def render_flat(result: dict[str, Any]) -> str:
+    """Every scalar figure of a result as ``path | value`` rows (topics without a dedicated table)."""
+    rows: list[list[Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            rows.append([prefix, value])
+
+    walk("", {key: value for key, value in result.items() if key != "machine"})
+    return table(["figure", "value"], rows)
+
+
+def _padding(entry: dict[str, Any], side: str) -> str:
+    padded = entry.get(f"padded_tokens_{side}")
+    return "–" if padded is None else f"{padded / entry['tokens']:.3f}"
+
+
+def render_ingest(item: dict[str, Any]) -> str:
+    chunking = item["chunking"]
+    head = (
+        f"{item['documents']:,} SciFact documents, {item['model']}, batch size {item['batch_size']}, "
+        f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
+        f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n"
+    )
+    chunks = table(
+        ["chunking", "chunks", "tokens the model sees"],
+        [
+            ["isotrope (TokenChunker 256/32 tokens)", chunking["isotrope"]["chunks"], chunking["isotrope"]["model_tokens"]],
+            [
+                "LlamaIndex (SentenceSplitter 1024/200, default)",
+                chunking["llamaindex"]["chunks"],
+                chunking["llamaindex"]["model_tokens"],
+            ],
+        ],
+    )
+    sides = table(
+        ["side", "chunks", "median s", "runs (s)", "model tokens/s", "peak RSS MB", "process wall s"],
+        [
+            [name, e["chunks"], e["median_s"], runs(e), e["model_tokens_per_s"], e["peak_rss_mb"], e["process_wall_s"]]
+            for name, e in item["sides"].items()
+        ],
+    )
+    ratios = table(
+        [
+            "store",
+            "speedup (LlamaIndex s / isotrope s)",
+            "peak RSS isotrope / LlamaIndex",
+            "token throughput isotrope / LlamaIndex",
+        ],
+        [
+            [store, f"{e['speedup']:.2f}x", e["peak_rss_ratio"], e["token_throughput_ratio"]]
+            for store, e in item["ratios"].items()
+        ],
+    )
+    return "\n\n".join([head + chunks, sides, ratios])
+
+
+def render_shaping(item: dict[str, Any]) -> str:
+    rows = []
+    for name, entry in item["sets"].items():
+        for chain, timing in entry["chains"].items():
+            rows.append(
+                [
+                    name,
+                    entry["texts"],
+                    chain,
+                    entry["embed_raw"]["median_s"],
+                    1000 * timing["median_s"],
+                    f"{timing['share_pct']:.3f}",
+                ]
+            )
+    head = f"Chains fitted on {item['fitted_on']}; share = apply / (embed_raw + apply).\n\n"
+    return head + table(["texts", "n", "chain", "embed_raw s", "apply_transforms ms", "share %"], rows)
+
+
+def render_static(item: dict[str, Any]) -> str:
+    split = item["quality_split"]
+    where = (
+        f"a subset of SciFact test ({split['queries']} queries, {split['documents']:,} documents)"
+        if split["subset"]
+        else f"SciFact test ({split['queries']} queries, {split['documents']:,} documents)"
+    )
+    head = (
+        f"Throughput on {item['throughput_docs']} abstracts, batch size {item['batch_size']}, median of "
+        f"{item['repeat']}; quality on {where}; static encoders fitted on {item['fitted_on']}.\n\n"
+    )
+    rows = [
+        [name, e["docs_per_s"], f"{e['ratio_to_transformer']:.1f}x", e["ndcg@10"], e["recall@100"]]
+        for name, e in item["encoders"].items()
+    ]
+    return head + table(["encoder", "docs/s", "x transformer", "nDCG@10", "recall@100"], rows)
+
+
+def render_search(item: dict[str, Any]) -> str:
+    settings = ", ".join(f"{k} {v}" for k, v in item["settings"].items())
+    head = (
+        f"{item['queries']} queries per batch, {item['single_queries']} one at a time, k={item['k']}, "
+        f"dim {item['dim']}, median of {item['repeat']}; {settings}.\n\n"
+    )
+    rows = []
+    for library in ("faiss", "lancedb"):
+        for n, indexes in item.get(library, {}).items():
+            for index, e in indexes.items():
+                rows.append(
+                    [
+                        library,
+                        int(n),
+                        index,
+                        e["recall@10"],
+                        e["batch"]["isotrope"]["queries_per_s"],
+                        e["batch"]["bare"]["queries_per_s"],
+                        f"{e['batch']['overhead_pct']:+.1f}",
+                        e["single"]["isotrope"]["latency_ms"],
+                        e["single"]["bare"]["latency_ms"],
+                        f"{e['single']['overhead_pct']:+.1f}",
+                        e["build_s"],
+                    ]
+                )
+    return head + table(
+        [
+            "store",
+            "n",
+            "index",
+            "recall@10",
+            "isotrope q/s",
+            "bare q/s",
+            "batch overhead %",
+            "isotrope ms/query",
+            "bare ms/query",
+            "single overhead %",
+            "build s",
+        ],
+        rows,
+    )
+
+
+def render_quality(result: dict[str, Any]) -> str:
+    return render_shaping(result["shaping"]) + "\n\n" + render_static(result["static"])
+
+
+def render_search_topic(result: dict[str, Any]) -> str:
+    parts = [render_search(result["synthetic"])]
+    if "scale" in result:
+        parts.append(render_flat(result["scale"]))
+    return "\n\n".join(parts)
+
+
+#: NAME -> (result topic, renderer of its "result")
+SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "encode": ("encode", render_encode),
+    "ingest": ("ingest", render_ingest),
+    "search": ("search", render_search_topic),
+    "hybrid": ("hybrid", render_flat),
+    "serve": ("serve", render_flat),
+    "quality": ("quality", render_quality),
+}
+
+
+def render_topic(document: dict[str, Any], name: str | None = None) -> str:
+    """A result document's table(s) with its provenance line; LoadedResultError for a loaded result."""
+    topic = document["topic"]
+    if document.get("loaded"):
+        raise LoadedResultError(
+            f"benchmarks/results/{topic}.json was measured at load {document['load_average_before'][0]:.2f} "
+            "(loaded): re-run it on an idle machine; a loaded result is never cited"
+        )
+    renderer = SECTIONS[name or topic][1]
+    return f"Measured with {provenance(document)}.\n\n{renderer(document['result'])}"
+
+
+def render_section(name: str, results_dir: Path = RESULTS_DIR) -> str:
+    if name not in SECTIONS:
+        raise KeyError(f"unknown benchmark table {name!r}; known: {', '.join(SECTIONS)}")
+    topic = SECTIONS[name][0]
+    path = results_dir / f"{topic}.json"
+    if not path.is_file():
+        return (
+            f"Not measured under the load rule yet: run `python -m benchmarks {topic} --quick|--full --data-dir DATA` on an idle "
+            "machine, then `python -m benchmarks render`."
+        )
+    return render_topic(json.loads(path.read_text()), name)
+
+
+def rendered_text(text: str, results_dir: Path = RESULTS_DIR) -> str:
+    """``text`` with every marked block replaced by its rendering."""
+    return MARKER.sub(lambda m: f"{m.group(1)}{render_section(m.group('name'), results_dir)}\n{m.group(4)}", text)
+
+
+def main(check: bool = False, root: Path = REPO_ROOT, results_dir: Path = RESULTS_DIR) -> int:
+    """Rewrite (or with ``check``, compare) every marked table; 1 when ``check`` finds a stale one."""
+    stale = []
+    for path in sorted({path for pattern in DOCUMENTS for path in root.glob(pattern) if path.is_file()}):
+        relative = path.relative_to(root)
+        text = path.read_text()
+        try:
+            new = rendered_text(text, results_dir)
+        except (LoadedResultError, KeyError) as error:
+            print(f"error: {relative}: {error}", file=sys.stderr)
+            return 2
+        if new == text:
+            continue
+        if check:
+            stale.append(relative)
+        else:
+            path.write_text(new)
+            print(f"rendered {relative}")
+    if stale:
+        print(f"stale benchmark tables in {', '.join(stale)}: run python -m benchmarks render", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,141 @@
+"""The benchmark suite's discipline and its generated docs: load guard, alternation, per-stage peak
+memory, rendering between markers, and the committed tables equal to what the committed results render."""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import harness, render
+from benchmarks.harness import REPO_ROOT, LoadedMachineError, StageMemory, alternate, check_load, measured, summarize
+
+ENCODE_RESULT = {
+    "model": "all-MiniLM-L6-v2",
+    "texts": 512,
+    "quality_pairs": 1379,
+    "batch_size": 32,
+    "max_seq_length": 256,
+    "rounds": 3,
+    "sides": {
+        "isotrope_onnx": {
+            **summarize([2.0, 1.0, 1.5], [2.0, 2.0, 2.0]),
+            "texts_per_s": 341.3,
+            "x_st_torch": 2.0,
+            "mean_cosine_to_torch": 0.999999,
+            "min_cosine_to_torch": 0.99999,
+            "stsb_spearman": 82.03,
+            "stsb_share_of_torch": 1.0,
+        },
+        "st_torch": {
+            **summarize([3.0, 3.0, 3.0], [6.0, 6.0, 6.0]),
+            "texts_per_s": 170.7,
+            "x_st_torch": 1.0,
+            "stsb_spearman": 82.03,
+            "stsb_share_of_torch": 1.0,
+        },
+    },
+    "gates": {"onnx_cosine_ge_0.9999": True},
+}
+
+
+def document(loaded: bool = False) -> dict:
+    return {
+        "topic": "encode",
+        "command": "python -m benchmarks encode --quick --data-dir DATA",
+        "mode": "quick",
+        "started": "2026-11-27T04:00:00+00:00",
+        "loaded": loaded,
+        "load_average_before": [0.4, 0.3, 0.2],
+        "load_average_after": [1.9, 1.1, 0.6],
+        "machine": {"cpu": "Test CPU", "usable_cores": 2, "ram_gb": 8.0, "git_commit": "abc1234"},
+        "threads": {"requested": 2, "torch": 2, "onnxruntime": 2},
+        "result": copy.deepcopy(ENCODE_RESULT),
+    }
+
+
+def test_load_guard_refuses_a_busy_machine_unless_allowed(monkeypatch):
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.5, 2.0, 1.0))
+    with pytest.raises(LoadedMachineError, match="3.50"):
+        check_load(allow_loaded=False)
+    assert check_load(allow_loaded=True) is True
+    with pytest.raises(LoadedMachineError):
+        measured("encode", "cmd", "quick", False, lambda: pytest.fail("ran on a loaded machine"))
+    result = measured("encode", "cmd", "quick", True, lambda: {"x": 1})
+    assert result["loaded"] is True and result["result"] == {"x": 1}
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert measured("encode", "cmd", "quick", False, lambda: {})["loaded"] is False
+
+
+def test_alternate_rotates_the_order_and_records_wall_and_cpu_time():
+    order: list[str] = []
+
+    def side(name: str, seconds: float):
+        def call() -> None:
+            order.append(name)
+            end = time.process_time() + seconds  # busy: CPU time as well as wall time
+            while time.process_time() < end:
+                pass
+
+        return call
+
+    timings = alternate({"a": side("a", 0.02), "b": side("b", 0.0)}, rounds=4, warmups={"a": lambda: None, "b": lambda: None})
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    a = timings["a"]
+    assert len(a["runs_s"]) == len(a["cpu_runs_s"]) == 4
+    assert a["median_s"] == pytest.approx(statistics.median(a["runs_s"]), abs=1e-6)
+    assert a["cpu_median_s"] >= 0.015 > timings["b"]["cpu_median_s"]
+    assert a["spread"] == pytest.approx((max(a["runs_s"]) - min(a["runs_s"])) / statistics.median(a["runs_s"]), rel=1e-3)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="per-stage peaks need Linux's clear_refs")
+def test_stage_memory_sees_each_stages_own_peak():
+    memory = StageMemory()
+    with memory.stage("big"):
+        block = np.ones(64 * 2**20 // 8)  # 64 MiB touched
+        del block
+    with memory.stage("small"):
+        pass
+    big, small = memory.stages["big"], memory.stages["small"]
+    assert big["peak_rss_mb"] - big["rss_before_mb"] >= 60
+    assert small["peak_rss_mb"] - small["rss_before_mb"] < 30  # the first stage's peak was reset
+
+
+def test_render_states_provenance_and_the_figures():
+    text = render.render_topic(document())
+    assert "`python -m benchmarks encode --quick --data-dir DATA`" in text
+    assert "Test CPU (2 cores" in text and "load 0.40 before / 1.90 after" in text and "commit abc1234" in text
+    onnx_row = next(line for line in text.splitlines() if line.startswith("| isotrope `onnx`"))
+    cells = [cell.strip() for cell in onnx_row.strip("|").split("|")]
+    assert cells[1:4] == ["341.30", "2.00", f"{(2.0 - 1.0) / 1.5:.2f}"]
+    assert cells[5] == "0.999999 / 0.999990" and cells[6] == "82.03"
+
+
+def test_a_loaded_result_is_refused():
+    with pytest.raises(render.LoadedResultError, match="loaded"):
+        render.render_topic(document(loaded=True))
+
+
+def test_check_finds_drift_and_render_fixes_it(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "encode.json").write_text(json.dumps(document()))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:encode -->\nold figures\n<!-- /bench:encode -->\nend\n")
+    assert render.main(check=True, root=tmp_path, results_dir=results) == 1
+    assert readme.read_text().count("old figures") == 1  # --check writes nothing
+    assert render.main(root=tmp_path, results_dir=results) == 0
+    assert "old figures" not in readme.read_text() and "| isotrope `onnx`" in readme.read_text()
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("<!-- /bench:encode -->\nend\n")
+    assert render.main(check=True, root=tmp_path, results_dir=results) == 0
+    (results / "encode.json").write_text(json.dumps(document(loaded=True)))
+    assert render.main(check=True, root=tmp_path, results_dir=results) == 2
+
+
+def test_committed_tables_equal_what_the_committed_results_render():
+    assert render.main(check=True, root=REPO_ROOT) == 0
