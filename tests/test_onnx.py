@@ -274,3 +274,18 @@ def test_cli_fit_encode_and_index_with_a_backend(tiny_bert_path, texts, tmp_path
     assert code == 1 and err.count("\n") == 1 and "holds int8 vectors" in err
     code, out, err = run_cli(monkeypatch, capsys, "search", store, texts[3], "-k", "1")
     assert code == 0 and "1. " in out, err
+
+
+def test_export_and_quantisation_run_in_a_child_process(tiny_bert_path, tmp_path, monkeypatch):
+    from isotrope.backbones import onnx
+
+    def in_this_process(*args, **kwargs):
+        raise AssertionError("built in the indexing process")
+
+    monkeypatch.setattr(onnx, "export_hidden_states", in_this_process)
+    monkeypatch.setattr(onnx, "quantise", in_this_process)
+    path = onnx.exported_model(tiny_bert_path, "onnx-int8-per-channel", cache_dir=tmp_path)
+    assert path.name == "model.int8-per-channel.onnx" and path.is_file() and (path.parent / "model.onnx").is_file()
+    with pytest.raises(RuntimeError, match="^ONNX export of .*missing.*failed: ") as error:
+        onnx.build_in_child("export", str(tmp_path / "missing"), str(tmp_path / "out"))
+    assert "\n" not in str(error.value)
