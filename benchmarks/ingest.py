@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import MAX_SEQ_LENGTH, MODEL, child_main, child_parser, ratio, run_child, scifact_documents
+from benchmarks.harness import StageMemory
 
 logger = logging.getLogger(__name__)
 
@@ -59,22 +60,26 @@ def ingest_isotrope(
         max_length=MAX_SEQ_LENGTH if model == MODEL else None,
         backend=options.get("backend") or "torch",
     )
-    if options.get("encoder"):
-        encoder = ShapedEncoder.load(options["encoder"])
-    else:  # fitted by the pipeline
-        encoder = ShapedEncoder.create(config, device=device, batch_size=batch_size)
-    report = index_documents(
-        corpus,
-        f"{store}:{target}",
-        encoder=encoder,
-        store_options={"factory": options["factory"]} if options.get("factory") and store == "faiss" else None,
-        loader_options={"id_field": "_id"},
-        show_progress=False,
-    )
+    memory = StageMemory()
+    with memory.stage("encoder"):  # an onnx backend's first use exports and quantises (in a child process)
+        if options.get("encoder"):
+            encoder = ShapedEncoder.load(options["encoder"])
+        else:  # fitted by the pipeline
+            encoder = ShapedEncoder.create(config, device=device, batch_size=batch_size)
+    with memory.stage("index"):  # load, chunk, fit on the sample, embed, write
+        report = index_documents(
+            corpus,
+            f"{store}:{target}",
+            encoder=encoder,
+            store_options={"factory": options["factory"]} if options.get("factory") and store == "faiss" else None,
+            loader_options={"id_field": "_id"},
+            show_progress=False,
+        )
     return {
         "documents": report.documents,
         "chunks": report.chunks,
         "steps_s": {step: round(value, 3) for step, value in report.seconds.items()},
+        "memory_stages": memory.stages,
     }
 
 
