@@ -72,7 +72,14 @@ def run_topic(args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks import encode
 
         return encode.run(
-            args.data_dir, mode=args.mode, workdir=args.workdir, st_onnx_python=args.st_onnx_python, threads=args.threads
+            args.data_dir,
+            mode=args.mode,
+            workdir=args.workdir,
+            st_onnx_python=args.st_onnx_python,
+            threads=args.threads,
+            texts=args.texts,
+            rounds=args.rounds,
+            quality_pairs=args.quality_pairs,
         )
     if args.topic == "ingest":
         from benchmarks import ingest
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     document["threads"] = threads
     out = write_result(document, args.out or RESULTS_DIR / f"{args.topic}.json")
-    print(render.render_topic(document))
+    print(render.render_topic(document, show_loaded=True))
     print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}")
     return 0
 

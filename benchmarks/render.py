@@ -102,7 +102,7 @@ def render_encode(result: dict[str, Any]) -> str:
     head = (
         f"{result['model']}, {result['texts']:,} STS-B test sentences, batch size {result['batch_size']}, max_seq_length "
         f"{result['max_seq_length']}, median of {result['rounds']} alternated rounds (spread = (max - min) / median); "
-        f"STS-B Spearman x100 on all {result['quality_pairs']:,} test pairs; x ST torch is to sentence-transformers' torch in "
+        f"STS-B Spearman x100 on {result['quality_pairs']:,} test pairs; x ST torch is to sentence-transformers' torch in "
         "the same process.\n\n"
     )
     gates = "\n\nGates: " + ", ".join(f"{name} {num(ok)}" for name, ok in result["gates"].items())
@@ -271,16 +271,20 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 }
 
 
-def render_topic(document: dict[str, Any], name: str | None = None) -> str:
-    """A result document's table(s) with its provenance line; LoadedResultError for a loaded result."""
+def render_topic(document: dict[str, Any], name: str | None = None, show_loaded: bool = False) -> str:
+    """A result document's table(s) with its provenance line; LoadedResultError for a loaded result
+    (``show_loaded``: rendered with a warning instead, for the terminal)."""
     topic = document["topic"]
-    if document.get("loaded"):
+    warning = ""
+    if document.get("loaded") and show_loaded:
+        warning = "LOADED RUN: not citable (the load rule was waived with --allow-loaded).\n\n"
+    elif document.get("loaded"):
         raise LoadedResultError(
             f"benchmarks/results/{topic}.json was measured at load {document['load_average_before'][0]:.2f} "
             "(loaded): re-run it on an idle machine; a loaded result is never cited"
         )
     renderer = SECTIONS[name or topic][1]
-    return f"Measured with {provenance(document)}.\n\n{renderer(document['result'])}"
+    return f"{warning}Measured with {provenance(document)}.\n\n{renderer(document['result'])}"
 
 
 def render_section(name: str, results_dir: Path = RESULTS_DIR) -> str:

@@ -61,7 +61,7 @@ def document(loaded: bool = False) -> dict:
 
 def test_load_guard_refuses_a_busy_machine_unless_allowed(monkeypatch):
     monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.5, 2.0, 1.0))
-    with pytest.raises(LoadedMachineError, match="3.50"):
+    with pytest.raises(LoadedMachineError, match=r"3\.50"):
         check_load(allow_loaded=False)
     assert check_load(allow_loaded=True) is True
     with pytest.raises(LoadedMachineError):

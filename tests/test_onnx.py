@@ -286,6 +286,6 @@ def test_export_and_quantisation_run_in_a_child_process(tiny_bert_path, tmp_path
     monkeypatch.setattr(onnx, "quantise", in_this_process)
     path = onnx.exported_model(tiny_bert_path, "onnx-int8-per-channel", cache_dir=tmp_path)
     assert path.name == "model.int8-per-channel.onnx" and path.is_file() and (path.parent / "model.onnx").is_file()
-    with pytest.raises(RuntimeError, match="^ONNX export of .*missing.*failed: ") as error:
+    with pytest.raises(RuntimeError, match=r"^ONNX export of .*missing.*failed: ") as error:
         onnx.build_in_child("export", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert "\n" not in str(error.value)
