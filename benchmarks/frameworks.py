@@ -30,7 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import compare, print_and_write, set_threads
+from benchmarks.common import print_and_write
+from benchmarks.harness import alternate, set_threads
 from isotrope.encoder import ShapedEncoder, default_shape
 from isotrope.evaluate.data import BeirDataset, load_beir
 from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store, scores_of
@@ -136,15 +137,15 @@ def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n
 
         sides = {}
         with Collection.open(uri) as collection:
-            sides["collection"] = compare({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat)
+            sides["collection"] = alternate({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat)
         with LangChainStore(uri) as store:
             retriever = store.as_retriever(search_kwargs={"k": K})
-            sides["langchain"] = compare({"langchain": lambda: [retriever.invoke(q) for q in queries]}, repeat)
+            sides["langchain"] = alternate({"langchain": lambda: [retriever.invoke(q) for q in queries]}, repeat)
         llama_store = LlamaStore(uri)
         llama = VectorStoreIndex.from_vector_store(llama_store, embed_model=llama_store.embed_model).as_retriever(
             similarity_top_k=K
         )
-        sides["llama_index"] = compare({"llama_index": lambda: [llama.retrieve(q) for q in queries]}, repeat)
+        sides["llama_index"] = alternate({"llama_index": lambda: [llama.retrieve(q) for q in queries]}, repeat)
         llama_store.close()
 
     per_query = {name: result[name]["median_s"] / len(queries) for name, result in sides.items()}

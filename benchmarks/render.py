@@ -309,7 +309,7 @@ def main(check: bool = False, root: Path = REPO_ROOT, results_dir: Path = RESULT
     """Rewrite (or with ``check``, compare) every marked table; 1 when ``check`` finds a stale one."""
     stale = []
     for path in sorted({path for pattern in DOCUMENTS for path in root.glob(pattern) if path.is_file()}):
-        relative = path.relative_to(root)
+        relative = str(path.relative_to(root))
         text = path.read_text()
         try:
             new = rendered_text(text, results_dir)
