@@ -40,6 +40,7 @@ from isotrope.connectors.fts5_terms import TermScores
 from isotrope.lexical import fts5_match, index_text, query_terms
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
+    DEFAULT_METRIC,
     Hit,
     StoreFormatError,
     VectorStore,
@@ -53,6 +54,7 @@ from isotrope.stores.base import (
 )
 from isotrope.stores.filters import to_sqlite
 from isotrope.stores.memory import exact_scores, top_k
+from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +67,10 @@ _TRAIN_SAMPLE = 200_000
 #: queries re-ranked together (their candidates' vectors are gathered into one array)
 _REFINE_QUERIES = 256
 _TRAIN_PER_LIST = 39  # k-means sample points per IVF list (faiss's minimum: training cost is points x lists)
-_AUTO = "auto"
 _READ_BLOCK = 1 << 22
+#: the dimension an index_factory string is checked with before the store's own is known (2^6 x 3 x 5 x 7:
+#: divisible by the usual PQ sub-quantizer counts)
+_CHECK_DIM = 6720
 #: SQLite reads the database through a memory map up to this size: looking up the rows of the
 #: hits then costs no read() system call per page
 _MMAP_BYTES = 256 * 1024 * 1024
@@ -131,7 +135,7 @@ def _inner(index: faiss.Index) -> faiss.Index:
             return index
 
 
-def _default_train_min(index: faiss.Index) -> int:
+def _default_threshold(index: faiss.Index) -> int:
     """Vectors needed before training: faiss's advice of 39 points per k-means centroid."""
     inner = _inner(index)
     need = 1
@@ -180,14 +184,17 @@ class FaissStore(VectorStore):
     ----------
     path: the store directory (created if missing).
     dim: vector dimension; required for a new store, checked against an existing one.
-    factory: a ``faiss.index_factory`` string ("Flat", "HNSW32", "IVF64,Flat", "IVF64,PQ16", ...)
-        or "auto" (the index follows the row count: :mod:`isotrope.stores.index_plan`);
-        default "Flat" for a new store, read from an existing one.
+
+    The shared store options (:mod:`isotrope.stores.options`), mapped to faiss here:
+
     metric: "ip" (default), "cosine" (vectors are L2-normalised on the way in) or "l2"
         (scores are minus the squared distance).
-    nprobe / ef_search: search-time breadth of IVF and HNSW indexes (default: the breadth
-        calibrated when the index was last built, else 16 / 128).
-    train_min: vectors needed before an index that needs training is trained
+    index: "flat" (faiss ``Flat``), "auto" (the index follows the row count:
+        :mod:`isotrope.stores.index_plan`) or a ``faiss.index_factory`` string ("HNSW32", "IVF64,Flat",
+        "IVF64,PQ16", ...); default "flat" for a new store, read from an existing one.
+    nprobe / ef: search-time breadth of IVF and HNSW indexes (faiss ``nprobe`` / ``efSearch``; default:
+        the breadth calibrated when the index was last built, else 16 / 128).
+    threshold: vectors needed before an index that needs training is trained
         (default: 39 per k-means centroid); until then search is exact.
     exact_filter_limit: a filtered search over at most this many rows of an approximate index
         is done exactly on the stored vectors instead.
@@ -210,21 +217,31 @@ class FaissStore(VectorStore):
     #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
     appends_new_ids = True
 
+    ef_search = renamed_attribute("ef")
+    train_min = renamed_attribute("threshold")
+    factory = renamed_attribute("index")
+
     def __init__(
         self,
         path: str | os.PathLike[str],
         dim: int | None = None,
-        factory: str | None = None,
-        metric: str | None = None,
         *,
+        metric: str | None = None,
+        index: str | None = None,
         nprobe: int | None = None,
-        ef_search: int | None = None,
-        train_min: int | None = None,
+        ef: int | None = None,
+        refine: int | None = None,
+        threshold: int | None = None,
         exact_filter_limit: int = 10_000,
         use_gpu: bool | None = None,
         mmap_index: bool = False,
-        refine: int | None = None,
+        **deprecated: Any,
     ) -> None:
+        renamed = renamed_options("FaissStore", deprecated, ("factory", "ef_search", "train_min"))
+        index, ef, threshold = (
+            pick(name, value, renamed) for name, value in (("index", index), ("ef", ef), ("threshold", threshold))
+        )
+        nprobe, ef, threshold = check_count("nprobe", nprobe), check_count("ef", ef), check_count("threshold", threshold)
         self.path = Path(path)
         self.mmap_index = mmap_index
         self.exact_filter_limit = exact_filter_limit
@@ -235,7 +252,7 @@ class FaissStore(VectorStore):
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
-        self._conn = self._connect(dim, factory, metric, refine)
+        self._conn = self._connect(dim, None if index is None else _factory_of(index), metric, refine)
         self._reader: sqlite3.Connection | None = None  # the read-only connection of _db (opened on use)
         self._term_scores = TermScores("items_fts")  # frequent terms' BM25, for unfiltered lexical reads
         self._has_fields_table = (
@@ -243,16 +260,16 @@ class FaissStore(VectorStore):
         )
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
-        self.factory = meta["factory"]
+        self._factory = meta["factory"]  # the faiss index_factory string asked for, or "auto"
         self.metric = meta["metric"]
         self.nprobe = nprobe or int(meta.get("nprobe", 16))
-        self.ef_search = ef_search or int(meta.get("ef_search", 128))
-        self.refine = _check_refine(refine) if refine is not None else int(meta.get("refine", 0))
+        self.ef = ef or int(meta.get("ef_search", 128))
+        self.refine = check_count("refine", refine, 0) if refine is not None else int(meta.get("refine", 0))
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
-        self._train_min_given = train_min
+        self._threshold_given = threshold
         self._built_rows = int(meta.get("index_rows", 0))
         self._use_factory(
-            meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self.factory == _AUTO else self.factory)
+            meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self._factory == AUTO else self._factory)
         )
         self._index, self._mapped = self._open_index(meta.get("index_sha256"))
 
@@ -261,7 +278,17 @@ class FaissStore(VectorStore):
         self.index_factory = factory
         fresh = self._new_index()
         self._needs_training = not fresh.is_trained
-        self.train_min = _default_train_min(fresh) if self._train_min_given is None else self._train_min_given
+        self.threshold = _default_threshold(fresh) if self._threshold_given is None else self._threshold_given
+
+    @staticmethod
+    def check_index(index: str) -> None:
+        """Refuse an ``index`` this store cannot build, before any work (its dimension checked at creation)."""
+        _checked_factory(_factory_of(index), _CHECK_DIM)
+
+    @property
+    def index(self) -> str:
+        """The index asked for, in the shared vocabulary: "flat", "auto" or a faiss index_factory string."""
+        return FLAT if self._factory == "Flat" else self._factory
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -292,17 +319,11 @@ class FaissStore(VectorStore):
                 raise ValueError(f"creating a FaissStore at {self.path} needs dim")
             if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
                 raise ValueError(f"dim must be a positive integer; got {dim!r}")
-            factory = factory or "Flat"
-            metric = check_metric(metric or "ip")
-            try:
-                if factory != _AUTO:
-                    faiss.index_factory(int(dim), factory)
-            except RuntimeError as error:
-                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+            factory = _checked_factory(factory or "Flat", int(dim))
+            metric = check_metric(metric or DEFAULT_METRIC)
             self.path.mkdir(parents=True, exist_ok=True)
-            _create_db(
-                db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric, "refine": str(_check_refine(refine or 0))}
-            )
+            refine_count = check_count("refine", refine or 0, 0)
+            _create_db(db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric, "refine": str(refine_count)})
         try:
             # WAL: readers see the last commit while a writer writes; the busy timeout waits out
             # the short moments (checkpoints, switching the mode) when SQLite must lock the file
@@ -323,10 +344,10 @@ class FaissStore(VectorStore):
                 f"{db_path}: expected format isotrope.faiss version {FORMAT_VERSION}; "
                 f"got {meta.get('format')!r} version {meta.get('format_version')!r}"
             )
-        stored = {"dim": meta["dim"], "factory": meta["factory"], "metric": meta["metric"]}
+        stored = {"dim": meta["dim"], "index": meta["factory"], "metric": meta["metric"]}
         given = {
             "dim": None if dim is None else str(int(dim)),
-            "factory": factory,
+            "index": factory,
             "metric": None if metric is None else check_metric(metric),
         }
         for name, value in given.items():
@@ -391,7 +412,7 @@ class FaissStore(VectorStore):
         fresh = self._new_index()
         if fresh.is_trained:
             index = self._wrap(fresh)
-        elif n >= self.train_min:
+        elif n >= self.threshold:
             index = self._wrap(fresh)
             index.train(self._training_sample(n))
         else:
@@ -411,7 +432,7 @@ class FaissStore(VectorStore):
 
     def _training_sample(self, n: int) -> np.ndarray:
         ivf = faiss.try_extract_index_ivf(self._new_index())
-        size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.train_min))
+        size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.threshold))
         if n <= size:
             return np.concatenate([v for _, v in self._iter_vectors()])
         keys = [k for (k,) in self._conn.execute("SELECT key FROM items").fetchall()]
@@ -449,10 +470,10 @@ class FaissStore(VectorStore):
         The parameters without a selector are built once per index object and setting.
         """
         if selector is not None:
-            return _params_for(self._index, selector, self.nprobe, self.ef_search)
+            return _params_for(self._index, selector, self.nprobe, self.ef)
         cached = self._plain_params
-        if cached is None or cached[:2] != (self.nprobe, self.ef_search):
-            cached = (self.nprobe, self.ef_search, _params_for(self._index, None, self.nprobe, self.ef_search))
+        if cached is None or cached[:2] != (self.nprobe, self.ef):
+            cached = (self.nprobe, self.ef, _params_for(self._index, None, self.nprobe, self.ef))
             self._plain_params = cached
         return cached[2]
 
@@ -538,7 +559,7 @@ class FaissStore(VectorStore):
 
     def _train_if_due(self) -> None:
         """Train an index that needs it once enough rows exist (until then search is exact)."""
-        if not self._deferring and self._needs_training and self.is_exact and len(self) >= self.train_min:
+        if not self._deferring and self._needs_training and self.is_exact and len(self) >= self.threshold:
             self._build_index(self._rebuild)
             self._calibrated = False
 
@@ -676,7 +697,7 @@ class FaissStore(VectorStore):
         index into place. A commit of settings or properties alone leaves the index file as it is."""
         if not self._dirty and not self._conn.in_transaction:
             return
-        if not self._deferring and self.factory == _AUTO:
+        if not self._deferring and self._factory == AUTO:
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
@@ -736,78 +757,64 @@ class FaissStore(VectorStore):
         hnsw = isinstance(_inner(self._index), faiss.IndexHNSW)
         if self.is_exact or (ivf is None and not hnsw):
             return {}
-        k = index_plan.CALIBRATION_K
-        name, ladder = (
-            ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
+        name, meta_key, ladder = (
+            ("nprobe", "nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
             if ivf is not None
-            else ("ef_search", list(index_plan.EF_LADDER))
+            else ("ef", "ef_search", list(index_plan.EF_LADDER))
         )
-        if queries is None:
-            keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
-            chosen = np.sort(np.random.default_rng(1).choice(keys, min(index_plan.CALIBRATION_QUERIES, len(keys)), replace=False))
-            stored = np.concatenate(
-                [v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(chosen))})", chosen.tolist())]
-            )
-            q, truth = index_plan.calibration_set(chosen, stored, self._iter_vectors, self.metric)
-            goal = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN if target is None else target
-        else:
+        q = None
+        if queries is not None:
             q = as_vectors(queries, self.dim, "queries").copy()
             if self.metric == "cosine":
                 faiss.normalize_L2(q)
-            truth = index_plan.exact_neighbours(q, self._iter_vectors(), k, self.metric)
-            ladder = list(index_plan.finer(ladder))
-            goal = index_plan.TARGET_RECALL if target is None else target
 
-        def search(value: int) -> np.ndarray:
+        def sample(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            condition = f"key IN ({','.join('?' * len(chosen))})"
+            return chosen, np.concatenate([v for _, v in self._iter_vectors(condition, chosen.tolist())])
+
+        def search(q: np.ndarray, k: int, value: int) -> np.ndarray:
             setattr(self, name, value)
             params = self._search_params(None)
-            if queries is not None:  # as a search does
-                return self._refined(q, k, lambda fetch: self._index.search(q, fetch, params=params))[1]
-            found = self._refined(q, k + 1, lambda fetch: self._index.search(q, fetch, params=params))[1]
-            return index_plan.without_sources(found, chosen, k)
+            return self._refined(q, k, lambda fetch: self._index.search(q, fetch, params=params))[1]
 
-        value, reached = index_plan.calibrate(ladder, search, truth, goal)
+        keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
+        value, reached = index_plan.calibrate_breadth(ladder, keys, sample, self._iter_vectors, search, self.metric, target, q)
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
-        settings = {name: str(value), "calibrated_recall": f"{reached:.4f}"}
-        self._save_settings(settings)
-        return settings
+        self._save_settings({meta_key: str(value), "calibrated_recall": f"{reached:.4f}"})
+        return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
 
-    def optimize(self, factory: str | None = None, refine: int | None = None) -> None:
+    def optimize(self, index: str | None = None, refine: int | None = None, **deprecated: Any) -> None:
         """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
 
-        ``factory`` (an index_factory string or "auto") replaces the store's index type for good, as
-        ``refine`` (see the class) replaces its refinement.
+        ``index`` (see the class) replaces the store's index for good, as ``refine`` replaces its refinement.
         """
+        index = pick("index", index, renamed_options("FaissStore.optimize", deprecated, ("factory",)))
         if refine is not None:
-            self.refine = _check_refine(refine)
+            self.refine = check_count("refine", refine, 0) or 0
             self._begin()
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('refine', ?)", (str(self.refine),))
-        if factory is not None and factory != self.factory:
-            try:
-                if factory != _AUTO:
-                    faiss.index_factory(self.dim, factory)
-            except RuntimeError as error:
-                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+        factory = None if index is None else _checked_factory(_factory_of(index), self.dim)
+        if factory is not None and factory != self._factory:
             self._begin()
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('factory', ?)", (factory,))
-            self.factory = factory
+            self._factory = factory
         n = len(self)
-        self._build(index_plan.faiss_factory_for(n) if self.factory == _AUTO else self.factory)
+        self._build(index_plan.faiss_factory_for(n) if self._factory == AUTO else self._factory)
         self._dirty = True
         self.commit()
 
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        info: dict[str, Any] = {"index": self.factory, "index_built": self.index_factory, "index_exact": self.is_exact}
+        info: dict[str, Any] = {"index": self.index, "index_built": self.index_factory, "index_exact": self.is_exact}
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None and not self.is_exact:
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
         inner = _inner(self._index)
         if isinstance(inner, faiss.IndexHNSW):
             m = inner.hnsw.nb_neighbors(1)  # type: ignore[attr-defined]  # exists at run time, missing from the stubs
-            info.update(hnsw_m=m, ef_search=self.ef_search)
+            info.update(hnsw_m=m, ef=self.ef)
         if self.refine and not self.is_exact:
             info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
@@ -1009,7 +1016,7 @@ class FaissStore(VectorStore):
                 if faiss.try_extract_index_ivf(self._index) is not None:
                     faiss.GpuParameterSpace().set_index_parameter(self._gpu_index, "nprobe", self.nprobe)
             except (RuntimeError, AttributeError) as error:
-                logger.warning("cannot move a %s index to the GPU (%s); searching on the CPU", self.factory, error)
+                logger.warning("cannot move a %s index to the GPU (%s); searching on the CPU", self.index_factory, error)
                 self.use_gpu = False
         if self.use_gpu and self._gpu_index is not None:
             return self._gpu_index.search(q, k)
@@ -1049,10 +1056,21 @@ class FaissStore(VectorStore):
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
 
 
-def _check_refine(refine: int) -> int:
-    if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
-        raise ValueError(f"refine must be a non-negative integer (candidates per hit to re-rank); got {refine!r}")
-    return int(refine)
+def _factory_of(index: str) -> str:
+    """The faiss index_factory string of a shared ``index`` value ("flat" is faiss's "Flat")."""
+    return "Flat" if index == FLAT else index
+
+
+def _checked_factory(factory: str, dim: int) -> str:
+    """``factory`` ("auto" or an index_factory string faiss can build), or a ValueError naming it."""
+    if factory != AUTO:
+        try:
+            faiss.index_factory(dim, factory)
+        except RuntimeError as error:
+            raise ValueError(
+                f"invalid index {factory!r}: neither auto, flat nor a faiss index_factory string ({error})"
+            ) from error
+    return factory
 
 
 def _process_alive(pid: str) -> bool:

@@ -42,6 +42,7 @@ from lancedb.index import FTS, HnswSq, IvfPq
 from isotrope.lexical import index_text, query_terms
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
+    DEFAULT_METRIC,
     Hit,
     ReshapableStore,
     StoreFormatError,
@@ -54,6 +55,7 @@ from isotrope.stores.base import (
     dumps_metadata,
 )
 from isotrope.stores.filters import lance_literal, to_lance
+from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,9 @@ _META_PARAMS = "isotrope.index_params"
 #: the metadata field names (a JSON list) and the table version they describe
 _META_FIELDS = "isotrope.metadata_fields"
 _META_FIELDS_VERSION = "isotrope.metadata_fields_version"
-_AUTO = "auto"
+#: rows at which the ANN index is built by default, and candidates per hit re-ranked by exact distance
+_THRESHOLD = 50_000
+_REFINE = 10
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
 _FTS_CONFIG = {
     "base_tokenizer": "whitespace",
@@ -159,17 +163,21 @@ class LanceDBStore(ReshapableStore):
         environment, e.g. ``AWS_ENDPOINT``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
     table: the table name.
     dim: vector dimension; required for a new table, checked against an existing one.
-    metric: "cosine" (default for a new table), "ip" or "l2"; read from an existing table.
+    table: the table name.
     raw_dim: dimension of the optional ``raw_vector`` column (new tables only; None: no column).
-    index_threshold: rows at which an ANN index is built automatically (None: never).
-    index_type: the automatic index, "ivf_pq", "hnsw_sq" or "auto" (exact below
-        :data:`index_plan.EXACT_BELOW` rows, then IVF_PQ sized from the count and rebuilt as the
-        table grows, nprobes calibrated: :mod:`isotrope.stores.index_plan`); default: the one the
-        table was created with, else "ivf_pq".
-    nprobes / refine_factor / ef: search-time settings used once an ANN index exists (default
-        nprobes: the calibrated one of an auto index, else 20). ``refine_factor`` re-ranks that many
-        times k candidates by exact distance; a search without text (hybrid's candidate lists) re-ranks
-        ``max(1, refine_factor * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
+
+    The shared store options (:mod:`isotrope.stores.options`), mapped to LanceDB here:
+
+    metric: "ip" (default for a new table; LanceDB's "dot"), "cosine" or "l2"; read from an existing table.
+    index: the ANN index built automatically: "ivf_pq", "hnsw_sq", "flat" (none: exact search) or "auto"
+        (exact below :data:`index_plan.EXACT_BELOW` rows, then IVF_PQ sized from the count and rebuilt as
+        the table grows, nprobe calibrated: :mod:`isotrope.stores.index_plan`); default: the one the table
+        was created with, else "ivf_pq". Given for an existing table, it replaces the recorded one.
+    threshold: rows at which the ANN index is built (default 50,000; "auto": the plan's size).
+    nprobe / refine / ef: search-time settings used once an ANN index exists (LanceDB's ``nprobes``,
+        ``refine_factor``, ``ef``; default nprobe: the calibrated one of an auto index, else 20; refine 10).
+        ``refine`` re-ranks that many times k candidates by exact distance; a search without text (hybrid's
+        candidate lists) re-ranks ``max(1, refine * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
     storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
         "allow_http": "true"}`` for an S3-compatible server).
     """
@@ -179,30 +187,43 @@ class LanceDBStore(ReshapableStore):
     #: add(new_ids=True) appends instead of merging on id
     appends_new_ids = True
 
+    nprobes = renamed_attribute("nprobe")
+    refine_factor = renamed_attribute("refine")
+    index_type = renamed_attribute("index")
+    index_threshold = renamed_attribute("threshold")
+
     def __init__(
         self,
         path: str | os.PathLike[str],
-        table: str = "chunks",
         dim: int | None = None,
         *,
+        table: str = "chunks",
         metric: str | None = None,
-        raw_dim: int | None = None,
-        index_threshold: int | None = 50_000,
-        index_type: str | None = None,
-        nprobes: int | None = None,
-        refine_factor: int | None = 10,
+        index: str | None = None,
+        nprobe: int | None = None,
         ef: int | None = None,
+        refine: int | None = None,
+        threshold: int | None = None,
+        raw_dim: int | None = None,
         storage_options: dict[str, str] | None = None,
+        **deprecated: Any,
     ) -> None:
-        if index_type is not None and index_type not in (*_INDEX_TYPES, _AUTO):
-            raise ValueError(f"unknown index_type {index_type!r}; expected one of {sorted([*_INDEX_TYPES, _AUTO])}")
+        never = "index_threshold" in deprecated and deprecated["index_threshold"] is None  # its old "no index"
+        renamed = renamed_options("LanceDBStore", deprecated, ("index_type", "nprobes", "refine_factor", "index_threshold"))
+        index, nprobe, refine, threshold = (
+            pick(name, value, renamed)
+            for name, value in (("index", index), ("nprobe", nprobe), ("refine", refine), ("threshold", threshold))
+        )
+        if index is not None:
+            self.check_index(index)
         #: a local directory, or the object-storage URI as given (a Path would fold its "//")
         self.path: Path | str = str(path) if _is_uri(path) else Path(path)
         self.table_name = table
-        self.index_threshold = index_threshold
-        self.refine_factor = refine_factor
-        self.ef = ef
-        self._index_type: str | bool | None = False  # the cached vector_index; False: not looked up yet
+        #: rows at which the ANN index is built (None: never)
+        self.threshold: int | None = None if never else check_count("threshold", threshold) or _THRESHOLD
+        self.refine = _REFINE if refine is None else check_count("refine", refine, 0)
+        self.ef = check_count("ef", ef)
+        self._vector_index: str | bool | None = False  # the cached vector_index; False: not looked up yet
         self._lexical_state: str | None = None  # since this process's first write: exact / appended / stale
         self._fields: set[str] | None = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
@@ -225,13 +246,22 @@ class LanceDBStore(ReshapableStore):
         self.stores_raw_vectors = self.raw_dim is not None
         self.metric = schema.metadata[_META_METRIC.encode()].decode()
         stored = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
-        self.index_type = index_type or stored.get(_META_INDEX, "ivf_pq")
-        if self.index_type == _AUTO:
-            self.index_threshold = index_plan.EXACT_BELOW
-            if stored.get(_META_INDEX) != _AUTO:
-                self._set_meta({_META_INDEX: _AUTO})
-        self.nprobes = nprobes or int(stored.get(_META_NPROBES, 20))
+        #: the index asked for: auto, flat, ivf_pq or hnsw_sq
+        self.index = index or stored.get(_META_INDEX, "ivf_pq")
+        if self.index == AUTO:
+            self.threshold = index_plan.EXACT_BELOW
+        elif self.index == FLAT:
+            self.threshold = None
+        if index is not None and stored.get(_META_INDEX, "ivf_pq") != index:
+            self._set_meta({_META_INDEX: index})
+        self.nprobe = check_count("nprobe", nprobe) or int(stored.get(_META_NPROBES, 20))
         self._indexed_rows = 0
+
+    @staticmethod
+    def check_index(index: str) -> None:
+        """Refuse an ``index`` this store cannot build."""
+        if index not in (AUTO, FLAT, *_INDEX_TYPES):
+            raise ValueError(f"unknown index {index!r}; expected one of {', '.join([AUTO, FLAT, *_INDEX_TYPES])}")
 
     # ------------------------------------------------------------------ opening
 
@@ -252,7 +282,7 @@ class LanceDBStore(ReshapableStore):
         ]
         if raw_dim is not None:
             fields.append(pa.field("raw_vector", pa.list_(pa.float32(), int(raw_dim))))
-        metadata = {_META_FORMAT: FORMAT_VERSION, _META_METRIC: check_metric(metric or "cosine")}
+        metadata = {_META_FORMAT: FORMAT_VERSION, _META_METRIC: check_metric(metric or DEFAULT_METRIC)}
         return self._db.create_table(self.table_name, schema=pa.schema(fields, metadata=metadata))
 
     def _check_existing(self, dim: int | None, metric: str | None, raw_dim: int | None) -> None:
@@ -379,7 +409,7 @@ class LanceDBStore(ReshapableStore):
     def restore(self, version: int) -> None:
         """Make ``version`` the latest again (a new version with its content)."""
         self._table.restore(version)
-        self._index_type = False
+        self._vector_index = False
         self._lexical_state = "stale"
         self._fields = None
 
@@ -399,7 +429,7 @@ class LanceDBStore(ReshapableStore):
         if props:
             self._table.to_lance().update_schema_metadata({_PROPERTY + k: v for k, v in props.items()})
             self._table.checkout_latest()
-            self._index_type = False
+            self._vector_index = False
 
     @property
     def properties(self) -> dict[str, str]:
@@ -430,10 +460,10 @@ class LanceDBStore(ReshapableStore):
 
         Looked up once and remembered until this store changes the table's indexes or version.
         """
-        if self._index_type is False:
+        if self._vector_index is False:
             found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
-            self._index_type = None if found is None else found.index_type
-        return cast("str | None", self._index_type)  # never True: only False ("not looked up") or the found type
+            self._vector_index = None if found is None else found.index_type
+        return cast("str | None", self._vector_index)  # never True: only False ("not looked up") or the found type
 
     @contextmanager
     def deferred_index(self) -> Iterator[None]:
@@ -446,14 +476,14 @@ class LanceDBStore(ReshapableStore):
             self._deferring = False
 
     def _maybe_index(self) -> None:
-        if self.index_threshold is None or self._deferring:
+        if self.threshold is None or self._deferring:
             return
         n = len(self)
-        if self.vector_index is None and n >= self.index_threshold:
-            logger.info("table %r reached %d rows: building a %s index", self.table_name, n, self.index_type)
+        if self.vector_index is None and n >= self.threshold:
+            logger.info("table %r reached %d rows: building a %s index", self.table_name, n, self.index)
             self.create_index()
         elif (
-            self.index_type == _AUTO
+            self.index == AUTO
             and self.vector_index is not None
             and self._indexed_rows
             and n >= index_plan.REBUILD_GROWTH * self._indexed_rows
@@ -474,7 +504,7 @@ class LanceDBStore(ReshapableStore):
             merge = stats.num_indices if stats.num_indices >= _MAX_INDEX_SEGMENTS else 0  # 0: a new delta
             self._table.to_lance().optimize.optimize_indices(index_names=[name], num_indices_to_merge=merge)
             self._table.checkout_latest()
-            self._index_type = False
+            self._vector_index = False
 
     def _set_meta(self, values: dict[str, str]) -> None:
         self._table.to_lance().update_schema_metadata(values)
@@ -482,20 +512,17 @@ class LanceDBStore(ReshapableStore):
 
     def _planned_config(self) -> Any:
         distance = _LANCE_DISTANCE[self.metric]
-        if self.index_type != _AUTO:
-            return _INDEX_TYPES[self.index_type](distance_type=distance)
+        if self.index != AUTO:
+            return _INDEX_TYPES.get(self.index, IvfPq)(distance_type=distance)
         plan = index_plan.lancedb_index_for(max(len(self), index_plan.EXACT_BELOW), self.dim)
         assert plan is not None  # at EXACT_BELOW rows or more the plan is an index, never exact search
         return IvfPq(distance_type=distance, **plan)
 
     def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
-        """Set ``nprobes`` to the smallest breadth reaching ``target`` recall@10 against exact search, saved
-        in the table's metadata. Without ``queries``: index_plan's calibration queries made from stored
-        vectors, its doubling ladder, target 0.95 plus its margin; with ``queries`` (vectors of queries like
-        the user's): the recall on them, the finer ladder, target 0.95."""
+        """Set ``nprobe`` to the smallest breadth reaching ``target`` recall@10 against exact search
+        (:func:`index_plan.calibrate_breadth`), saved in the table's metadata; the settings chosen."""
         if self.vector_index is None:
             return {}
-        k = index_plan.CALIBRATION_K
         dataset = self._table.to_lance()
         # id -> row position in the scan, the key of the exact search
         positions = {id_: row for row, id_ in enumerate(dataset.to_table(columns=["id"]).column("id").to_pylist())}
@@ -510,42 +537,32 @@ class LanceDBStore(ReshapableStore):
                     )
                     start += batch.num_rows
 
-        ladder: Sequence[int] = index_plan.NPROBE_LADDER
-        if queries is None:
-            n = len(positions)
-            chosen = np.sort(np.random.default_rng(1).choice(n, min(index_plan.CALIBRATION_QUERIES, n), replace=False))
-            sample = dataset.take(chosen, columns=["id", "vector"])
-            sources = np.array([positions[i] for i in sample.column("id").to_pylist()], dtype=np.int64)
-            stored = _to_numpy(sample.column("vector"), self.dim, sample.column("id"), "vector")
-            q, truth = index_plan.calibration_set(sources, stored, batches, self.metric)
-            goal = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN if target is None else target
-        else:
-            q = as_vectors(queries, self.dim, "queries")
-            truth = index_plan.exact_neighbours(q, batches(), k, self.metric)
-            ladder = index_plan.finer(ladder)
-            goal = index_plan.TARGET_RECALL if target is None else target
+        def sample(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            rows = dataset.take(chosen, columns=["id", "vector"])
+            sources = np.array([positions[i] for i in rows.column("id").to_pylist()], dtype=np.int64)
+            return sources, _to_numpy(rows.column("vector"), self.dim, rows.column("id"), "vector")
 
-        def search(value: int) -> list[list[int]] | np.ndarray:
-            self.nprobes = value
-            if queries is not None:  # as a search does
-                return [[positions[h.id] for h in hits] for hits in self.search(q, k)]
-            found = [[positions[h.id] for h in hits] for hits in self.search(q, k + 1)]
-            return index_plan.without_sources(found, sources, k)
+        def search(q: np.ndarray, k: int, value: int) -> list[list[int]]:
+            self.nprobe = value
+            return [[positions[h.id] for h in hits] for hits in self.search(q, k)]
 
-        value, reached = index_plan.calibrate(ladder, search, truth, goal)
-        self.nprobes = value
-        logger.info("table %r: nprobes=%d reaches recall@10 %.3f", self.table_name, value, reached)
-        settings = {_META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"}
-        self._set_meta(settings)
-        return settings
+        q = None if queries is None else as_vectors(queries, self.dim, "queries")
+        keys = np.arange(len(positions), dtype=np.int64)
+        value, reached = index_plan.calibrate_breadth(
+            index_plan.NPROBE_LADDER, keys, sample, batches, search, self.metric, target, q
+        )
+        self.nprobe = value
+        logger.info("table %r: nprobe=%d reaches recall@10 %.3f", self.table_name, value, reached)
+        self._set_meta({_META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"})
+        return {"nprobe": str(value), "calibrated_recall": f"{reached:.4f}"}
 
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
         meta = {k.decode(): v.decode() for k, v in (self._table.schema.metadata or {}).items()}
-        info: dict[str, Any] = {"index": self.index_type, "index_built": self.vector_index or "exact"}
+        info: dict[str, Any] = {"index": self.index, "index_built": self.vector_index or "exact"}
         if self.vector_index is not None:
             info.update(json.loads(meta.get(_META_PARAMS, "{}")))
-            info.update(nprobes=self.nprobes, refine_factor=self.refine_factor)
+            info.update(nprobe=self.nprobe, refine=self.refine)
             if _META_RECALL in meta:
                 info["calibrated_recall_at_10"] = float(meta[_META_RECALL])
         return info
@@ -554,7 +571,7 @@ class LanceDBStore(ReshapableStore):
         """Build (or rebuild) the ANN index on ``vector``.
 
         ``config`` is a ``lancedb.index`` config (``IvfPq``, ``HnswSq``, ...) whose distance type
-        must match the store's metric; by default one of ``index_type`` with LanceDB's defaults.
+        must match the store's metric; by default one of ``index`` with LanceDB's defaults (IVF_PQ for "flat").
         """
         distance = _LANCE_DISTANCE[self.metric]
         if config is None:
@@ -563,7 +580,7 @@ class LanceDBStore(ReshapableStore):
             raise ValueError(
                 f"index distance_type {config.distance_type!r} does not match the store metric {self.metric!r} ({distance!r})"
             )
-        self._index_type = False
+        self._vector_index = False
         self._table.create_index("vector", config=config, replace=True)
         self._indexed_rows = len(self)
         params = {
@@ -572,7 +589,7 @@ class LanceDBStore(ReshapableStore):
             if isinstance(getattr(config, name, None), int)
         }
         self._set_meta({_META_PARAMS: json.dumps(params)})
-        if self.index_type == _AUTO:
+        if self.index == AUTO:
             self.calibrate()
 
     # ------------------------------------------------------------------ the lexical index
@@ -621,7 +638,7 @@ class LanceDBStore(ReshapableStore):
             self._table.checkout_latest()
         else:
             self._table.create_index(_TERMS, config=FTS(**_FTS_CONFIG), replace=True)
-        self._index_type = False
+        self._vector_index = False
         self._table.to_lance().update_schema_metadata({_META_LEXICAL: str(self.version + 1)})
         self._table.checkout_latest()
         self._lexical_state = "exact"
@@ -635,10 +652,10 @@ class LanceDBStore(ReshapableStore):
     def optimize(self) -> None:
         """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``);
         an auto table also gets the index its size calls for, rebuilt and recalibrated."""
-        self._index_type = False
+        self._vector_index = False
         self._table.optimize()
-        self._index_type = False
-        if self.index_type == _AUTO and len(self) >= index_plan.EXACT_BELOW:
+        self._vector_index = False
+        if self.index == AUTO and len(self) >= index_plan.EXACT_BELOW:
             self.create_index()
 
     # ------------------------------------------------------------------ reading
@@ -698,10 +715,10 @@ class LanceDBStore(ReshapableStore):
         """The ANN search breadth of a ``k``-hit query (none without an index)."""
         if self.vector_index is None:
             return {}
-        settings = {"nprobes": self.nprobes}
-        if self.refine_factor:
+        settings = {"nprobes": self.nprobe}
+        if self.refine:
             # candidate lists (no text) re-rank as many rows as a 10-hit search does, at least their own k
-            settings["refine_factor"] = self.refine_factor if with_text else max(1, self.refine_factor * 10 // k)
+            settings["refine_factor"] = self.refine if with_text else max(1, self.refine * 10 // k)
         if self.ef:
             settings["ef"] = self.ef
         return settings

@@ -243,11 +243,13 @@ def index(
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
-    factory: Annotated[str | None, typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
+    factory: Annotated[str | None, typer.Option(hidden=True, help="deprecated: use --index")] = None,
     index_kind: Annotated[
         str,
         typer.Option(
-            "--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq"
+            "--index",
+            help="auto (exact, then an approximate index sized from the count), flat (always exact); "
+            "LanceDB also ivf_pq, hnsw_sq; FAISS also an index_factory string, e.g. HNSW32 or IVF1024,PQ32",
         ),
     ] = "auto",
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
@@ -263,9 +265,16 @@ def index(
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.ingest.plan import IngestPlan
 
-    if factory and not store.startswith("faiss:"):
-        raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
-    store_options = _index_options(store, index_kind, factory)
+    if factory:
+        typer.echo("--factory is deprecated and will be removed in the next release; use --index", err=True)
+    store_options = {"index": factory or index_kind}
+    from isotrope.search import check_index, parse_store_uri
+
+    kind = parse_store_uri(store)[0]
+    try:
+        check_index(kind, store_options["index"])
+    except ValueError as error:
+        raise typer.BadParameter(f"--index: {error} (for a {kind} store)", param_hint="--index") from None
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
@@ -295,34 +304,12 @@ def index(
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
 
 
-def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str, object]:
-    """The store options of ``--index`` (and FAISS ``--factory``, which wins)."""
-    faiss_store = store.startswith("faiss:")
-    choices = (
-        {"auto": "auto", "flat": "Flat"}
-        if faiss_store
-        else {"auto": "auto", "flat": None, "ivf_pq": "ivf_pq", "hnsw_sq": "hnsw_sq"}
-    )
-    if index_kind not in choices:
-        raise typer.BadParameter(
-            f"--index: choose one of {', '.join(choices)} for this store; got {index_kind!r}", param_hint="--index"
-        )
-    if faiss_store:
-        return {"factory": factory or choices[index_kind]}
-    if index_kind == "flat":
-        return {"index_type": "ivf_pq", "index_threshold": None}
-    return {"index_type": choices[index_kind]}
-
-
-def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, Any]:
-    """``--nprobe`` / ``--ef`` under the store's own option names."""
-    from isotrope.search import parse_store_uri
-
+def _search_options(nprobe: int | None, ef: int | None) -> dict[str, Any]:
+    """``--nprobe`` / ``--ef`` as store options (the same names in every store)."""
     for name, value in (("--nprobe", nprobe), ("--ef", ef)):
         if value is not None and value < 1:
             raise typer.BadParameter(f"{name} must be at least 1; got {value}", param_hint=name)
-    names = ("nprobe", "ef_search") if parse_store_uri(store)[0] == "faiss" else ("nprobes", "ef")
-    return {key: value for key, value in zip(names, (nprobe, ef)) if value is not None}
+    return {key: value for key, value in (("nprobe", nprobe), ("ef", ef)) if value is not None}
 
 
 @app.command()
@@ -342,7 +329,7 @@ def search(
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
-    with Collection.open(store, backend=backend, **_search_options(store, nprobe, ef)) as collection:
+    with Collection.open(store, backend=backend, **_search_options(nprobe, ef)) as collection:
         _print_hits(collection.search(query, k=k, where=where, mode=mode, alpha=alpha, group_by=group_by), as_json)
 
 
@@ -428,7 +415,7 @@ def serve(
         threads=threads,
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
-        store_options=_search_options(store, nprobe, ef),
+        store_options=_search_options(nprobe, ef),
         backend=backend,
     )
 

@@ -166,7 +166,7 @@ class IngestPlan:
             warn_if_encoder_differs(collection, config)
             logger.info("appending to %s (encoder %s)", self.store, collection.encoder.fingerprint[:12])
             return Target(self, collection.encoder, collection)
-        Collection.check_creatable(self.store)
+        Collection.check_creatable(self.store, self.store_options.get("index"))
         config = config or EncoderConfig()
         config = config.replace(shape=config.shape or default_shape(config.model))
         auto = config.shape == "auto"

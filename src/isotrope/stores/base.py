@@ -31,6 +31,10 @@ from isotrope.errors import StoreFormatError as StoreFormatError  # its old home
 
 #: metric names every store understands (``"dot"`` is accepted for ``"ip"``)
 METRICS = ("ip", "cosine", "l2")
+#: the metric of a new store when none is given, in every store: every shaping preset ends in ``l2``, so the
+#: inner product ranks as cosine does without normalising each vector again, and a chain without ``l2`` keeps
+#: the norms it chose. An existing store keeps the metric recorded when it was created.
+DEFAULT_METRIC = "ip"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class VectorStore(Protocol):
     ``calibrate(target=None, queries=None)``
         Set the approximate index's search breadth from the recall it reaches on ``queries`` (vectors of
         queries like the user's); ``{}`` for an exact store.
+    ``check_index(index)`` (static)
+        Refuse an ``index`` option the store cannot build (before a store is created, so before fitting).
     ``deferred_index()``
         A context for a bulk load: inside it writes and commits build no ANN index; the first commit
         after it builds the one the final size calls for, once (nothing to defer by default).
@@ -207,6 +213,13 @@ class VectorStore(Protocol):
         ``queries`` (query vectors like the user's), saved at the next commit; the settings chosen ({}: an
         exact store, nothing to calibrate)."""
         return {}
+
+    @staticmethod
+    def check_index(index: str) -> None:
+        """Refuse an ``index`` option (:mod:`isotrope.stores.options`) this store cannot build, before any
+        work; an exact store takes "flat" and "auto" (exact at every size)."""
+        if index not in ("flat", "auto"):
+            raise ValueError(f"this store searches exactly: index must be 'flat' or 'auto'; got {index!r}")
 
     def deferred_index(self) -> AbstractContextManager[None]:
         """A bulk load that builds the ANN index once, at the first commit after it (no index to defer by default)."""
