@@ -52,7 +52,7 @@ def build(path: Path, rows: int, factory: str) -> None:
 def run(rows: int, factory: str, nprobe: int, baseline: Path | None, single: int, batches: int) -> dict[str, Any]:
     import faiss
 
-    from isotrope.connectors import faiss_store
+    from isotrope.connectors import faiss_index, faiss_store
 
     faiss.omp_set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="isotrope-hits-"))
@@ -65,7 +65,7 @@ def run(rows: int, factory: str, nprobe: int, baseline: Path | None, single: int
             spec.loader.exec_module(module)
             stores["baseline"] = module.FaissStore(tmp / "store", nprobe=nprobe)
         index = stores["branch"]._index
-        params = faiss_store._params_for(index, None, nprobe, 128)
+        params = faiss_index.params_for(index, None, nprobe, 128)
         sides = {name: (lambda x, s=store: s.search(x, K)) for name, store in stores.items()}
         sides["bare"] = lambda x: index.search(x, K, params=params)
         queries = np.random.default_rng(1).standard_normal((200, DIM)).astype(np.float32)

@@ -263,7 +263,8 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     from llama_index.core.vector_stores.types import VectorStoreQuery
     from llama_index.vector_stores.faiss import FaissVectorStore
 
-    from isotrope.connectors.faiss_store import FaissStore, _params_for
+    from isotrope.connectors.faiss_index import params_for
+    from isotrope.connectors.faiss_store import FaissStore
 
     texts, queries = encoded_queries(args)
     path = Path(args.path)
@@ -285,7 +286,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
         # the very index object the store searches: two copies of one index differ by up to 20 % in
         # speed on this machine (where their memory landed), which would swamp the store's own cost
         bare_index = store._index
-        params = _params_for(bare_index, None, store.nprobe, store.ef_search)
+        params = params_for(bare_index, None, store.nprobe, store.ef)
         bare_ivf = faiss.try_extract_index_ivf(bare_index)
 
         def ours(q: np.ndarray) -> Any:

@@ -36,7 +36,8 @@ def p50_ms(call: Callable[[int], Any], count: int) -> float:
 def main() -> None:
     import faiss
 
-    from isotrope.connectors.faiss_store import _MMAP_BYTES, _READ_MMAP_BYTES, FaissStore
+    from isotrope.connectors.faiss_store import FaissStore
+    from isotrope.connectors.sqlite_rows import _MMAP_BYTES, _READ_MMAP_BYTES
     from isotrope.search import Collection
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

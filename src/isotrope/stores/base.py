@@ -15,7 +15,6 @@ Changes become durable at ``commit()``; ``properties`` is a small persisted
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 
 from isotrope.errors import StoreCapabilityError
 from isotrope.errors import StoreFormatError as StoreFormatError  # its old home: still importable from here
+from isotrope.stores.rows import dumps_metadata as dumps_metadata  # its old home: still importable from here
 
 #: metric names every store understands (``"dot"`` is accepted for ``"ip"``)
 METRICS = ("ip", "cosine", "l2")
@@ -329,11 +329,6 @@ def check_metadata(metadata: Mapping[str, Any] | None, id: str) -> dict[str, Any
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"metadata {key!r} of id {id!r} is not finite: {value!r}")
     return dict(metadata)
-
-
-def dumps_metadata(metadata: Mapping[str, Any]) -> str:
-    """Serialise validated metadata to compact JSON (non-ASCII kept as is)."""
-    return json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
