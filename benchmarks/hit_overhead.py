@@ -32,7 +32,7 @@ def build(path: Path, rows: int, factory: str) -> None:
     from isotrope.connectors.faiss_store import FaissStore
 
     rng = np.random.default_rng(0)
-    store = FaissStore(path, DIM, factory=factory)
+    store = FaissStore(path, DIM, index=factory)
     for start in range(0, rows, 2048):
         n = min(2048, rows - start)
         ids = [f"{i:016x}" for i in range(start, start + n)]

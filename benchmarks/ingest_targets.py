@@ -135,7 +135,7 @@ def run_rounds(
             side = LLAMAINDEX if name.startswith("llamaindex") else "isotrope-faiss"
             args = ["--side", side, "--corpus", str(corpus), "--repeat", "1", "--batch-size", str(batch_size), *sides[name]]
             if side != LLAMAINDEX:
-                args += ["--factory", "Flat"]
+                args += ["--index", "flat"]
             runs[name].append(run_child("benchmarks.ingest", args, threads))
             if PARTIAL:
                 with open(PARTIAL, "a", encoding="utf-8") as handle:

@@ -25,8 +25,8 @@ def run(rows: int) -> dict:
 
     root = Path(tempfile.mkdtemp(prefix="isotrope-append-"))
     stores = {
-        "append": LanceDBStore(root / "a", dim=DIM, index_threshold=None),
-        "merge_insert": LanceDBStore(root / "m", dim=DIM, index_threshold=None),
+        "append": LanceDBStore(root / "a", dim=DIM, index="flat"),
+        "merge_insert": LanceDBStore(root / "m", dim=DIM, index="flat"),
     }
     rng = np.random.default_rng(0)
     times: dict[str, list[float]] = {name: [] for name in stores}

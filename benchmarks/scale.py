@@ -343,7 +343,8 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     import lancedb
     from lancedb.index import HnswSq, IvfPq
 
-    from isotrope.connectors.lancedb_store import LanceDBStore, _to_numpy
+    from isotrope.connectors.lance_rows import to_numpy as _to_numpy
+    from isotrope.connectors.lancedb_store import LanceDBStore
     from isotrope.stores import index_plan
 
     texts, queries = encoded_queries(args)
@@ -370,7 +371,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
             for index in store._table.list_indices():
                 if "vector" in index.columns:
                     store._table.drop_index(index.name)
-            store._index_type = False
+            store._vector_index = False
         else:
             plan = index_plan.lancedb_index_for(max(n, index_plan.EXACT_BELOW), store.dim)
             config = IvfPq(distance_type=distance, **plan) if name == "ivf_pq" else HnswSq(distance_type=distance)
@@ -391,9 +392,9 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
                 .select(["id", "text", "metadata", "_distance"])
             )
             if indexed:
-                query = query.nprobes(store.nprobes)
-                if store.refine_factor:
-                    query = query.refine_factor(store.refine_factor)
+                query = query.nprobes(store.nprobe)
+                if store.refine:
+                    query = query.refine_factor(store.refine)
             return query.to_arrow()
 
         found = [[position[hit.id] for hit in hits] for hits in ours(queries)]
@@ -518,7 +519,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                     continue
                 settings = ", ".join(
                     f"{key}={row[key]}"
-                    for key in ("nlist", "nprobe", "ef_search", "num_partitions", "num_sub_vectors", "nprobes")
+                    for key in ("nlist", "nprobe", "ef", "ef_search", "num_partitions", "num_sub_vectors", "nprobes")
                     if key in row
                 )
                 llama = row.get("llama_index_p50_ms_single")

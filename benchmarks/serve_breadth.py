@@ -7,7 +7,7 @@ at several search breadths, and 8 queries searched as one batch against one by o
 
 Queries are held-out sentences (after the stored ``--chunks``), encoded by the store's encoder;
 the truth is the exact top 10 in float64 NumPy over every stored vector. ``--breadth`` sets
-``nprobe`` (IVF) or ``ef_search`` (HNSW) of a FAISS store; without it the store's own setting.
+``nprobe`` (IVF) or ``ef`` (HNSW) of a FAISS store; without it the store's own setting.
 One thread (BLAS, OpenMP, torch), as ``isotrope serve`` runs.
 """
 
@@ -62,7 +62,7 @@ def main() -> None:
         )
         truth_ids = [{ids[j] for j in row} for row in truth]
         vectors = collection.encoder.encode(queries, kind="query")
-        setting = "ef_search" if "ef_search" in store.index_info() else "nprobe"
+        setting = "ef" if "ef" in store.index_info() else "nprobe"
         rows = []
         for breadth in [int(b) for b in args.breadth.split(",") if b] or [None]:
             if breadth is not None:

@@ -31,7 +31,23 @@ from typing import Any
 import faiss
 import numpy as np
 
-from isotrope.connectors.faiss_index import (
+from isotrope.lexical import index_text
+from isotrope.stores import index_plan
+from isotrope.stores.base import (
+    DEFAULT_METRIC,
+    Hit,
+    StoreFormatError,
+    VectorStore,
+    as_ids,
+    as_vectors,
+    check_batch,
+    check_k,
+    check_metric,
+)
+from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
+from isotrope.stores.rows import chunks, dumps_metadata
+
+from .faiss_index import (
     CHECK_DIM,
     SelectorUnsupported,
     can_remove,
@@ -49,24 +65,9 @@ from isotrope.connectors.faiss_index import (
     working_index,
     write_copy,
 )
-from isotrope.connectors.fts5_terms import TermScores
-from isotrope.connectors.sqlite_lexical import SqliteLexicalIndex
-from isotrope.connectors.sqlite_rows import CHUNK, DB_NAME, connect_db, create_db
-from isotrope.lexical import index_text
-from isotrope.stores import index_plan
-from isotrope.stores.base import (
-    DEFAULT_METRIC,
-    Hit,
-    StoreFormatError,
-    VectorStore,
-    as_ids,
-    as_vectors,
-    check_batch,
-    check_k,
-    check_metric,
-)
-from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
-from isotrope.stores.rows import chunks, dumps_metadata
+from .fts5_terms import TermScores
+from .sqlite_lexical import SqliteLexicalIndex
+from .sqlite_rows import CHUNK, DB_NAME, connect_db, create_db
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.connectors.fts5_terms import TermScores
-from isotrope.connectors.sqlite_rows import CHUNK, FTS_SCHEMA, READ_BATCH, SqliteRows
 from isotrope.lexical import fts5_match, index_text, query_terms
 from isotrope.stores.base import Hit, check_k
 from isotrope.stores.filters import to_sqlite
 from isotrope.stores.rows import chunks
+
+from .fts5_terms import TermScores
+from .sqlite_rows import CHUNK, FTS_SCHEMA, READ_BATCH, SqliteRows
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.connectors.faiss_index import fsync_dir
 from isotrope.stores.base import Hit, StoreFormatError, as_ids, check_properties
 from isotrope.stores.filters import to_sqlite
 from isotrope.stores.memory import exact_scores, top_k
 from isotrope.stores.rows import chunks, load_metadata
+
+from .faiss_index import fsync_dir
 
 logger = logging.getLogger(__name__)
 

@@ -266,6 +266,15 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     )
     assert code != 0 and "--index" in err and "ivf" in err
     code, out, err = run_cli(
-        monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--factory", "HNSW32", "--model", tiny_bert_path
+        monkeypatch,
+        capsys,
+        "index",
+        docs,
+        "--store",
+        f"lancedb:{tmp_path / 'l'}",
+        "--factory",
+        "HNSW32",
+        "--model",
+        tiny_bert_path,
     )  # the old FAISS-only flag: an alias of --index for one release, checked as --index is
     assert code != 0 and "--factory is deprecated" in err and "unknown index 'HNSW32'" in err
