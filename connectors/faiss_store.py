@@ -468,7 +468,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         n = len(self)
         planned = index_plan.faiss_factory_for(n)
         crossed = planned != self.index_factory and (self.index_factory == "Flat" or planned == "Flat")
-        if crossed or (planned != self.index_factory and n >= index_plan.REBUILD_GROWTH * max(self._built_rows, 1)):
+        if crossed or (planned != self.index_factory and index_plan.outgrown(n, max(self._built_rows, 1))):
             logger.info("%s: %d rows, building index %s", self.path, n, planned)
             self._build(planned)
         elif not self._calibrated and not self.is_exact:  # trained by add() once it had enough rows

@@ -76,12 +76,7 @@ class LanceVectorIndex(LanceRows):
         if self.vector_index is None and n >= self.threshold:
             logger.info("table %r reached %d rows: building a %s index", self.table_name, n, self.index)
             self.create_index()
-        elif (
-            self.index == AUTO
-            and self.vector_index is not None
-            and self._indexed_rows
-            and n >= index_plan.REBUILD_GROWTH * self._indexed_rows
-        ):
+        elif self.index == AUTO and self.vector_index is not None and index_plan.outgrown(n, self._indexed_rows):
             logger.info("table %r grew to %d rows: rebuilding its index", self.table_name, n)
             self.create_index()
         elif self.vector_index is not None:

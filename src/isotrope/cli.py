@@ -99,14 +99,31 @@ def encoder_config(ctx: typer.Context) -> EncoderConfig:
     (``fit``, ``index`` and ``eval`` name their options as its fields; an option left out keeps
     the field's default)."""
     from isotrope.config import FIELDS, EncoderConfig
+    from isotrope.encoder import backbone_config, resolve_config
     from isotrope.errors import ConfigError
 
     options = {name: value for name, value in ctx.params.items() if name in FIELDS and value is not None}
     try:
-        return EncoderConfig.from_dict(options)
+        config = EncoderConfig.from_dict(options)
     except ConfigError as error:
         flag = _flags(ctx).get(error.field or "")
         raise ValueError(f"{flag}: {error}" if flag else str(error)) from None
+    try:
+        backbone_config(resolve_config(config))  # options that do not go together, refused before any work
+    except ValueError as error:
+        raise ValueError(as_flags(str(error), _flags(ctx))) from None
+    return config
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """A core error message as the command line words it: the recipe fields it names (``tp_layers``) and
+    the phrases naming an option's value (``use backend 'torch'``) become the command's flags."""
+    import re
+
+    for name, flag in flags.items():
+        if "_" in name:
+            message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
+    return re.sub(r"\buse backend '([\w-]+)'", r"use --backend \1", message)
 
 
 def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder | None:
@@ -167,7 +184,7 @@ def fit(
     config = encoder_config(ctx)
     if config.shape == "auto":
         from isotrope.autoshape import choose_shape
-        from isotrope.encoder import reservoir_sample
+        from isotrope.sampling import reservoir_sample
 
         encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), config, fitted_on=str(corpus))
     else:
@@ -636,7 +653,3 @@ def main() -> None:
             raise
         typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

@@ -32,9 +32,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from isotrope.config import EncoderConfig
-from isotrope.encoder import ShapedEncoder, default_shape, fair_sample, shape_value
+from isotrope.encoder import ShapedEncoder, default_shape, shape_value
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
+from isotrope.sampling import fair_sample
 from isotrope.search import Collection, parse_store_uri
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.stores.lock import writer_lock

@@ -52,6 +52,12 @@ EF_LADDER = (16, 32, 64, 128, 256, 512, 1024)
 REBUILD_GROWTH = 4
 
 
+def outgrown(n: int, built_rows: int) -> bool:
+    """Whether an auto index built at ``built_rows`` rows is due for a rebuild at ``n`` rows (every store
+    follows the plan by this rule; 0 built rows: not known, never due by growth)."""
+    return built_rows > 0 and n >= REBUILD_GROWTH * built_rows
+
+
 def finer(ladder: Sequence[int]) -> tuple[int, ...]:
     """The ladder with 1.5 times each step between it and the next (8, 12, 16, 24, ...): calibrating on
     the user's own queries needs no margin, so the breadth can stop between two doublings."""
