@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from isotrope.config import EncoderConfig
+
 if TYPE_CHECKING:
     from isotrope.backbones.base import TextKind
-    from isotrope.config import EncoderConfig
     from isotrope.encoder import ShapedEncoder
 
 app = typer.Typer(
@@ -24,6 +25,9 @@ app = typer.Typer(
 )
 
 _state = {"debug": False}
+#: the recipe's defaults: each encoder option below is declared once (its type and help in an alias shared by
+#: ``fit``, ``index`` and ``eval``) and takes its default from here
+RECIPE = EncoderConfig()
 
 OptionalModel = Annotated[
     str | None,
@@ -161,18 +165,19 @@ def fit(
     shape: Annotated[
         str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")
     ] = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = RECIPE.layers,
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
-    max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
+    fit_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
+    max_samples: Annotated[int | None, typer.Option(hidden=True, help="deprecated: use --fit-samples")] = None,
     text_field: TextField = "text",
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     distill_samples: DistillSamples = None,
     backend: Backend = None,
@@ -182,14 +187,17 @@ def fit(
     from isotrope.encoder import ShapedEncoder
 
     config = encoder_config(ctx)
+    if max_samples is not None:
+        typer.echo("--max-samples is deprecated and will be removed in the next release; use --fit-samples", err=True)
+        fit_samples = max_samples
     if config.shape == "auto":
         from isotrope.autoshape import choose_shape
         from isotrope.sampling import reservoir_sample
 
-        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), config, fitted_on=str(corpus))
+        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), fit_samples), config, fitted_on=str(corpus))
     else:
         encoder = ShapedEncoder.create(config)
-        encoder.fit(iter_texts(corpus, text_field), max_samples=max_samples, fitted_on=str(corpus), show_progress=True)
+        encoder.fit(iter_texts(corpus, text_field), max_samples=fit_samples, fitted_on=str(corpus), show_progress=True)
     encoder.save(out)
     typer.echo(f"saved {encoder!r} to {out}\nfingerprint {encoder.fingerprint}")
 
@@ -248,14 +256,14 @@ def index(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = RECIPE.layers,
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
@@ -275,7 +283,7 @@ def index(
     address: Annotated[str | None, typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
     num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     backend: Backend = None,
 ) -> None:
@@ -503,14 +511,14 @@ def evaluate(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = RECIPE.layers,
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
     fit_corpus: Annotated[
         str | None,
@@ -535,7 +543,7 @@ def evaluate(
     texts: Annotated[Path | None, typer.Option("--texts", help="isotropy: a text file")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the result to this JSON file")] = None,
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     mode: Annotated[str | None, typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
     store_kind: Annotated[str | None, typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
