@@ -166,7 +166,7 @@ def fit(
         str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")
     ] = None,
     pooling: Pooling = RECIPE.pooling,
-    layers: Layers = RECIPE.layers,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
     weights: Weights = RECIPE.weights,
     frequencies: Frequencies = RECIPE.frequencies,
@@ -257,7 +257,7 @@ def index(
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = RECIPE.pooling,
-    layers: Layers = RECIPE.layers,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
     weights: Weights = RECIPE.weights,
     frequencies: Frequencies = RECIPE.frequencies,
@@ -512,7 +512,7 @@ def evaluate(
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
     pooling: Pooling = RECIPE.pooling,
-    layers: Layers = RECIPE.layers,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
     weights: Weights = RECIPE.weights,
     frequencies: Frequencies = RECIPE.frequencies,
@@ -661,3 +661,7 @@ def main() -> None:
             raise
         typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
