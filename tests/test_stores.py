@@ -219,7 +219,7 @@ def test_faiss_searches_exactly_until_trained(tmp_path):
 
 
 def test_faiss_search_breadth_follows_nprobe_and_ef_search_changes(tmp_path):
-    """The store's search parameters are cached per index; changing nprobe / ef_search still takes
+    """The store's search parameters are cached per index; changing nprobe / ef still takes
     effect, checked against the bare faiss index searched with explicit parameters."""
     data = make_data("random", 3000)
     queries = make_queries(data)

@@ -1,17 +1,20 @@
 """The options every store takes under the same names, and the per-store names they replace.
 
-========== ==================================================================================
-``metric``  ``"ip"`` (the default of every new store), ``"cosine"`` or ``"l2"``; an existing store
-            keeps the metric it was created with (a different one given is an error)
-``index``   the approximate index: ``"auto"`` (exact below :data:`index_plan.EXACT_BELOW` rows, then
-            one sized from the row count), ``"flat"`` (always exact), or an engine's own index
-            (FAISS: an ``index_factory`` string such as ``"HNSW32"``; LanceDB: ``"ivf_pq"``,
-            ``"hnsw_sq"``)
-``nprobe``  IVF lists searched (default: the breadth calibrated when the index was built)
-``ef``      HNSW candidate list size, efSearch (default: calibrated, else the engine's)
-``refine``  re-rank ``refine * k`` candidates of an approximate index by their exact scores (0: off)
-``threshold`` rows at which an index that must be trained is built; until then search is exact
-========== ==================================================================================
+``metric``
+    ``"ip"`` (the default of every new store), ``"cosine"`` or ``"l2"``; an existing store keeps the metric
+    it was created with (a different one given is an error)
+``index``
+    the approximate index: ``"auto"`` (exact below :data:`~isotrope.stores.index_plan.EXACT_BELOW` rows, then
+    one sized from the row count), ``"flat"`` (always exact), or an engine's own index (FAISS: an
+    ``index_factory`` string such as ``"HNSW32"``; LanceDB: ``"ivf_pq"``, ``"hnsw_sq"``)
+``nprobe``
+    IVF lists searched (default: the breadth calibrated when the index was built)
+``ef``
+    HNSW candidate list size, efSearch (default: calibrated, else the engine's)
+``refine``
+    re-rank ``refine * k`` candidates of an approximate index by their exact scores (0: off)
+``threshold``
+    rows at which an index that must be trained is built; until then search is exact
 
 Each store maps them to its engine inside the store (FAISS ``nprobe`` / ``efSearch``, LanceDB ``nprobes`` /
 ``ef`` / ``refine_factor``). The names each store used before keep working for one release, with a
