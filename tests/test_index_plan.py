@@ -261,20 +261,8 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     assert json.loads(out)["nprobe"] == calibrated["nprobe"]  # saved
     code, out, err = run_cli(monkeypatch, capsys, "calibrate", ivf, tmp_path / "missing.txt")
     assert code != 0 and "missing.txt" in err and "Traceback" not in err
-    code, out, err = run_cli(
-        monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--index", "ivf", "--model", tiny_bert_path
-    )
+    lance = ("index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--model", tiny_bert_path)
+    code, out, err = run_cli(monkeypatch, capsys, *lance, "--index", "ivf")
     assert code != 0 and "--index" in err and "ivf" in err
-    code, out, err = run_cli(
-        monkeypatch,
-        capsys,
-        "index",
-        docs,
-        "--store",
-        f"lancedb:{tmp_path / 'l'}",
-        "--factory",
-        "HNSW32",
-        "--model",
-        tiny_bert_path,
-    )  # the old FAISS-only flag: an alias of --index for one release, checked as --index is
+    code, out, err = run_cli(monkeypatch, capsys, *lance, "--factory", "HNSW32")  # the old flag: an alias of --index
     assert code != 0 and "--factory is deprecated" in err and "unknown index 'HNSW32'" in err
