@@ -110,6 +110,7 @@ def process_alive(pid: str) -> bool:
 
 
 def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (read in 4 MiB blocks), as committed beside the index it checks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(_READ_BLOCK):

@@ -44,9 +44,8 @@ class LanceVectorIndex(LanceRows):
 
     if TYPE_CHECKING:
 
-        def search(
-            self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
-        ) -> list[list[Hit]]: ...
+        def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
+            """The store's vector search (calibration searches as users do)."""
 
     @property
     def vector_index(self) -> str | None:

@@ -27,6 +27,7 @@ _META_FIELDS_VERSION = "isotrope.metadata_fields_version"
 
 
 def id_filter(ids: Sequence[str]) -> str:
+    """A Lance SQL filter keeping the rows of ``ids``."""
     return f"id IN ({', '.join(lance_literal(i) for i in ids)})"
 
 
@@ -42,6 +43,7 @@ def read_args(columns: list[str], condition: str | None, row_ids: bool) -> dict[
 
 
 def vector_array(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    """A float32 ``(n, dim)`` array as Arrow's fixed-size-list column."""
     return pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), type=pa.float32()), vectors.shape[1])
 
 
