@@ -71,7 +71,7 @@ def ingest_isotrope(
             corpus,
             f"{store}:{target}",
             encoder=encoder,
-            store_options={"factory": options["factory"]} if options.get("factory") and store == "faiss" else None,
+            store_options={"index": options["factory"]} if options.get("factory") and store == "faiss" else None,
             loader_options={"id_field": "_id"},
             show_progress=False,
         )

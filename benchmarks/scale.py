@@ -264,7 +264,8 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     from llama_index.core.vector_stores.types import VectorStoreQuery
     from llama_index.vector_stores.faiss import FaissVectorStore
 
-    from isotrope.connectors.faiss_store import FaissStore, _params_for
+    from isotrope.connectors.faiss_index import params_for
+    from isotrope.connectors.faiss_store import FaissStore
 
     texts, queries = encoded_queries(args)
     path = Path(args.path)
@@ -286,7 +287,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
         # the very index object the store searches: two copies of one index differ by up to 20 % in
         # speed on this machine (where their memory landed), which would swamp the store's own cost
         bare_index = store._index
-        params = _params_for(bare_index, None, store.nprobe, store.ef_search)
+        params = params_for(bare_index, None, store.nprobe, store.ef)
         bare_ivf = faiss.try_extract_index_ivf(bare_index)
 
         def ours(q: np.ndarray) -> Any:
@@ -343,7 +344,8 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     import lancedb
     from lancedb.index import HnswSq, IvfPq
 
-    from isotrope.connectors.lancedb_store import LanceDBStore, _to_numpy
+    from isotrope.connectors.lance_rows import to_numpy as _to_numpy
+    from isotrope.connectors.lancedb_store import LanceDBStore
     from isotrope.stores import index_plan
 
     texts, queries = encoded_queries(args)
@@ -370,7 +372,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
             for index in store._table.list_indices():
                 if "vector" in index.columns:
                     store._table.drop_index(index.name)
-            store._index_type = False
+            store._vector_index = False
         else:
             plan = index_plan.lancedb_index_for(max(n, index_plan.EXACT_BELOW), store.dim)
             config = IvfPq(distance_type=distance, **plan) if name == "ivf_pq" else HnswSq(distance_type=distance)
@@ -391,9 +393,9 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
                 .select(["id", "text", "metadata", "_distance"])
             )
             if indexed:
-                query = query.nprobes(store.nprobes)
-                if store.refine_factor:
-                    query = query.refine_factor(store.refine_factor)
+                query = query.nprobes(store.nprobe)
+                if store.refine:
+                    query = query.refine_factor(store.refine)
             return query.to_arrow()
 
         found = [[position[hit.id] for hit in hits] for hits in ours(queries)]
@@ -518,7 +520,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                     continue
                 settings = ", ".join(
                     f"{key}={row[key]}"
-                    for key in ("nlist", "nprobe", "ef_search", "num_partitions", "num_sub_vectors", "nprobes")
+                    for key in ("nlist", "nprobe", "ef", "ef_search", "num_partitions", "num_sub_vectors", "nprobes")
                     if key in row
                 )
                 llama = row.get("llama_index_p50_ms_single")

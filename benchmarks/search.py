@@ -126,7 +126,7 @@ def bench_faiss(
         if gpu and name == "hnsw":  # faiss has no GPU HNSW
             continue
         path = workdir / f"faiss-{name}-{n}"
-        store = FaissStore(path, dim=DIM, factory=factory, metric="ip", nprobe=NPROBE, ef_search=EF_SEARCH, use_gpu=gpu)
+        store = FaissStore(path, dim=DIM, index=factory, metric="ip", nprobe=NPROBE, ef=EF_SEARCH, use_gpu=gpu)
         start = time.perf_counter()
         for begin, vectors in mixture.blocks(n):
             store.add(_ids(begin, len(vectors)), vectors)
@@ -174,7 +174,7 @@ def bench_lancedb(
     from isotrope.connectors.lancedb_store import LanceDBStore
 
     path = workdir / f"lancedb-{n}"
-    store = LanceDBStore(path, dim=DIM, metric="ip", index_threshold=None, nprobes=LANCE_NPROBES, refine_factor=LANCE_REFINE)
+    store = LanceDBStore(path, dim=DIM, metric="ip", index="flat", nprobe=LANCE_NPROBES, refine=LANCE_REFINE)
     start = time.perf_counter()
     for begin, vectors in mixture.blocks(n):
         store.add(_ids(begin, len(vectors)), vectors)

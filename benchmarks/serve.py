@@ -76,7 +76,7 @@ def build_store(
         config=config,
         chunk_tokens=0,
         fit_samples=fit_samples,
-        store_options={"factory": factory} if factory else None,
+        store_options={"index": factory} if factory else None,
     )
     print(f"built {store}: {report.summary()}", file=sys.stderr)
     with Collection.open(store) as collection:  # LanceDB indexes rows at 50,000; add the rest to the index

@@ -2,13 +2,10 @@
 
 Directory layout::
 
-    store.sqlite   meta (format, dim, factory, metric, index digest), properties, and one row
-                   per item: int64 key, string id, text, metadata JSON, float32 vector blob;
-                   items_fts, an FTS5 table of each item's analyzed text (rowid = key), written
-                   in the same transaction as the items (lexical search, BM25)
-                   metadata_fields: each top-level metadata key and how many rows have it, kept
-                   in the same transaction (filters naming an unknown field are refused in O(1))
-    index.faiss    the faiss index over the stored vectors, keyed by the int64 keys
+    store.sqlite   meta (format, dim, factory, metric, index digest, calibrated breadth), properties, and the
+                   rows with their FTS5 keyword index and metadata field counts (:mod:`.sqlite_rows`,
+                   :mod:`.sqlite_lexical`), all written in one transaction
+    index.faiss    the faiss index over the stored vectors, keyed by the rows' int64 keys (:mod:`.faiss_index`)
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
 when its sha256 differs from the digest committed in SQLite (the process died between
@@ -22,8 +19,6 @@ SQLite transaction, commits it (the commit point) and renames the file over ``in
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import sqlite3
@@ -36,10 +31,10 @@ from typing import Any
 import faiss
 import numpy as np
 
-from isotrope.connectors.fts5_terms import TermScores
-from isotrope.lexical import fts5_match, index_text, query_terms
+from isotrope.lexical import index_text
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
+    DEFAULT_METRIC,
     Hit,
     StoreFormatError,
     VectorStore,
@@ -48,146 +43,58 @@ from isotrope.stores.base import (
     check_batch,
     check_k,
     check_metric,
-    check_properties,
-    dumps_metadata,
 )
-from isotrope.stores.filters import to_sqlite
-from isotrope.stores.memory import exact_scores, top_k
+from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
+from isotrope.stores.rows import chunks, dumps_metadata
+
+from .faiss_index import (
+    CHECK_DIM,
+    SelectorUnsupported,
+    can_remove,
+    checked_factory,
+    default_threshold,
+    factory_of,
+    file_sha256,
+    fsync_dir,
+    keyed,
+    over_fetch,
+    params_for,
+    read_index,
+    remove_stale_copies,
+    rerank,
+    working_index,
+    write_copy,
+)
+from .fts5_terms import TermScores
+from .sqlite_lexical import SqliteLexicalIndex
+from .sqlite_rows import CHUNK, DB_NAME, connect_db, create_db
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-DB_NAME = "store.sqlite"
 INDEX_NAME = "index.faiss"
-_CHUNK = 900  # SQLite variables per statement
-_ADD_BATCH = 65_536  # rows per faiss call when rebuilding
 _TRAIN_SAMPLE = 200_000
-#: queries re-ranked together (their candidates' vectors are gathered into one array)
-_REFINE_QUERIES = 256
 _TRAIN_PER_LIST = 39  # k-means sample points per IVF list (faiss's minimum: training cost is points x lists)
-_AUTO = "auto"
-_READ_BLOCK = 1 << 22
-#: SQLite reads the database through a memory map up to this size: looking up the rows of the
-#: hits then costs no read() system call per page
-_MMAP_BYTES = 256 * 1024 * 1024
-#: the map of the read-only connection searches use (SQLite caps it, at 2 GB in common builds)
-_READ_MMAP_BYTES = 1 << 40
-#: how long a connection waits for a lock another process holds on the database
-_BUSY_SECONDS = 60.0
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS properties (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS items (
-    key INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    text TEXT,
-    metadata TEXT NOT NULL,
-    vector BLOB NOT NULL
-);
-"""
-#: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
-#: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
-_FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
-#: the metadata keys of the stored rows, with the number of rows having each
-_FIELDS_SCHEMA = "CREATE TABLE IF NOT EXISTS metadata_fields (name TEXT PRIMARY KEY, rows INTEGER NOT NULL)"
-#: the key counts of some stored rows' metadata (``{placeholders}`` filled with their keys)
-_COUNT_FIELDS = (
-    "SELECT j.key, COUNT(*) FROM items, json_each(items.metadata) AS j WHERE items.key IN ({placeholders}) GROUP BY j.key"
-)
 
 
-def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
-_decode_json = json.JSONDecoder().raw_decode
-
-
-def _load_metadata(value: str) -> dict[str, Any]:
-    """A stored metadata JSON object (written compact by this store: ``raw_decode`` parses it without
-    ``json.loads``'s whitespace passes, at under half the cost); the common empty one is not parsed."""
-    return {} if value == "{}" else _decode_json(value)[0]
-
-
-#: the SELECT of the rows hits show (key, id, text, metadata) for 1 to 900 keys, and of their ids alone (text
-#: '', metadata '{}'): one statement text per count, built once (sqlite3 prepares each once and finds it again)
-_HIT_COLUMNS = {True: "text, metadata", False: "'', '{}'"}
-_ROWS_SQL = {
-    with_text: [f"SELECT key, id, {columns} FROM items WHERE key IN ({','.join('?' * count)})" for count in range(_CHUNK + 1)]
-    for with_text, columns in _HIT_COLUMNS.items()
-}
-
-
-def _inner(index: faiss.Index) -> faiss.Index:
-    """The index doing the work under id maps, pre-transforms and refinement."""
-    index = faiss.downcast_index(index)
-    while True:
-        if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)):
-            index = faiss.downcast_index(index.index)
-        elif isinstance(index, faiss.IndexRefine):
-            index = faiss.downcast_index(index.base_index)
-        else:
-            return index
-
-
-def _default_train_min(index: faiss.Index) -> int:
-    """Vectors needed before training: faiss's advice of 39 points per k-means centroid."""
-    inner = _inner(index)
-    need = 1
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        need = max(need, 39 * ivf.nlist)
-    pq = getattr(inner, "pq", None)
-    if pq is not None:
-        need = max(need, 39 * pq.ksub)
-    return need
-
-
-class _SelectorUnsupported(Exception):
-    """An index that cannot restrict its search to an id selector."""
-
-
-def _params_for(
-    index: faiss.Index, selector: faiss.IDSelector | None, nprobe: int, ef_search: int
-) -> faiss.SearchParameters | None:
-    """Search parameters shaped like the index: id maps and pre-transforms pass them down,
-    a refinement stage wraps those of its base index."""
-    index = faiss.downcast_index(index)
-    if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)):
-        return _params_for(index.index, selector, nprobe, ef_search)
-    if isinstance(index, faiss.IndexRefine):
-        if selector is not None:  # the refine stage would not translate it through an id map
-            raise _SelectorUnsupported(type(index).__name__)
-        base = _params_for(index.base_index, selector, nprobe, ef_search)
-        # re-rank at least 4k candidates: the factory's default (k_factor 1) makes refinement a no-op
-        params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # the stubs lack the SWIG keyword constructor
-            k_factor=max(index.k_factor, 4.0), base_index_params=base
-        )
-        params.referenced_objects = [base]  # type: ignore[attr-defined]  # keeps base alive (SWIG attribute, not in the stubs)
-        return params
-    if isinstance(index, faiss.IndexIVF):
-        return faiss.SearchParametersIVF(sel=selector, nprobe=min(nprobe, index.nlist))  # type: ignore[call-arg]  # stubs lack the keyword constructor
-    if isinstance(index, faiss.IndexHNSW):
-        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search)  # type: ignore[attr-defined]  # missing from the stubs
-    return None if selector is None else faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # stubs lack the keyword constructor
-
-
-class FaissStore(VectorStore):
+class FaissStore(SqliteLexicalIndex, VectorStore):
     """A FAISS index with ids, texts, metadata and vectors in SQLite.
 
     Parameters
     ----------
     path: the store directory (created if missing).
     dim: vector dimension; required for a new store, checked against an existing one.
-    factory: a ``faiss.index_factory`` string ("Flat", "HNSW32", "IVF64,Flat", "IVF64,PQ16", ...)
-        or "auto" (the index follows the row count: :mod:`isotrope.stores.index_plan`);
-        default "Flat" for a new store, read from an existing one.
+
+    The shared store options (:mod:`isotrope.stores.options`), mapped to faiss here:
+
     metric: "ip" (default), "cosine" (vectors are L2-normalised on the way in) or "l2"
         (scores are minus the squared distance).
-    nprobe / ef_search: search-time breadth of IVF and HNSW indexes (default: the breadth
-        calibrated when the index was last built, else 16 / 128).
-    train_min: vectors needed before an index that needs training is trained
+    index: "flat" (faiss ``Flat``), "auto" (the index follows the row count:
+        :mod:`isotrope.stores.index_plan`) or a ``faiss.index_factory`` string ("HNSW32", "IVF64,Flat",
+        "IVF64,PQ16", ...); default "flat" for a new store, read from an existing one.
+    nprobe / ef: search-time breadth of IVF and HNSW indexes (faiss ``nprobe`` / ``efSearch``; default:
+        the breadth calibrated when the index was last built, else 16 / 128).
+    threshold: vectors needed before an index that needs training is trained
         (default: 39 per k-means centroid); until then search is exact.
     exact_filter_limit: a filtered search over at most this many rows of an approximate index
         is done exactly on the stored vectors instead.
@@ -210,21 +117,31 @@ class FaissStore(VectorStore):
     #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
     appends_new_ids = True
 
+    ef_search = renamed_attribute("ef")
+    train_min = renamed_attribute("threshold")
+    factory = renamed_attribute("index")
+
     def __init__(
         self,
         path: str | os.PathLike[str],
         dim: int | None = None,
-        factory: str | None = None,
-        metric: str | None = None,
         *,
+        metric: str | None = None,
+        index: str | None = None,
         nprobe: int | None = None,
-        ef_search: int | None = None,
-        train_min: int | None = None,
+        ef: int | None = None,
+        refine: int | None = None,
+        threshold: int | None = None,
         exact_filter_limit: int = 10_000,
         use_gpu: bool | None = None,
         mmap_index: bool = False,
-        refine: int | None = None,
+        **deprecated: Any,
     ) -> None:
+        renamed = renamed_options("FaissStore", deprecated, ("factory", "ef_search", "train_min"))
+        index, ef, threshold = (
+            pick(name, value, renamed) for name, value in (("index", index), ("ef", ef), ("threshold", threshold))
+        )
+        nprobe, ef, threshold = check_count("nprobe", nprobe), check_count("ef", ef), check_count("threshold", threshold)
         self.path = Path(path)
         self.mmap_index = mmap_index
         self.exact_filter_limit = exact_filter_limit
@@ -235,7 +152,7 @@ class FaissStore(VectorStore):
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
-        self._conn = self._connect(dim, factory, metric, refine)
+        self._conn = self._connect(dim, None if index is None else factory_of(index), metric, refine)
         self._reader: sqlite3.Connection | None = None  # the read-only connection of _db (opened on use)
         self._term_scores = TermScores("items_fts")  # frequent terms' BM25, for unfiltered lexical reads
         self._has_fields_table = (
@@ -243,16 +160,16 @@ class FaissStore(VectorStore):
         )
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         self.dim = int(meta["dim"])
-        self.factory = meta["factory"]
+        self._factory = meta["factory"]  # the faiss index_factory string asked for, or "auto"
         self.metric = meta["metric"]
         self.nprobe = nprobe or int(meta.get("nprobe", 16))
-        self.ef_search = ef_search or int(meta.get("ef_search", 128))
-        self.refine = _check_refine(refine) if refine is not None else int(meta.get("refine", 0))
+        self.ef = ef or int(meta.get("ef_search", 128))
+        self.refine = check_count("refine", refine, 0) if refine is not None else int(meta.get("refine", 0))
         self._faiss_metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
-        self._train_min_given = train_min
+        self._threshold_given = threshold
         self._built_rows = int(meta.get("index_rows", 0))
         self._use_factory(
-            meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self.factory == _AUTO else self.factory)
+            meta.get("index_factory") or (index_plan.faiss_factory_for(0) if self._factory == AUTO else self._factory)
         )
         self._index, self._mapped = self._open_index(meta.get("index_sha256"))
 
@@ -261,21 +178,17 @@ class FaissStore(VectorStore):
         self.index_factory = factory
         fresh = self._new_index()
         self._needs_training = not fresh.is_trained
-        self.train_min = _default_train_min(fresh) if self._train_min_given is None else self._train_min_given
+        self.threshold = default_threshold(fresh) if self._threshold_given is None else self._threshold_given
+
+    @staticmethod
+    def check_index(index: str) -> None:
+        """Refuse an ``index`` this store cannot build, before any work (its dimension checked at creation)."""
+        checked_factory(factory_of(index), CHECK_DIM)
 
     @property
-    def _db(self) -> sqlite3.Connection:
-        """The connection searches and lookups read through: the store's own inside its write transaction
-        (it sees the rows not committed yet), else a read-only one that sees the last commit and maps as
-        much of the file as SQLite allows (hit rows read without a system call each: about half the time
-        for 10 rows of a 4.3 GB store); writes and scans keep the smaller map, so their memory stays bounded."""
-        if self._conn.in_transaction:
-            return self._conn
-        if self._reader is None:
-            uri = f"{(self.path / DB_NAME).absolute().as_uri()}?mode=ro"
-            self._reader = sqlite3.connect(uri, uri=True, timeout=_BUSY_SECONDS)
-            self._reader.execute(f"PRAGMA mmap_size={_READ_MMAP_BYTES}")
-        return self._reader
+    def index(self) -> str:
+        """The index asked for, in the shared vocabulary: "flat", "auto" or a faiss index_factory string."""
+        return FLAT if self._factory == "Flat" else self._factory
 
     # ------------------------------------------------------------------ opening
 
@@ -285,48 +198,29 @@ class FaissStore(VectorStore):
             raise StoreFormatError(f"{self.path} is a file, not a FaissStore directory")
         created = not db_path.exists()
         if created:
-            # a creation cut short leaves the temporary database and its journal, which _create_db replaces
+            # a creation cut short leaves the temporary database and its journal, which create_db replaces
             if self.path.exists() and any(not p.name.startswith(DB_NAME + ".new") for p in self.path.iterdir()):
                 raise StoreFormatError(f"{self.path} is not empty and has no {DB_NAME}: not a FaissStore directory")
             if dim is None:
                 raise ValueError(f"creating a FaissStore at {self.path} needs dim")
             if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
                 raise ValueError(f"dim must be a positive integer; got {dim!r}")
-            factory = factory or "Flat"
-            metric = check_metric(metric or "ip")
-            try:
-                if factory != _AUTO:
-                    faiss.index_factory(int(dim), factory)
-            except RuntimeError as error:
-                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+            factory = checked_factory(factory or "Flat", int(dim))
+            metric = check_metric(metric or DEFAULT_METRIC)
             self.path.mkdir(parents=True, exist_ok=True)
-            _create_db(
-                db_path, {"dim": str(int(dim)), "factory": factory, "metric": metric, "refine": str(_check_refine(refine or 0))}
-            )
-        try:
-            # WAL: readers see the last commit while a writer writes; the busy timeout waits out
-            # the short moments (checkpoints, switching the mode) when SQLite must lock the file
-            conn = sqlite3.connect(db_path, isolation_level=None, timeout=_BUSY_SECONDS)
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.OperationalError as error:
-            if "locked" in str(error) or "busy" in str(error):
-                raise RuntimeError(f"{db_path} stayed locked for {_BUSY_SECONDS} s by another process: {error}") from error
-            raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
-        except sqlite3.DatabaseError as error:
-            raise StoreFormatError(f"{db_path} is not a FaissStore database: {error}") from error
+            refine_count = check_count("refine", refine or 0, 0)
+            settings = {"dim": str(int(dim)), "factory": factory, "metric": metric, "refine": str(refine_count)}
+            create_db(db_path, {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings})
+        conn, meta = connect_db(db_path, "FaissStore")
         if meta.get("format") != "isotrope.faiss" or meta.get("format_version") != str(FORMAT_VERSION):
             raise StoreFormatError(
                 f"{db_path}: expected format isotrope.faiss version {FORMAT_VERSION}; "
                 f"got {meta.get('format')!r} version {meta.get('format_version')!r}"
             )
-        stored = {"dim": meta["dim"], "factory": meta["factory"], "metric": meta["metric"]}
+        stored = {"dim": meta["dim"], "index": meta["factory"], "metric": meta["metric"]}
         given = {
             "dim": None if dim is None else str(int(dim)),
-            "factory": factory,
+            "index": factory,
             "metric": None if metric is None else check_metric(metric),
         }
         for name, value in given.items():
@@ -337,12 +231,10 @@ class FaissStore(VectorStore):
     def _open_index(self, digest: str | None) -> tuple[faiss.Index, bool]:
         """The committed index (memory-mapped where its type allows) and whether it is mapped; rebuilt if stale."""
         index_path = self.path / INDEX_NAME
-        for stale in self.path.glob(INDEX_NAME + ".*.tmp"):
-            if not _process_alive(stale.name[len(INDEX_NAME) + 1 : -len(".tmp")]):  # not a live writer's
-                stale.unlink(missing_ok=True)
+        remove_stale_copies(index_path)
         if digest is not None and index_path.is_file():
-            if _file_sha256(index_path) == digest:
-                index, mapped = _read_index(index_path, self.mmap_index)
+            if file_sha256(index_path) == digest:
+                index, mapped = read_index(index_path, self.mmap_index)
                 if index.d == self.dim and index.ntotal == len(self):
                     return index, mapped
             logger.warning("%s does not match the committed state in %s; rebuilding it", index_path, DB_NAME)
@@ -356,32 +248,13 @@ class FaissStore(VectorStore):
         """A fresh index from the factory string. Polysemous training (slow, and only useful for
         Hamming-filtered search, which this store does not use) is switched off."""
         index = faiss.index_factory(self.dim, self.index_factory, self._faiss_metric)
-        inner = _inner(index)
+        inner = working_index(index)
         if hasattr(inner, "do_polysemous_training"):
             inner.do_polysemous_training = False
         return index
 
-    def _wrap(self, index: faiss.Index) -> faiss.Index:
-        """Key the index by int64: IVF indexes hold ids natively, others get an ``IndexIDMap2``."""
-        top = faiss.downcast_index(index)
-        if isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)):
-            return index
-        if isinstance(top, faiss.IndexIVF) or (
-            isinstance(top, faiss.IndexPreTransform) and isinstance(faiss.downcast_index(top.index), faiss.IndexIVF)
-        ):
-            return index
-        return faiss.IndexIDMap2(index)
-
     def _exact_index(self) -> faiss.Index:
         return faiss.IndexIDMap2(faiss.IndexFlat(self.dim, self._faiss_metric))
-
-    def _iter_vectors(self, where_sql: str = "1", params: Sequence[Any] = ()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(keys, vectors) batches of the rows matching a trusted SQL condition, in key order."""
-        cursor = self._conn.execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
-        while rows := cursor.fetchmany(_ADD_BATCH):
-            keys = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
-            yield keys, vectors
 
     def _rebuild(self) -> faiss.Index:
         """Build the index from the stored vectors, training it if it needs it and enough exist."""
@@ -390,9 +263,9 @@ class FaissStore(VectorStore):
         n = len(self)
         fresh = self._new_index()
         if fresh.is_trained:
-            index = self._wrap(fresh)
-        elif n >= self.train_min:
-            index = self._wrap(fresh)
+            index = keyed(fresh)
+        elif n >= self.threshold:
+            index = keyed(fresh)
             index.train(self._training_sample(n))
         else:
             index = self._exact_index()
@@ -411,26 +284,17 @@ class FaissStore(VectorStore):
 
     def _training_sample(self, n: int) -> np.ndarray:
         ivf = faiss.try_extract_index_ivf(self._new_index())
-        size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.train_min))
+        size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.threshold))
         if n <= size:
             return np.concatenate([v for _, v in self._iter_vectors()])
         keys = [k for (k,) in self._conn.execute("SELECT key FROM items").fetchall()]
         chosen = np.random.default_rng(0).choice(keys, size, replace=False)
-        parts: list[np.ndarray] = []
-        for part in _chunks(sorted(chosen.tolist())):
-            parts.extend(v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part))
-        return np.concatenate(parts)
+        return self._key_vectors(sorted(chosen.tolist()))[1]
 
     @property
     def is_exact(self) -> bool:
         """Whether search is currently exact (a flat index, or one not trained yet)."""
-        return isinstance(_inner(self._index), faiss.IndexFlat)
-
-    def _can_remove(self) -> bool:
-        top = faiss.downcast_index(self._index)
-        if isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)):
-            return isinstance(faiss.downcast_index(top.index), faiss.IndexFlatCodes)
-        return faiss.try_extract_index_ivf(top) is not None
+        return isinstance(working_index(self._index), faiss.IndexFlat)
 
     @property
     def _index(self) -> faiss.Index:
@@ -449,10 +313,10 @@ class FaissStore(VectorStore):
         The parameters without a selector are built once per index object and setting.
         """
         if selector is not None:
-            return _params_for(self._index, selector, self.nprobe, self.ef_search)
+            return params_for(self._index, selector, self.nprobe, self.ef)
         cached = self._plain_params
-        if cached is None or cached[:2] != (self.nprobe, self.ef_search):
-            cached = (self.nprobe, self.ef_search, _params_for(self._index, None, self.nprobe, self.ef_search))
+        if cached is None or cached[:2] != (self.nprobe, self.ef):
+            cached = (self.nprobe, self.ef, params_for(self._index, None, self.nprobe, self.ef))
             self._plain_params = cached
         return cached[2]
 
@@ -463,16 +327,6 @@ class FaissStore(VectorStore):
             self._index, self._mapped = faiss.read_index(str(self.path / INDEX_NAME)), False
         if not self._conn.in_transaction:
             self._conn.execute("BEGIN IMMEDIATE")
-
-    def __len__(self) -> int:
-        return self._conn.execute("SELECT COUNT(*) FROM items").fetchone()[0]
-
-    def _keys(self, ids: Sequence[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for part in _chunks(ids):
-            query = f"SELECT id, key FROM items WHERE id IN ({','.join('?' * len(part))})"
-            found.update(self._db.execute(query, part).fetchall())
-        return found
 
     def add(
         self,
@@ -520,7 +374,7 @@ class FaissStore(VectorStore):
             self._conn.executemany(
                 "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(keys[i], t) for i, t in zip(batch.ids, terms) if t]
             )
-            if existing and not self._can_remove():
+            if existing and not can_remove(self._index):
                 self._index = self._refill()
             else:
                 if existing:
@@ -538,7 +392,7 @@ class FaissStore(VectorStore):
 
     def _train_if_due(self) -> None:
         """Train an index that needs it once enough rows exist (until then search is exact)."""
-        if not self._deferring and self._needs_training and self.is_exact and len(self) >= self.train_min:
+        if not self._deferring and self._needs_training and self.is_exact and len(self) >= self.threshold:
             self._build_index(self._rebuild)
             self._calibrated = False
 
@@ -572,10 +426,10 @@ class FaissStore(VectorStore):
         removed: Counter[str] = Counter()
         removed.subtract(self._field_counts(list(keys.values())))
         self._update_fields(removed)
-        for part in _chunks(list(keys.values())):
+        for part in chunks(list(keys.values()), CHUNK):
             self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
         self._delete_terms(list(keys.values()))
-        if self._can_remove():
+        if can_remove(self._index):
             self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(keys.values(), dtype=np.int64)))
         else:
             self._index = self._refill()
@@ -584,114 +438,26 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ the metadata field set
 
-    def _field_counts(self, keys: Sequence[int]) -> Counter[str]:
-        """How many of the given rows have each metadata key."""
-        counts: Counter[str] = Counter()
-        for part in _chunks(keys):
-            counts.update(dict(self._conn.execute(_COUNT_FIELDS.format(placeholders=",".join("?" * len(part))), part)))
-        return counts
-
-    def _update_fields(self, delta: Counter[str]) -> None:
-        """Add ``delta`` to the field counts (inside the open transaction); fields left on no row go."""
-        changes = [(name, count) for name, count in delta.items() if count]
-        if not changes:
-            return
-        self._conn.executemany(
-            "INSERT INTO metadata_fields (name, rows) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET rows = rows + excluded.rows",
-            changes,
-        )
-        self._conn.execute("DELETE FROM metadata_fields WHERE rows <= 0")
-
-    def _ensure_fields_table(self) -> None:
-        """Create and fill the field counts of a store written before they existed (inside the open transaction)."""
-        if self._has_fields_table:
-            return
-        logger.info("%s: counting the metadata fields of its %d rows", self.path, len(self))
-        self._conn.execute(_FIELDS_SCHEMA)
-        self._conn.execute(
-            "INSERT INTO metadata_fields (name, rows) SELECT j.key, COUNT(*) "
-            "FROM items, json_each(items.metadata) AS j GROUP BY j.key"
-        )
-        self._has_fields_table = True
-
-    def metadata_fields(self) -> set[str]:
-        """The metadata keys of the stored rows (kept on write: no pass over the rows)."""
-        if self._has_fields_table:
-            return {name for (name,) in self._conn.execute("SELECT name FROM metadata_fields")}
-        query = "SELECT DISTINCT j.key FROM items, json_each(items.metadata) AS j"  # a store from before the counts
-        return {key for (key,) in self._conn.execute(query)}
-
     # ------------------------------------------------------------------ the lexical index
-
-    def _delete_terms(self, keys: Sequence[int]) -> None:
-        for part in _chunks(keys):
-            self._conn.execute(f"DELETE FROM items_fts WHERE rowid IN ({','.join('?' * len(part))})", part)
-
-    @property
-    def has_lexical_index(self) -> bool:
-        """Whether the FTS5 table of lexical search exists (a store written before it had none: ``build_lexical_index``)."""
-        return self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_fts'").fetchone() is not None
-
-    def _ensure_lexical_index(self) -> None:
-        """Build the FTS5 table of a store written before it existed (inside the open transaction)."""
-        if self.has_lexical_index:
-            return
-        logger.warning("%s has no lexical index: building it from the %d stored texts", self.path, len(self))
-        self._conn.execute(_FTS_SCHEMA)
-        cursor = self._conn.execute("SELECT key, text FROM items ORDER BY key")
-        while rows := cursor.fetchmany(_ADD_BATCH):
-            self._conn.executemany(
-                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)",
-                [(key, terms) for key, text in rows if (terms := index_text(text))],
-            )
-
-    def build_lexical_index(self) -> None:
-        """Build the lexical index if the store has none: committed now, or with the pending writes."""
-        if self.has_lexical_index:
-            return
-        if self._conn.in_transaction:
-            self._ensure_lexical_index()
-            return
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._ensure_lexical_index()
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
-
-    def set_properties(self, **kv: str) -> None:
-        """Set persisted string properties (committed with the data)."""
-        props = check_properties(kv)
-        self._begin()
-        self._conn.executemany("INSERT OR REPLACE INTO properties (key, value) VALUES (?, ?)", props.items())
-
-    @property
-    def properties(self) -> dict[str, str]:
-        """The persisted ``dict[str, str]`` committed with the data (the encoder's fingerprint, index settings)."""
-        return dict(self._conn.execute("SELECT key, value FROM properties").fetchall())
 
     def commit(self) -> None:
         """Write the index if it changed (temp file, fsync), commit SQLite with its digest, then rename the
         index into place. A commit of settings or properties alone leaves the index file as it is."""
         if not self._dirty and not self._conn.in_transaction:
             return
-        if not self._deferring and self.factory == _AUTO:
+        if not self._deferring and self._factory == AUTO:
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
         if not self._dirty:
             self._conn.execute("COMMIT")
             return
-        tmp = self.path / f"{INDEX_NAME}.{os.getpid()}.tmp"
-        faiss.write_index(self._index, str(tmp))  # streamed to disk: no serialized copy in memory
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        tmp = write_copy(self._index, self.path / INDEX_NAME)
         self._begin()
-        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (_file_sha256(tmp),))
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('index_sha256', ?)", (file_sha256(tmp),))
         self._conn.execute("COMMIT")
         os.replace(tmp, self.path / INDEX_NAME)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self._dirty = False
 
     # ------------------------------------------------------------------ index planning
@@ -702,7 +468,7 @@ class FaissStore(VectorStore):
         n = len(self)
         planned = index_plan.faiss_factory_for(n)
         crossed = planned != self.index_factory and (self.index_factory == "Flat" or planned == "Flat")
-        if crossed or (planned != self.index_factory and n >= index_plan.REBUILD_GROWTH * max(self._built_rows, 1)):
+        if crossed or (planned != self.index_factory and index_plan.outgrown(n, max(self._built_rows, 1))):
             logger.info("%s: %d rows, building index %s", self.path, n, planned)
             self._build(planned)
         elif not self._calibrated and not self.is_exact:  # trained by add() once it had enough rows
@@ -733,81 +499,65 @@ class FaissStore(VectorStore):
         recall on them, the finer ladder, target 0.95.
         """
         ivf = faiss.try_extract_index_ivf(self._index)
-        hnsw = isinstance(_inner(self._index), faiss.IndexHNSW)
+        hnsw = isinstance(working_index(self._index), faiss.IndexHNSW)
         if self.is_exact or (ivf is None and not hnsw):
             return {}
-        k = index_plan.CALIBRATION_K
-        name, ladder = (
-            ("nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
+        name, meta_key, ladder = (
+            ("nprobe", "nprobe", [p for p in index_plan.NPROBE_LADDER if p <= ivf.nlist])
             if ivf is not None
-            else ("ef_search", list(index_plan.EF_LADDER))
+            else ("ef", "ef_search", list(index_plan.EF_LADDER))
         )
-        if queries is None:
-            keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
-            chosen = np.sort(np.random.default_rng(1).choice(keys, min(index_plan.CALIBRATION_QUERIES, len(keys)), replace=False))
-            stored = np.concatenate(
-                [v for _, v in self._iter_vectors(f"key IN ({','.join('?' * len(chosen))})", chosen.tolist())]
-            )
-            q, truth = index_plan.calibration_set(chosen, stored, self._iter_vectors, self.metric)
-            goal = index_plan.TARGET_RECALL + index_plan.CALIBRATION_MARGIN if target is None else target
-        else:
+        q = None
+        if queries is not None:
             q = as_vectors(queries, self.dim, "queries").copy()
             if self.metric == "cosine":
                 faiss.normalize_L2(q)
-            truth = index_plan.exact_neighbours(q, self._iter_vectors(), k, self.metric)
-            ladder = list(index_plan.finer(ladder))
-            goal = index_plan.TARGET_RECALL if target is None else target
 
-        def search(value: int) -> np.ndarray:
+        def search(q: np.ndarray, k: int, value: int) -> np.ndarray:
             setattr(self, name, value)
             params = self._search_params(None)
-            if queries is not None:  # as a search does
-                return self._refined(q, k, lambda fetch: self._index.search(q, fetch, params=params))[1]
-            found = self._refined(q, k + 1, lambda fetch: self._index.search(q, fetch, params=params))[1]
-            return index_plan.without_sources(found, chosen, k)
+            return self._refined(q, k, lambda fetch: self._index.search(q, fetch, params=params))[1]
 
-        value, reached = index_plan.calibrate(ladder, search, truth, goal)
+        keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
+        value, reached = index_plan.calibrate_breadth(
+            ladder, keys, lambda chosen: self._key_vectors(chosen.tolist()), self._iter_vectors, search, self.metric, target, q
+        )
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
-        settings = {name: str(value), "calibrated_recall": f"{reached:.4f}"}
-        self._save_settings(settings)
-        return settings
+        self._save_settings({meta_key: str(value), "calibrated_recall": f"{reached:.4f}"})
+        return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
 
-    def optimize(self, factory: str | None = None, refine: int | None = None) -> None:
+    def optimize(self, index: str | None = None, refine: int | None = None, **deprecated: Any) -> None:
         """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
 
-        ``factory`` (an index_factory string or "auto") replaces the store's index type for good, as
-        ``refine`` (see the class) replaces its refinement.
+        ``index`` (see the class) replaces the store's index for good, as ``refine`` replaces its refinement.
         """
+        index = pick("index", index, renamed_options("FaissStore.optimize", deprecated, ("factory",)))
         if refine is not None:
-            self.refine = _check_refine(refine)
+            self.refine = check_count("refine", refine, 0) or 0
             self._begin()
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('refine', ?)", (str(self.refine),))
-        if factory is not None and factory != self.factory:
-            try:
-                if factory != _AUTO:
-                    faiss.index_factory(self.dim, factory)
-            except RuntimeError as error:
-                raise ValueError(f"invalid faiss index factory string {factory!r}: {error}") from error
+        factory = None if index is None else checked_factory(factory_of(index), self.dim)
+        if factory is not None and factory != self._factory:
             self._begin()
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('factory', ?)", (factory,))
-            self.factory = factory
+            self._factory = factory
         n = len(self)
-        self._build(index_plan.faiss_factory_for(n) if self.factory == _AUTO else self.factory)
+        self._build(index_plan.faiss_factory_for(n) if self._factory == AUTO else self._factory)
         self._dirty = True
         self.commit()
 
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
         meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        info: dict[str, Any] = {"index": self.factory, "index_built": self.index_factory, "index_exact": self.is_exact}
+        info: dict[str, Any] = {"index": self.index, "index_built": self.index_factory, "index_exact": self.is_exact}
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None and not self.is_exact:
             info.update(nlist=ivf.nlist, nprobe=self.nprobe)
-        inner = _inner(self._index)
+        inner = working_index(self._index)
         if isinstance(inner, faiss.IndexHNSW):
             m = inner.hnsw.nb_neighbors(1)  # type: ignore[attr-defined]  # exists at run time, missing from the stubs
-            info.update(hnsw_m=m, ef_search=self.ef_search)
+            info.update(hnsw_m=m, ef=self.ef)
         if self.refine and not self.is_exact:
             info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
@@ -829,38 +579,6 @@ class FaissStore(VectorStore):
 
     # ------------------------------------------------------------------ reading
 
-    def _rows(self, keys: list[int], with_text: bool = True) -> dict[int, tuple[str, str | None, str]]:
-        """``key -> (id, text, metadata JSON)`` of the given distinct keys: one SELECT per 900 keys, by rowid."""
-        rows = {}
-        for part in _chunks(keys):
-            for key, id_, text, metadata in self._db.execute(_ROWS_SQL[with_text][len(part)], part):
-                rows[key] = (id_, text, metadata)
-        return rows
-
-    def _hits(self, keys: np.ndarray, scores: np.ndarray, with_text: bool = True) -> list[list[Hit]]:
-        """One list of hits per row of faiss results; a key of -1 (no result) is skipped. Each stored row is
-        read once; every hit parses its own metadata dict."""
-        key_rows, score_rows = keys.tolist(), scores.tolist()
-        if len(key_rows) == 1:  # a single query: its keys are distinct
-            wanted = [key for key in key_rows[0] if key >= 0]
-        else:
-            wanted = list({key for row in key_rows for key in row if key >= 0})
-        rows = self._rows(wanted, with_text)
-        out = []
-        for key_row, score_row in zip(key_rows, score_rows):
-            hits = []
-            for key, score in zip(key_row, score_row):
-                if key >= 0:
-                    id_, text, metadata = rows[key]
-                    hits.append(Hit(id_, score, text, _load_metadata(metadata)))
-            out.append(hits)
-        return out
-
-    def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:
-        sql, params = to_sqlite(where)
-        rows = self._conn.execute(f"SELECT key FROM items WHERE {sql}", params).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64)
-
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
         """The ``k`` best hits of each query (higher score is closer), among rows matching ``where``."""
         q = as_vectors(queries, self.dim, "queries")
@@ -873,82 +591,12 @@ class FaissStore(VectorStore):
             if len(keys) == 0:
                 return [[] for _ in range(len(q))]
             if not self.is_exact and len(keys) <= self.exact_filter_limit:
-                return self._exact_search(q, k, keys, with_text)
+                return self._exact_search(q, k, keys, self.metric, with_text)
             distances, labels = self._refined(q, k, lambda fetch: self._selector_search(q, fetch, keys))
         else:
             distances, labels = self._refined(q, k, lambda fetch: self._unfiltered_search(q, fetch))
         scores = -distances if self.metric == "l2" else distances
         return self._hits(labels, scores, with_text)
-
-    def lexical_search(
-        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
-    ) -> list[list[Hit]]:
-        """The ``k`` best rows of each query text by FTS5's ``bm25()`` (negated: higher is better),
-        among rows matching ``where``. A store without the lexical index gets it built first. Outside a write
-        transaction an unfiltered query whose terms repeat is answered from their scores kept in memory
-        (:mod:`.fts5_terms`): the same rows and scores, without FTS5 scoring every match again."""
-        k = check_k(k)
-        if isinstance(texts, str):
-            raise TypeError("texts must be a sequence of query strings, not a single string")
-        if not self.has_lexical_index:
-            self.build_lexical_index()
-        condition, params = "", []  # type: str, list[Any]
-        if where:
-            sql, params = to_sqlite(where)
-            condition = f" AND rowid IN (SELECT key FROM items WHERE {sql})"
-        query = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ?{condition} ORDER BY rank, rowid LIMIT ?"
-        out = []
-        db = self._db
-        for text in texts:
-            terms = query_terms(text)
-            cached = self._term_scores.top(db, terms, k) if terms and not where and db is self._reader else None
-            if cached is not None:
-                keys, scores = cached
-            else:
-                found = db.execute(query, [fts5_match(terms), *params, k]).fetchall() if terms else []
-                keys = np.array([key for key, _ in found], dtype=np.int64)
-                scores = np.array([score for _, score in found], dtype=np.float64)
-            out.append(self._hits(keys.reshape(1, -1), scores.reshape(1, -1), with_text)[0])
-        return out
-
-    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Each query text's ``-bm25()`` of each of its ids (0 for a row sharing no term): the FTS5 query
-        restricted to those rows, with the whole index's statistics (or, as in ``lexical_search``, the sum
-        of the terms' scores kept in memory)."""
-        if not self.has_lexical_index:
-            self.build_lexical_index()
-        out = []
-        db = self._db
-        for text, wanted in zip(texts, ids):
-            keys = self._keys(list(wanted))
-            scores = dict.fromkeys(wanted, 0.0)
-            terms = query_terms(text)
-            cached = (
-                self._term_scores.of(db, terms, np.array(list(keys.values()))) if terms and keys and db is self._reader else None
-            )
-            if cached is not None:
-                scores.update(zip(keys, cached.tolist()))
-            elif terms and keys:
-                id_of = {key: id_ for id_, key in keys.items()}
-                for part in _chunks(list(id_of)):
-                    # ``+rowid``: one full-text query filtered by SQLite, not one per rowid (4x slower at 200 rows)
-                    sql = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ? AND +rowid IN ({','.join('?' * len(part))})"
-                    for key, score in self._db.execute(sql, [fts5_match(terms), *part]):
-                        scores[id_of[key]] = score
-            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
-        return out
-
-    def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray, with_text: bool) -> list[list[Hit]]:
-        found_keys, vectors = [], []
-        for part in _chunks(np.sort(keys).tolist()):
-            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
-                found_keys.append(kk)
-                vectors.append(vv)
-        all_keys = np.concatenate(found_keys)
-        scores = exact_scores(q, np.concatenate(vectors), self.metric)
-        best = top_k(scores, k)
-        rows = np.arange(len(q))[:, None]
-        return self._hits(all_keys[best], scores[rows, best], with_text)
 
     def _refined(
         self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]
@@ -962,45 +610,17 @@ class FaissStore(VectorStore):
         if len(wanted) == 0:
             return search(k)
         stored = np.empty((len(wanted), self.dim), dtype=np.float32)
-        for part in _chunks(wanted.tolist()):
-            for keys, vectors in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
-                stored[np.searchsorted(wanted, keys)] = vectors
-        better = np.empty(labels.shape, dtype=np.float32)  # exact scores, higher is better
-        for start in range(0, len(q), _REFINE_QUERIES):
-            block = slice(start, start + _REFINE_QUERIES)
-            candidates = stored[np.searchsorted(wanted, np.maximum(labels[block], 0))]  # (queries, refine * k, dim)
-            if self.metric == "l2":
-                difference = candidates - q[block, None, :]
-                better[block] = -np.einsum("qcd,qcd->qc", difference, difference)
-            else:
-                better[block] = np.einsum("qcd,qd->qc", candidates, q[block])
-        better[labels < 0] = -np.inf
-        best = np.argsort(-better, axis=1, kind="stable")[:, :k]
-        rows = np.arange(len(q))[:, None]
-        out_labels = np.where(np.isfinite(better[rows, best]), labels[rows, best], -1)
-        out_scores = (-better if self.metric == "l2" else better)[rows, best].astype(np.float32)
-        return out_scores, out_labels
+        keys, vectors = self._key_vectors(wanted.tolist())
+        stored[np.searchsorted(wanted, keys)] = vectors
+        return rerank(q, labels, wanted, stored, self.metric, k)
 
     def _selector_search(self, q: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         selector = faiss.IDSelectorBatch(keys)
         try:
             return self._index.search(q, k, params=self._search_params(selector))
-        except (RuntimeError, _SelectorUnsupported):  # no selector for this index: over-fetch and filter
-            logger.debug("%s does not take an ID selector; over-fetching", type(_inner(self._index)).__name__)
-        allowed = set(keys.tolist())
-        fetch = k
-        while True:
-            fetch = min(fetch * 4, self._index.ntotal)
-            distances, labels = self._index.search(q, fetch, params=self._search_params(None))
-            keep = np.isin(labels, keys)
-            if fetch >= self._index.ntotal or (keep.sum(axis=1) >= min(k, len(allowed))).all():
-                break
-        out_d = np.full((len(q), k), np.nan, dtype=np.float32)
-        out_l = np.full((len(q), k), -1, dtype=np.int64)
-        for row in range(len(q)):
-            row_d, row_l = distances[row][keep[row]][:k], labels[row][keep[row]][:k]
-            out_d[row, : len(row_d)], out_l[row, : len(row_l)] = row_d, row_l
-        return out_d, out_l
+        except (RuntimeError, SelectorUnsupported):  # no selector for this index: over-fetch and filter
+            logger.debug("%s does not take an ID selector; over-fetching", type(working_index(self._index)).__name__)
+        return over_fetch(self._index, q, k, keys, self._search_params(None))
 
     def _unfiltered_search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.use_gpu and self._gpu_index is None:
@@ -1009,107 +629,10 @@ class FaissStore(VectorStore):
                 if faiss.try_extract_index_ivf(self._index) is not None:
                     faiss.GpuParameterSpace().set_index_parameter(self._gpu_index, "nprobe", self.nprobe)
             except (RuntimeError, AttributeError) as error:
-                logger.warning("cannot move a %s index to the GPU (%s); searching on the CPU", self.factory, error)
+                logger.warning("cannot move a %s index to the GPU (%s); searching on the CPU", self.index_factory, error)
                 self.use_gpu = False
         if self.use_gpu and self._gpu_index is not None:
             return self._gpu_index.search(q, k)
         if self._ivf is not None:  # faiss splits a batch by query; one query's probed lists go to all threads
             self._ivf.parallel_mode = 1 if len(q) == 1 else 0
         return self._index.search(q, k, params=self._search_params(None))
-
-    def get(self, ids: Sequence[str]) -> list[Hit | None]:
-        """The stored row of each id (score ``nan``), or ``None``."""
-        wanted = as_ids(ids)
-        keys = self._keys(wanted)
-        hits = self._hits(np.array([list(keys.values())], dtype=np.int64), np.full((1, len(keys)), np.nan))[0]
-        by_id = {hit.id: hit for hit in hits}
-        return [by_id.get(i) for i in wanted]
-
-    def contains(self, ids: Iterable[str]) -> set[str]:
-        """The subset of ``ids`` that is stored."""
-        return set(self._keys(as_ids(ids)))
-
-    def ids(self, where: Mapping[str, Any] | None = None) -> list[str]:
-        """All stored ids (those whose metadata matches ``where``), in insertion order."""
-        sql, params = to_sqlite(where) if where else ("1", [])
-        return [r[0] for r in self._conn.execute(f"SELECT id FROM items WHERE {sql} ORDER BY key", params)]
-
-    def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        """The stored vectors of ``ids`` (normalised for the cosine metric); KeyError names an unknown id."""
-        wanted = as_ids(ids)
-        keys = self._keys(wanted)
-        missing = [i for i in wanted if i not in keys]
-        if missing:
-            raise KeyError(f"id {missing[0]!r} is not stored in {self.path}")
-        found: dict[int, np.ndarray] = {}
-        values = list(keys.values())
-        for part in _chunks(values):
-            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
-                found.update(zip(kk.tolist(), vv))
-        return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
-
-
-def _check_refine(refine: int) -> int:
-    if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
-        raise ValueError(f"refine must be a non-negative integer (candidates per hit to re-rank); got {refine!r}")
-    return int(refine)
-
-
-def _process_alive(pid: str) -> bool:
-    """Whether ``pid`` (as written in a temporary file's name) is a running process."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        return True
-    return True
-
-
-def _create_db(db_path: Path, settings: dict[str, str]) -> None:
-    """Write an empty store database under a temporary name, then rename it into place."""
-    tmp = db_path.with_name(db_path.name + ".new")
-    for leftover in (tmp, *(tmp.with_name(tmp.name + suffix) for suffix in ("-journal", "-wal", "-shm"))):
-        leftover.unlink(missing_ok=True)  # a journal left by a killed creation must not replay into the new file
-    conn = sqlite3.connect(tmp)
-    try:
-        conn.executescript(_SCHEMA)
-        conn.execute(_FTS_SCHEMA)
-        conn.execute(_FIELDS_SCHEMA)
-        rows = {"format": "isotrope.faiss", "format_version": str(FORMAT_VERSION), **settings}
-        conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.items())
-        conn.commit()
-    finally:
-        conn.close()
-    os.replace(tmp, db_path)
-    _fsync_dir(db_path.parent)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_READ_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
-    """The index file, memory-mapped (read-only) if asked and faiss can, else read into memory; and whether it is mapped."""
-    if mmap:
-        try:
-            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY), True
-        except RuntimeError:
-            logger.info("%s cannot be memory-mapped; reading it", path)
-    return faiss.read_index(str(path)), False
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

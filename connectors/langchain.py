@@ -172,7 +172,7 @@ class IsotropeVectorStore(VectorStore):
     """A LangChain ``VectorStore`` over an isotrope collection (``faiss:DIR`` or ``lancedb:DIR``).
 
     Opens the store at ``uri`` (with ``embedding``'s encoder, which must be the store's) or creates it
-    with ``embedding``'s encoder; ``store_options`` go to a new store (e.g. ``factory="HNSW32"``).
+    with ``embedding``'s encoder; ``store_options`` go to a new store under the shared option names (e.g. ``index="HNSW32"``).
     Scores are similarities, higher is closer. One writer per store: :meth:`close` releases it.
     """
 

@@ -319,7 +319,8 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     encoder and refuses the batch unless its embedding matches (cosine >= 0.99), which
     catches embeddings from another model or shaping of the same dimension.
     ``autocommit``: commit after every ``add`` / ``delete`` (else call :meth:`persist`).
-    ``store_options`` (new stores only): passed to the store, e.g. ``factory="HNSW32"``
+    ``store_options`` (new stores only): passed to the store under the shared option names
+    (:mod:`isotrope.stores.options`), e.g. ``index="HNSW32"``
     or ``metric="cosine"``.
     """
 

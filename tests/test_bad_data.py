@@ -101,14 +101,14 @@ def brute_force_level(counts: list[int], size: int) -> int:
 
 @pytest.mark.parametrize("counts,size", [([1000, 5, 5, 5], 100), ([3, 3, 3], 100), ([50, 40, 7], 60), ([10] * 7, 20)])
 def test_fair_level_matches_brute_force(counts, size):
-    from isotrope.encoder import fair_level
+    from isotrope.sampling import fair_level
 
     expected = brute_force_level(counts, size)
     assert min(fair_level(counts, size), max(counts)) == min(expected, max(counts))
 
 
 def test_one_huge_file_does_not_crowd_out_the_fit_sample():
-    from isotrope.encoder import fair_sample, reservoir_sample
+    from isotrope.sampling import fair_sample, reservoir_sample
 
     stream = [("huge.txt", f"h{i}") for i in range(5000)] + [(f"small{j}.txt", f"s{j}.{i}") for j in range(9) for i in range(6)]
     sample = fair_sample(stream, 100)
@@ -128,7 +128,7 @@ def test_one_huge_file_does_not_crowd_out_the_fit_sample():
 
 
 def test_fair_sample_with_equal_groups_and_fewer_items_than_size():
-    from isotrope.encoder import fair_sample
+    from isotrope.sampling import fair_sample
 
     stream = [(f"f{j}", (j, i)) for j in range(4) for i in range(300)]
     sample = fair_sample(stream, 200, seed=1)

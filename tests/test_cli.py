@@ -151,3 +151,35 @@ def test_entry_point_prints_a_traceback_with_debug(tmp_path, tiny_glove_path):
     assert result.returncode != 0
     assert "Traceback (most recent call last)" in result.stderr
     assert f"FileNotFoundError: corpus file not found: {missing}" in result.stderr
+
+
+def test_fit_samples_is_the_one_name_and_max_samples_its_deprecated_alias(monkeypatch, capsys, tmp_path, tiny_glove_path, corpus):
+    args = ("fit", corpus, "--model", tiny_glove_path, "--shape", "center")
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--fit-samples", "25", "--out", tmp_path / "a")
+    assert code == 0, err
+    assert ShapedEncoder.load(tmp_path / "a").metadata["fit"]["n_texts"] == 25
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--max-samples", "30", "--out", tmp_path / "b")
+    assert code == 0 and "--max-samples is deprecated" in err
+    assert ShapedEncoder.load(tmp_path / "b").metadata["fit"]["n_texts"] == 30
+
+
+def test_the_encoder_options_take_their_defaults_from_the_recipe():
+    """fit, index and eval declare each encoder option once; a default the recipe has is the recipe's."""
+    import typer.main
+
+    from isotrope.cli import app
+    from isotrope.config import FIELDS, EncoderConfig
+
+    recipe = EncoderConfig()
+    commands = {
+        info.name or info.callback.__name__: typer.main.get_command_from_info(
+            info, pretty_exceptions_short=True, rich_markup_mode=None
+        )
+        for info in app.registered_commands
+    }
+    for name in ("fit", "index", "eval"):
+        params = {param.name: param for param in commands[name].params}
+        for field in FIELDS - {"model", "shape", "backend"}:
+            assert field in params, (name, field)
+            default = params[field].default
+            assert default is None or default == getattr(recipe, field), (name, field, default)

@@ -43,7 +43,7 @@ def test_without_sources_drops_the_source_and_pads():
 def test_faiss_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
     monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
     data, queries = draw(6000, 22), draw(60, 23)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
     builds = []
     original = store._build
     monkeypatch.setattr(store, "_build", lambda factory: (builds.append(factory), original(factory)))
@@ -62,7 +62,7 @@ def test_faiss_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
 
 def test_faiss_trains_a_fixed_factory_after_a_deferred_load(tmp_path):
     data = draw(3000, 24)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="IVF16,Flat", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="IVF16,Flat", metric="ip")
     with store.deferred_index():
         fill(store, data, batch=1000)
         assert store.is_exact  # enough rows to train, but the load is not over
@@ -76,7 +76,7 @@ def test_faiss_trains_a_fixed_factory_after_a_deferred_load(tmp_path):
 def test_lancedb_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
     monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
     data, queries = draw(3000, 25), draw(40, 26)
-    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_type="auto")
+    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index="auto")
     with store.deferred_index():
         fill(store, data, batch=1000)
         assert store.vector_index is None

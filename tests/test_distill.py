@@ -16,6 +16,7 @@ from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
 from isotrope.distill import distill_table, fast_source, solve_table
 from isotrope.encoder import ShapedEncoder
+from isotrope.fingerprint import fingerprint
 from test_cli import run_cli
 
 
@@ -144,7 +145,7 @@ def test_fast_encoder_is_the_folded_whiten_partial_chain(fast_encoder, tiny_bert
 
 
 def test_distill_samples_only_for_fast(tiny_bert_path):
-    with pytest.raises(ValueError, match="applies to --model fast"):
+    with pytest.raises(ValueError, match="distill_samples applies to the fast model"):
         ShapedEncoder.create(model=tiny_bert_path, distill_samples=10)
 
 
@@ -156,8 +157,17 @@ def test_save_load_gives_identical_vectors_and_the_fingerprint_covers_the_table(
     loaded = ShapedEncoder.load(tmp_path / "enc")
     np.testing.assert_array_equal(loaded.encode(texts), fast_encoder.encode(texts))
     assert loaded.fingerprint == fast_encoder.fingerprint
-    loaded.backbone.get_state()["table"][7] += 1.0
-    assert loaded.fingerprint != fast_encoder.fingerprint
+    loaded.backbone.get_state()["table"][7] += 1.0  # hashed with the table: another table, another fingerprint
+    assert fingerprint(loaded.spec, loaded.get_state()) != fast_encoder.fingerprint
+
+
+def test_the_cli_words_core_errors_as_its_flags(monkeypatch, capsys, tmp_path, tiny_bert_path):
+    """The core raises in the API's terms (``distill_samples``); the command line names the flag."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(make_sentences(20, seed=1)) + "\n")
+    args = ("fit", corpus, "--model", tiny_bert_path, "--distill-samples", "10", "--out", tmp_path / "enc")
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 1 and "error: --distill-samples applies to the fast model" in err and "distill_samples" not in err
 
 
 def test_fit_then_index_and_eval_with_the_saved_encoder(monkeypatch, capsys, tmp_path, tiny_bert_path):

@@ -126,3 +126,32 @@ def test_site_builds_strictly_and_fetches_nothing_from_another_host(tmp_path: Pa
     assert len(commands) >= 10
     for name in commands:
         assert f"isotrope {name}</code>" in cli, f"the CLI reference lacks isotrope {name}"
+
+
+def _read(name: str) -> str:
+    return " ".join((ROOT / name).read_text(encoding="utf-8").split())  # one line: wrapped text joins up
+
+
+def test_the_documented_fusion_is_the_shipped_one() -> None:
+    """What the pages and docstrings say the hybrid fusion is, read from isotrope.fusion's constants."""
+    from isotrope import fusion, search
+
+    alpha, candidates = fusion.DEFAULT_ALPHA, fusion.DEFAULT_CANDIDATES
+    results, concepts = _read("docs/results/hybrid.md"), _read("docs/concepts/search-modes.md")
+    assert f"`DEFAULT_ALPHA = {alpha}`" in results and f"`DEFAULT_CANDIDATES = {candidates}`" in results
+    assert f"z-score normalisation, {candidates} candidates a side, α {alpha}" in results
+    assert f"take the dense top {candidates} and the BM25 top {candidates}" in concepts and "z-score-normalise" in concepts
+    docstring = " ".join((search.Collection.search.__doc__ or "").split())
+    assert "z-score" in docstring and "min-max" not in docstring
+    assert "z-score normalised" in " ".join((fusion.__doc__ or "").split())
+
+
+def test_the_documented_store_defaults_are_the_code_s() -> None:
+    """The default metric and the size where ``--index auto`` leaves exact search, as the pages state them."""
+    from isotrope.stores import index_plan
+    from isotrope.stores.base import DEFAULT_METRIC
+
+    architecture, concepts = _read("docs/ARCHITECTURE.md"), _read("docs/concepts/store.md")
+    assert f"a new store's default is `{DEFAULT_METRIC}` in every store" in architecture
+    assert f"`auto`: exact below {index_plan.EXACT_BELOW:,} rows" in architecture
+    assert f"searches exactly below {index_plan.EXACT_BELOW:,} chunks" in concepts

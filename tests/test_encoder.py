@@ -10,8 +10,11 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from conftest import make_sentences
+from isotrope import encoder as encoder_module
 from isotrope.backbones.hf import HFBackbone
-from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.encoder import ShapedEncoder
+from isotrope.fingerprint import fingerprint
+from isotrope.sampling import reservoir_sample
 from isotrope.shapes import PRESETS, format_shape, parse_shape
 from isotrope.transforms import TRANSFORMS, NotFittedError
 
@@ -148,6 +151,25 @@ def test_fit_samples_a_long_stream_deterministically(tiny_bert_path):
     assert len(set(sample)) == 60 and set(sample) <= set(corpus) and sample != corpus[:60]
     np.testing.assert_allclose(first.transforms[0].mean_, first.embed_raw(sample).astype(np.float64).mean(axis=0), atol=1e-6)
     assert fitted(2, iter(corpus)).fingerprint != first.fingerprint
+
+
+def test_the_fingerprint_is_computed_once_per_fitted_state(tiny_bert_path, monkeypatch, tmp_path):
+    """Reading the fingerprint again hashes nothing; fitting again (or loading) gives the new state's."""
+    corpus = make_sentences(200, seed=5)
+    encoder = ShapedEncoder.create(tiny_bert_path, shape="center,l2", device="cpu").fit(corpus[:80])
+    calls = []
+    monkeypatch.setattr(encoder_module, "fingerprint", lambda *args: calls.append(1) or fingerprint(*args))
+    first = encoder.fingerprint
+    assert [encoder.fingerprint for _ in range(5)] == [first] * 5 and len(calls) == 1
+    assert first == fingerprint(encoder.spec, encoder.get_state())  # the hash of the current state
+    encoder.fit(corpus[80:])  # refit on other texts: another state, another fingerprint
+    second = encoder.fingerprint
+    assert second != first and second == fingerprint(encoder.spec, encoder.get_state()) and len(calls) == 2
+    encoder.fit_transforms(encoder.embed_raw(corpus[:40]))  # the chain alone refitted (reshape)
+    assert encoder.fingerprint not in (first, second) and len(calls) == 3
+    loaded = ShapedEncoder.load(encoder.save(tmp_path / "enc"), device="cpu")  # checked on load, then kept
+    calls.clear()
+    assert loaded.fingerprint == encoder.fingerprint and calls == []
 
 
 def test_reservoir_sample_is_uniform_and_keeps_short_streams():

@@ -27,7 +27,7 @@ def exact(data, queries, metric):
 
 def build(tmp_path, metric, refine, factory="IVF16,SQ4"):
     data = clustered(N)
-    store = FaissStore(tmp_path / f"{metric}-{refine}", DIM, factory=factory, metric=metric, refine=refine, nprobe=16)
+    store = FaissStore(tmp_path / f"{metric}-{refine}", DIM, index=factory, metric=metric, refine=refine, nprobe=16)
     store.add([f"r{i}" for i in range(N)], data, None, [{"half": i % 2} for i in range(N)])
     store.commit()
     return store, data
@@ -72,5 +72,5 @@ def test_refine_persists_filters_and_switches_off(tmp_path):
     store.optimize(refine=0)
     store.close()
     assert FaissStore(tmp_path / "ip-4").refine == 0
-    with pytest.raises(ValueError, match="refine must be a non-negative integer"):
+    with pytest.raises(ValueError, match="refine must be an integer of at least 0"):
         FaissStore(tmp_path / "other", DIM, refine=-1)

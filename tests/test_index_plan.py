@@ -75,7 +75,7 @@ def test_calibrate_takes_the_smallest_setting_reaching_the_target():
 
 def test_faiss_auto_switches_to_ivf_with_recall_over_the_target(tmp_path, small_threshold):
     data, queries = draw(4000, 3), draw(100, 4)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
     fill(store, data[:700])
     assert store.index_info()["index_built"] == "Flat" and store.is_exact
     fill(store, data[700:], batch=1100, first=700)
@@ -113,14 +113,14 @@ def assert_smallest_breadth_reaching(store, name, queries, data, target, ladder)
 def test_calibrating_on_queries_sets_the_smallest_breadth_reaching_the_target(kind, tmp_path):
     data, queries = draw(3000, 5), draw(80, 6) * 0.5 + draw(80, 7) * 0.5  # between clusters: harder queries
     if kind == "faiss":
-        store = FaissStore(tmp_path / "s", dim=DIM, factory="IVF64,Flat", metric="ip")
+        store = FaissStore(tmp_path / "s", dim=DIM, index="IVF64,Flat", metric="ip")
         fill(store, data, batch=3000)
         name, ladder = "nprobe", index_plan.finer([p for p in index_plan.NPROBE_LADDER if p <= 64])
     else:
-        store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_threshold=None)
+        store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index="flat")
         fill(store, data, batch=3000)
         store.create_index(IvfPq(distance_type="dot", num_partitions=64, num_sub_vectors=DIM // 4))
-        name, ladder = "nprobes", index_plan.finer(index_plan.NPROBE_LADDER)
+        name, ladder = "nprobe", index_plan.finer(index_plan.NPROBE_LADDER)
     index_file = tmp_path / "s" / "index.faiss"
     written = (index_file.stat().st_ino, index_file.stat().st_mtime_ns) if kind == "faiss" else None
     for target in (0.9, 0.99):
@@ -138,7 +138,7 @@ def test_calibrating_on_queries_sets_the_smallest_breadth_reaching_the_target(ki
 
 def test_faiss_nprobe_override_takes_effect(tmp_path, small_threshold):
     data, queries = draw(3000, 5), draw(50, 6)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
     fill(store, data, batch=3000)
     store.close()
     nlist = index_plan.nlist_for(3000)
@@ -156,7 +156,7 @@ def test_faiss_nprobe_override_takes_effect(tmp_path, small_threshold):
 
 def test_faiss_optimize_keeps_every_row_and_resizes(tmp_path, small_threshold):
     data = draw(9000, 7)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
     fill(store, data[:3000], batch=3000)  # built at 3000 rows
     assert store.index_info()["nlist"] == index_plan.nlist_for(3000)
     store.add([str(i) for i in range(3000, 9000)], data[3000:])
@@ -173,7 +173,7 @@ def test_faiss_optimize_keeps_every_row_and_resizes(tmp_path, small_threshold):
 
 def test_faiss_index_is_memory_mapped_until_written(tmp_path, small_threshold):
     data = draw(3000, 8)
-    store = FaissStore(tmp_path / "s", dim=DIM, factory="auto", metric="ip")
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
     fill(store, data, batch=3000)
     store.close()
     assert not FaissStore(tmp_path / "s")._mapped  # read into memory by default
@@ -191,7 +191,7 @@ def test_faiss_index_is_memory_mapped_until_written(tmp_path, small_threshold):
 def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(index_plan, "EXACT_BELOW", 2000)
     data, queries = draw(3000, 9), draw(50, 10)
-    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index_type="auto")
+    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index="auto")
     fill(store, data[:1500], batch=1500)
     assert store.vector_index is None
     fill(store, data[1500:], batch=1500, first=1500)
@@ -200,8 +200,8 @@ def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path
     assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()
-    reopened = LanceDBStore(tmp_path / "db", nprobes=1)  # the override wins over the saved breadth
-    assert reopened.index_type == "auto" and reopened.nprobes == 1
+    reopened = LanceDBStore(tmp_path / "db", nprobe=1)  # the override wins over the saved breadth
+    assert reopened.index == "auto" and reopened.nprobe == 1
     reopened.delete(["3"])
     reopened.optimize()
     assert sorted(reopened.ids(), key=int) == [str(i) for i in range(3000) if i != 3]
@@ -251,7 +251,7 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     ivf, more = f"faiss:{tmp_path / 'ivf'}", tmp_path / "more.txt"
     more.write_text("\n\n".join(make_sentences(400, seed=4)))  # enough chunks to train 4 lists
     args = ("--model", tiny_bert_path, "--shape", "center", "--chunk-tokens", "16", "--overlap-tokens", "0")
-    code, out, err = run_cli(monkeypatch, capsys, "index", more, "--store", ivf, "--factory", "IVF4,Flat", *args)
+    code, out, err = run_cli(monkeypatch, capsys, "index", more, "--store", ivf, "--index", "IVF4,Flat", *args)
     assert code == 0, err
     code, out, err = run_cli(monkeypatch, capsys, "calibrate", ivf, queries, "--target", "0.99")
     assert code == 0, err
@@ -261,7 +261,8 @@ def test_cli_index_info_search_optimize(monkeypatch, capsys, tmp_path, tiny_bert
     assert json.loads(out)["nprobe"] == calibrated["nprobe"]  # saved
     code, out, err = run_cli(monkeypatch, capsys, "calibrate", ivf, tmp_path / "missing.txt")
     assert code != 0 and "missing.txt" in err and "Traceback" not in err
-    code, out, err = run_cli(
-        monkeypatch, capsys, "index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--index", "ivf", "--model", tiny_bert_path
-    )
+    lance = ("index", docs, "--store", f"lancedb:{tmp_path / 'l'}", "--model", tiny_bert_path)
+    code, out, err = run_cli(monkeypatch, capsys, *lance, "--index", "ivf")
     assert code != 0 and "--index" in err and "ivf" in err
+    code, out, err = run_cli(monkeypatch, capsys, *lance, "--factory", "HNSW32")  # the old flag: an alias of --index
+    assert code != 0 and "--factory is deprecated" in err and "unknown index 'HNSW32'" in err

@@ -41,7 +41,7 @@ def s3():
 def test_a_store_on_s3_writes_reopens_searches_and_deletes(s3):
     uri = "s3://isotrope/stores/docs"
     vectors = np.random.default_rng(0).standard_normal((40, DIM)).astype(np.float32)
-    store = LanceDBStore(uri, dim=DIM, metric="ip", index_threshold=None, storage_options=s3)
+    store = LanceDBStore(uri, dim=DIM, metric="ip", index="flat", storage_options=s3)
     assert store.path == uri
     store.add([f"r{i}" for i in range(40)], vectors, [f"text {i}" for i in range(40)], [{"half": i % 2} for i in range(40)])
     store.commit()

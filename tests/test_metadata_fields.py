@@ -21,8 +21,8 @@ KINDS = ["faiss", "faiss-ivf", "lance"]
 
 def open_store(kind, tmp_path, **kw):
     if kind.startswith("faiss"):
-        return FaissStore(tmp_path / kind, DIM, factory="IVF4,Flat" if kind == "faiss-ivf" else "Flat", **kw)
-    return LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=None, **kw)
+        return FaissStore(tmp_path / kind, DIM, index="IVF4,Flat" if kind == "faiss-ivf" else "flat", **kw)
+    return LanceDBStore(tmp_path / "lance", dim=DIM, index="flat", **kw)
 
 
 def reopen(kind, store, tmp_path):

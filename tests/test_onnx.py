@@ -193,9 +193,9 @@ def test_store_policy_across_backends(tiny_bert_path, texts, tmp_path, caplog):
         assert collection.encoder.backbone.backend == "onnx"
         assert collection.search(chunks[3], k=1)[0].id == "3"
     assert "written with backend 'torch' and is used with 'onnx'" in caplog.text
-    with pytest.raises(backends.BackendMismatchError, match=r"holds fp32 vectors from backend 'torch'.*--backend torch"):
+    with pytest.raises(backends.BackendMismatchError, match=r"holds fp32 vectors from backend 'torch'.*use backend 'torch'"):
         Collection.open(fp32, backend="onnx-int8")
-    with pytest.raises(backends.BackendMismatchError, match=r"holds int8 vectors.*use --backend onnx-int8"):
+    with pytest.raises(backends.BackendMismatchError, match=r"holds int8 vectors.*use backend 'onnx-int8'"):
         Collection.open(int8, backend="torch")
     with Collection.open(int8) as collection:  # as written
         assert collection.encoder.backbone.backend == "onnx-int8"

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.slow  # the module starts a local Ray cluster: over a m
 from conftest import make_sentences  # noqa: E402
 from isotrope.config import EncoderConfig  # noqa: E402
 from isotrope.connectors.ray import index_with_ray  # noqa: E402
-from isotrope.encoder import ShapedEncoder, fair_sample  # noqa: E402
+from isotrope.encoder import ShapedEncoder  # noqa: E402
 from isotrope.ingest.chunking import TokenChunker  # noqa: E402
 from isotrope.ingest.loaders import iter_documents  # noqa: E402
 from isotrope.ingest.pipeline import index_documents  # noqa: E402
+from isotrope.sampling import fair_sample  # noqa: E402
 from isotrope.search import Collection  # noqa: E402
 
 #: idf needs token counts; center and abtt are fitted from (diagonal, full) moments, the

@@ -17,7 +17,7 @@ DIM = 8
 def open_store(kind, path):
     if kind == "faiss":
         return FaissStore(path / kind, DIM)
-    return LanceDBStore(path / kind, dim=DIM, metric="ip", index_threshold=None)
+    return LanceDBStore(path / kind, dim=DIM, metric="ip", index="flat")
 
 
 def batch(start, n, seed, word="alpha"):

@@ -42,15 +42,15 @@ def open_store(kind, tmp_path, dim=DIM, metric="ip", raw_dim=None):
     if kind == "memory":
         return MemoryStore(dim, metric)
     if kind == "faiss":
-        return FaissStore(tmp_path / "faiss", dim, factory="Flat", metric=metric)
-    return LanceDBStore(tmp_path / "lance", dim=dim, metric=metric, raw_dim=raw_dim, index_threshold=None)
+        return FaissStore(tmp_path / "faiss", dim, index="flat", metric=metric)
+    return LanceDBStore(tmp_path / "lance", dim=dim, metric=metric, raw_dim=raw_dim, index="flat")
 
 
 def open_existing(kind, tmp_path):
     """The store written under ``tmp_path``, opened from its files alone (dim and metric read back)."""
     if kind == "memory":
         return MemoryStore.load(tmp_path / "memory")
-    return FaissStore(tmp_path / "faiss") if kind == "faiss" else LanceDBStore(tmp_path / "lance", index_threshold=None)
+    return FaissStore(tmp_path / "faiss") if kind == "faiss" else LanceDBStore(tmp_path / "lance", index="flat")
 
 
 def reopen(kind, store, tmp_path):

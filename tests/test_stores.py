@@ -92,9 +92,9 @@ def open_store(kind, tmp_path, dim=DIM, metric="ip", **kw):
     if kind == "memory":
         return MemoryStore(dim, metric)
     if kind.startswith("faiss"):
-        factory = kw.pop("factory", {"faiss": "Flat", "faiss-ivf": "IVF32,Flat", "faiss-hnsw": "HNSW32"}[kind])
-        return FaissStore(tmp_path / kind, dim, factory=factory, metric=metric, **kw)
-    kw.setdefault("index_threshold", None)
+        index = kw.pop("index", {"faiss": "flat", "faiss-ivf": "IVF32,Flat", "faiss-hnsw": "HNSW32"}[kind])
+        return FaissStore(tmp_path / kind, dim, index=index, metric=metric, **kw)
+    kw.setdefault("index", "flat")
     return LanceDBStore(tmp_path / "lance", dim=dim, metric=metric, **kw)
 
 
@@ -157,9 +157,9 @@ def test_memory_store_refuses_a_modified_vectors_file(tmp_path):
 
 ANN_CASES = {
     "faiss-ivf": {"nprobe": 8},
-    "faiss-hnsw": {"ef_search": 128},
-    "lance-ivfpq": {"nprobes": 8, "refine_factor": 10},
-    "lance-hnswsq": {"ef": 64, "refine_factor": 4},
+    "faiss-hnsw": {"ef": 128},
+    "lance-ivfpq": {"nprobe": 8, "refine": 10},
+    "lance-hnswsq": {"ef": 64, "refine": 4},
 }
 
 
@@ -205,7 +205,7 @@ def test_ann_recall_against_exact(case, tmp_path):
 def test_faiss_searches_exactly_until_trained(tmp_path):
     data = make_data("clustered", 1500)
     queries = make_queries(data)
-    store = open_store("faiss-ivf", tmp_path, metric="cosine", train_min=1000)
+    store = open_store("faiss-ivf", tmp_path, metric="cosine", threshold=1000)
     reference = MemoryStore(DIM, "cosine")
     for s in (store, reference):
         s.add(ids_of(800), data[:800])
@@ -219,7 +219,7 @@ def test_faiss_searches_exactly_until_trained(tmp_path):
 
 
 def test_faiss_search_breadth_follows_nprobe_and_ef_search_changes(tmp_path):
-    """The store's search parameters are cached per index; changing nprobe / ef_search still takes
+    """The store's search parameters are cached per index; changing nprobe / ef still takes
     effect, checked against the bare faiss index searched with explicit parameters."""
     data = make_data("random", 3000)
     queries = make_queries(data)
@@ -231,11 +231,11 @@ def test_faiss_search_breadth_follows_nprobe_and_ef_search_changes(tmp_path):
         _, keys = bare.search(queries, K, params=faiss.SearchParametersIVF(nprobe=nprobe))
         got = [[int(h.id[1:]) + 1 for h in row] for row in store.search(queries, K)]
         assert got == keys.tolist()  # keys are 1-based insertion order, ids "d<i>"
-    hnsw = filled("faiss-hnsw", tmp_path, data, ef_search=16)
+    hnsw = filled("faiss-hnsw", tmp_path, data, ef=16)
     hnsw.commit()
     bare = faiss.read_index(str(tmp_path / "faiss-hnsw" / "index.faiss"))
     for ef in (16, 256):
-        hnsw.ef_search = ef
+        hnsw.ef = ef
         _, keys = bare.search(queries, K, params=faiss.SearchParametersHNSW(efSearch=ef))
         assert [[int(h.id[1:]) + 1 for h in row] for row in hnsw.search(queries, K)] == keys.tolist()
 
@@ -244,7 +244,7 @@ def test_faiss_search_breadth_follows_nprobe_and_ef_search_changes(tmp_path):
 def test_faiss_indexes_without_selectors_filter_by_over_fetching(factory, tmp_path):
     data = make_data("clustered", 1200, dim=16)
     queries = make_queries(data)
-    store = filled("faiss", tmp_path, data, "l2", factory=factory, train_min=600, exact_filter_limit=0)
+    store = filled("faiss", tmp_path, data, "l2", index=factory, threshold=600, exact_filter_limit=0)
     reference = filled("memory", tmp_path, data, "l2")
     where = {"source": {"$in": ["doc1.txt", "doc2.txt"]}}
     got = store.search(queries, K, where=where)
@@ -266,8 +266,8 @@ def test_persist_reopen_identical(kind, tmp_path):
     before = store.search(queries, K)
     before_filtered = store.search(queries, K, where=FILTERS[2])
     store.close()
-    again = FaissStore(tmp_path / kind)  # dim, factory and metric come from the directory
-    assert (again.factory, again.metric) == (store.factory, "cosine")
+    again = FaissStore(tmp_path / kind)  # dim, index and metric come from the directory
+    assert (again.index, again.metric) == (store.index, "cosine")
     assert again.dim == DIM and len(again) == 2000
     assert again.properties == {"fingerprint": "abc123", "model": "tiny"}
     assert_same_hits(before, again.search(queries, K), atol=0)
@@ -369,8 +369,8 @@ def test_faiss_refuses_corrupt_or_mismatched_directories(tmp_path):
     path = tmp_path / "faiss"
     with pytest.raises(StoreFormatError, match="dim=32; got dim=16"):
         FaissStore(path, dim=16)
-    with pytest.raises(StoreFormatError, match="factory=Flat; got factory=HNSW32"):
-        FaissStore(path, factory="HNSW32")
+    with pytest.raises(StoreFormatError, match="index=Flat; got index=HNSW32"):
+        FaissStore(path, index="HNSW32")
     with pytest.raises(StoreFormatError, match="metric=ip; got metric=l2"):
         FaissStore(path, metric="l2")
     with pytest.raises(ValueError, match="needs dim"):
@@ -446,7 +446,7 @@ FAISS_CHILD = """
     import numpy as np
     from isotrope.connectors.faiss_store import FaissStore
     path, mode, data = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
-    store = FaissStore(path, dim=data.shape[1], factory="HNSW32")
+    store = FaissStore(path, dim=data.shape[1], index="HNSW32")
     store.add([f"d{i}" for i in range(100)], data[:100])
     store.set_properties(step="1")
     store.commit()
@@ -479,7 +479,7 @@ LANCE_CHILD = """
     import sys
     import numpy as np
     from isotrope.connectors.lancedb_store import LanceDBStore
-    store = LanceDBStore(sys.argv[1], dim=16, index_threshold=None)
+    store = LanceDBStore(sys.argv[1], dim=16, index="flat")
     rng = np.random.default_rng(0)
     for batch in range(10_000):
         store.add([f"{batch}-{i}" for i in range(500)], rng.standard_normal((500, 16)))
@@ -512,7 +512,7 @@ def test_lance_raw_vectors_roundtrip_and_update_vectors(tmp_path):
     rng = np.random.default_rng(4)
     raw = rng.standard_normal((300, 12)).astype(np.float32)
     shaped = unit_rows(rng.standard_normal((300, 8)))
-    store = LanceDBStore(tmp_path / "lance", dim=8, raw_dim=12, index_threshold=None)
+    store = LanceDBStore(tmp_path / "lance", dim=8, raw_dim=12, index="flat")
     assert store.stores_raw_vectors and not LanceDBStore(tmp_path / "plain", dim=8).stores_raw_vectors
     store.add(ids_of(150), shaped[:150], raw_vectors=raw[:150])
     store.add(ids_of(300)[150:], shaped[150:], raw_vectors=raw[150:])
@@ -539,7 +539,7 @@ def test_lance_raw_vectors_roundtrip_and_update_vectors(tmp_path):
 
 def test_lance_builds_the_ann_index_at_the_threshold(tmp_path):
     data = make_data("clustered", 1200)
-    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=1000, index_type="ivf_pq")
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, threshold=1000, index="ivf_pq")
     store.add(ids_of(900), data[:900])
     assert store.vector_index is None
     store.add(ids_of(1200)[900:], data[900:])
@@ -552,7 +552,7 @@ def test_lance_builds_the_ann_index_at_the_threshold(tmp_path):
 
 def test_lance_rows_written_after_the_ann_index_is_built_are_added_to_it(tmp_path):
     data = make_data("clustered", 1500)
-    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=1000, index_type="ivf_pq")
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, threshold=1000, index="ivf_pq")
     store.add(ids_of(1200), data[:1200])
     store.add(ids_of(1500)[1200:], data[1200:])
     store.commit()
@@ -572,7 +572,7 @@ def test_lance_rows_written_after_the_ann_index_is_built_are_added_to_it(tmp_pat
 
 def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_path):
     data = make_data("clustered", 1200)
-    store = LanceDBStore(tmp_path / "lance", dim=DIM, index_threshold=None)
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, index="flat")
     assert store.search(data[:2], K) == [[], []]  # an empty table
     store.add(ids_of(1200), data)
     unindexed = store.version

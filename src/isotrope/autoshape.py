@@ -297,7 +297,7 @@ def gather_evidence(
         splits.append((fit_index, held_index, queries))
     total = sum(len(queries) for *_, queries in splits)
     if total < max(30, min_queries) or any(len(fit) == 0 for fit, *_ in splits):
-        raise ValueError(f"--shape auto needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
+        raise ValueError(f"shape 'auto' needs a larger corpus: {len(texts)} texts gave {total} {proxy} pseudo-queries")
     new_queries = [q.text for *_, queries in splits for q in queries]
     new_documents = [q.document for *_, queries in splits for q in queries if q.document is not None]
     groups: dict[str, list[int]] = {}

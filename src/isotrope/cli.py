@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from isotrope.config import EncoderConfig
+
 if TYPE_CHECKING:
     from isotrope.backbones.base import TextKind
-    from isotrope.config import EncoderConfig
     from isotrope.encoder import ShapedEncoder
 
 app = typer.Typer(
@@ -24,6 +25,9 @@ app = typer.Typer(
 )
 
 _state = {"debug": False}
+#: the recipe's defaults: each encoder option below is declared once (its type and help in an alias shared by
+#: ``fit``, ``index`` and ``eval``) and takes its default from here
+RECIPE = EncoderConfig()
 
 OptionalModel = Annotated[
     str | None,
@@ -99,14 +103,31 @@ def encoder_config(ctx: typer.Context) -> EncoderConfig:
     (``fit``, ``index`` and ``eval`` name their options as its fields; an option left out keeps
     the field's default)."""
     from isotrope.config import FIELDS, EncoderConfig
+    from isotrope.encoder import backbone_config, resolve_config
     from isotrope.errors import ConfigError
 
     options = {name: value for name, value in ctx.params.items() if name in FIELDS and value is not None}
     try:
-        return EncoderConfig.from_dict(options)
+        config = EncoderConfig.from_dict(options)
     except ConfigError as error:
         flag = _flags(ctx).get(error.field or "")
         raise ValueError(f"{flag}: {error}" if flag else str(error)) from None
+    try:
+        backbone_config(resolve_config(config))  # options that do not go together, refused before any work
+    except ValueError as error:
+        raise ValueError(as_flags(str(error), _flags(ctx))) from None
+    return config
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """A core error message as the command line words it: the recipe fields it names (``tp_layers``) and
+    the phrases naming an option's value (``use backend 'torch'``) become the command's flags."""
+    import re
+
+    for name, flag in flags.items():
+        if "_" in name:
+            message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
+    return re.sub(r"\buse backend '([\w-]+)'", r"use --backend \1", message)
 
 
 def saved_encoder(ctx: typer.Context, encoder_dir: Path | None) -> ShapedEncoder | None:
@@ -144,18 +165,19 @@ def fit(
     shape: Annotated[
         str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; whiten-partial for --model fast)")
     ] = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
-    max_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
+    fit_samples: Annotated[int, typer.Option(help="fit on a uniform sample of at most this many texts")] = 100_000,
+    max_samples: Annotated[int | None, typer.Option(hidden=True, help="deprecated: use --fit-samples")] = None,
     text_field: TextField = "text",
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     distill_samples: DistillSamples = None,
     backend: Backend = None,
@@ -165,14 +187,17 @@ def fit(
     from isotrope.encoder import ShapedEncoder
 
     config = encoder_config(ctx)
+    if max_samples is not None:
+        typer.echo("--max-samples is deprecated and will be removed in the next release; use --fit-samples", err=True)
+        fit_samples = max_samples
     if config.shape == "auto":
         from isotrope.autoshape import choose_shape
-        from isotrope.encoder import reservoir_sample
+        from isotrope.sampling import reservoir_sample
 
-        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), max_samples), config, fitted_on=str(corpus))
+        encoder = choose_shape(reservoir_sample(iter_texts(corpus, text_field), fit_samples), config, fitted_on=str(corpus))
     else:
         encoder = ShapedEncoder.create(config)
-        encoder.fit(iter_texts(corpus, text_field), max_samples=max_samples, fitted_on=str(corpus), show_progress=True)
+        encoder.fit(iter_texts(corpus, text_field), max_samples=fit_samples, fitted_on=str(corpus), show_progress=True)
     encoder.save(out)
     typer.echo(f"saved {encoder!r} to {out}\nfingerprint {encoder.fingerprint}")
 
@@ -231,23 +256,25 @@ def index(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
     chunk_tokens: Annotated[int, typer.Option(help="max tokens per chunk")] = 256,
     overlap_tokens: Annotated[int, typer.Option(help="tokens repeated between chunks")] = 32,
     fit_samples: Annotated[int, typer.Option(help="chunks sampled to fit the shaping")] = 20_000,
-    factory: Annotated[str | None, typer.Option(help="FAISS index_factory string, e.g. HNSW32 or IVF1024,PQ32")] = None,
+    factory: Annotated[str | None, typer.Option(hidden=True, help="deprecated: use --index")] = None,
     index_kind: Annotated[
         str,
         typer.Option(
-            "--index", help="auto (exact, then an approximate index sized from the count), flat; LanceDB also ivf_pq, hnsw_sq"
+            "--index",
+            help="auto (exact, then an approximate index sized from the count), flat (always exact); "
+            "LanceDB also ivf_pq, hnsw_sq; FAISS also an index_factory string, e.g. HNSW32 or IVF1024,PQ32",
         ),
     ] = "auto",
     sync: Annotated[bool, typer.Option("--sync", help="also delete chunks of files no longer in SOURCE")] = False,
@@ -256,16 +283,23 @@ def index(
     address: Annotated[str | None, typer.Option(help="--engine ray: cluster to join (auto, ray://HEAD:10001)")] = None,
     num_actors: Annotated[int, typer.Option(help="--engine ray: embedding actors, each loading the encoder once")] = 2,
     gpus_per_actor: Annotated[float, typer.Option(help="--engine ray: GPUs per actor (0.5 puts two on a GPU)")] = 0.0,
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     backend: Backend = None,
 ) -> None:
     """Index documents into a FAISS or LanceDB store, with the fitted encoder saved beside them."""
     from isotrope.ingest.plan import IngestPlan
 
-    if factory and not store.startswith("faiss:"):
-        raise typer.BadParameter("--factory applies to faiss: stores only", param_hint="--factory")
-    store_options = _index_options(store, index_kind, factory)
+    if factory:
+        typer.echo("--factory is deprecated and will be removed in the next release; use --index", err=True)
+    store_options = {"index": factory or index_kind}
+    from isotrope.search import check_index, parse_store_uri
+
+    kind = parse_store_uri(store)[0]
+    try:
+        check_index(kind, store_options["index"])
+    except ValueError as error:
+        raise typer.BadParameter(f"--index: {error} (for a {kind} store)", param_hint="--index") from None
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
@@ -295,34 +329,12 @@ def index(
     typer.echo(f"indexed {source} into {store}: {report.summary()}")
 
 
-def _index_options(store: str, index_kind: str, factory: str | None) -> dict[str, object]:
-    """The store options of ``--index`` (and FAISS ``--factory``, which wins)."""
-    faiss_store = store.startswith("faiss:")
-    choices = (
-        {"auto": "auto", "flat": "Flat"}
-        if faiss_store
-        else {"auto": "auto", "flat": None, "ivf_pq": "ivf_pq", "hnsw_sq": "hnsw_sq"}
-    )
-    if index_kind not in choices:
-        raise typer.BadParameter(
-            f"--index: choose one of {', '.join(choices)} for this store; got {index_kind!r}", param_hint="--index"
-        )
-    if faiss_store:
-        return {"factory": factory or choices[index_kind]}
-    if index_kind == "flat":
-        return {"index_type": "ivf_pq", "index_threshold": None}
-    return {"index_type": choices[index_kind]}
-
-
-def _search_options(store: str, nprobe: int | None, ef: int | None) -> dict[str, Any]:
-    """``--nprobe`` / ``--ef`` under the store's own option names."""
-    from isotrope.search import parse_store_uri
-
+def _search_options(nprobe: int | None, ef: int | None) -> dict[str, Any]:
+    """``--nprobe`` / ``--ef`` as store options (the same names in every store)."""
     for name, value in (("--nprobe", nprobe), ("--ef", ef)):
         if value is not None and value < 1:
             raise typer.BadParameter(f"{name} must be at least 1; got {value}", param_hint=name)
-    names = ("nprobe", "ef_search") if parse_store_uri(store)[0] == "faiss" else ("nprobes", "ef")
-    return {key: value for key, value in zip(names, (nprobe, ef)) if value is not None}
+    return {key: value for key, value in (("nprobe", nprobe), ("ef", ef)) if value is not None}
 
 
 @app.command()
@@ -342,7 +354,7 @@ def search(
     """Search a store with the encoder that wrote it."""
     from isotrope.search import Collection
 
-    with Collection.open(store, backend=backend, **_search_options(store, nprobe, ef)) as collection:
+    with Collection.open(store, backend=backend, **_search_options(nprobe, ef)) as collection:
         _print_hits(collection.search(query, k=k, where=where, mode=mode, alpha=alpha, group_by=group_by), as_json)
 
 
@@ -428,7 +440,7 @@ def serve(
         threads=threads,
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
-        store_options=_search_options(store, nprobe, ef),
+        store_options=_search_options(nprobe, ef),
         backend=backend,
     )
 
@@ -499,14 +511,14 @@ def evaluate(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
-    pooling: Pooling = "mean",
-    layers: Layers = "last",
+    pooling: Pooling = RECIPE.pooling,
+    layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
-    weights: Weights = "uniform",
-    frequencies: Frequencies = "corpus",
-    drop_top: DropTop = 0,
+    weights: Weights = RECIPE.weights,
+    frequencies: Frequencies = RECIPE.frequencies,
+    drop_top: DropTop = RECIPE.drop_top,
     exclude_special: ExcludeSpecial = None,
-    exclude_punctuation: ExcludePunctuation = False,
+    exclude_punctuation: ExcludePunctuation = RECIPE.exclude_punctuation,
     max_length: MaxLength = None,
     fit_corpus: Annotated[
         str | None,
@@ -531,7 +543,7 @@ def evaluate(
     texts: Annotated[Path | None, typer.Option("--texts", help="isotropy: a text file")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="token-state cache (a sweep never re-runs the backbone)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the result to this JSON file")] = None,
-    token_prepending: TokenPrepending = False,
+    token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     mode: Annotated[str | None, typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
     store_kind: Annotated[str | None, typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,

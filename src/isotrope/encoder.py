@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Hashable, Iterable, Sequence
-from itertools import islice
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -20,6 +18,9 @@ from isotrope.fingerprint import fingerprint
 from isotrope.fold import FoldError, fold_encoder
 from isotrope.persist import check_fingerprint, read_encoder, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
+from isotrope.progress import encoding_progress
+from isotrope.sampling import fair_sample as fair_sample  # its old home: still importable from here
+from isotrope.sampling import reservoir_sample as reservoir_sample  # its old home: still importable from here
 from isotrope.shapes import build_chain, format_shape
 from isotrope.transforms import Transform, apply_chain
 from isotrope.transforms.base import NotFittedError
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from isotrope.backbones.static import StaticBackbone
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: default shapings of `isotrope index` and the demo, by backbone family (measured in docs/RESULTS.md)
 DEFAULT_SHAPE = "center"
@@ -75,13 +75,13 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
     backend = config.backend or DEFAULT_BACKEND
     static = is_static_source(model)
     if config.distill_samples is not None and not model.startswith("fast:"):
-        raise ValueError(f"--distill-samples applies to --model fast, not {model!r}")
+        raise ValueError(f"distill_samples applies to the fast model (model 'fast' or 'fast:<teacher>'), not {model!r}")
     if static and backend != "torch":
-        raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use --backend torch)")
+        raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use backend 'torch')")
     if config.prompt is not None and static:
         raise ValueError("prompt templates need a transformer backbone, not a static table")
     if config.tp_layers is not None and not config.token_prepending:
-        raise ValueError("tp_layers (--tp-layers) applies only with token_prepending (--token-prepending)")
+        raise ValueError("tp_layers applies only with token_prepending")
     if config.token_prepending and static:
         raise ValueError("token prepending needs a causal language model backbone, not a static table")
     if static:
@@ -131,96 +131,6 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
     return texts
 
 
-class _NoProgress:
-    """What ``encoding_progress`` gives when no bar is shown (tqdm is not even imported)."""
-
-    def __enter__(self) -> _NoProgress:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        pass
-
-    def update(self, n: int) -> None:
-        pass
-
-
-def encoding_progress(total: int, show: bool) -> Any:
-    """A tqdm bar over ``total`` texts, or a no-op when ``show`` is False (a one-line query imports no tqdm)."""
-    if not show:
-        return _NoProgress()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="encoding", unit="text")
-
-
-def reservoir_sample(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
-    """A uniform sample of ``size`` items from a stream of unknown length (Algorithm R)."""
-    iterator = iter(items)
-    sample = list(islice(iterator, size))
-    rng = random.Random(seed)
-    for seen, item in enumerate(iterator, start=size + 1):
-        slot = rng.randrange(seen)
-        if slot < size:
-            sample[slot] = item
-    return sample
-
-
-def fair_level(counts: Sequence[int], size: int) -> int:
-    """The largest per-group cap L with ``sum(min(count, L)) <= size`` (max-min fair shares of ``size``)."""
-    ordered = sorted(counts)
-    used = 0
-    for index, count in enumerate(ordered):
-        remaining = len(ordered) - index
-        if count * remaining > size - used:  # this group and every larger one get the even share of what is left
-            return (size - used) // remaining
-        used += count
-    return max(ordered, default=size)
-
-
-def fair_sample(items: Iterable[tuple[Hashable, T]], size: int, seed: int = 0) -> list[T]:
-    """A sample of ``size`` items from a stream of ``(group, item)`` in which every group gets a fair share.
-
-    Shares are max-min fair: a group with fewer items than its share gives them all and the rest is
-    split evenly among the larger groups, so one huge file cannot crowd out the others. Each group
-    keeps a uniform reservoir (Algorithm R) whose capacity only shrinks as groups arrive; memory stays
-    within ``size`` plus a tenth. Groups keep their order of arrival.
-    """
-    rng = random.Random(seed)
-    counts: dict[Hashable, int] = {}
-    reservoirs: dict[Hashable, list[T]] = {}
-    caps: dict[Hashable, int] = {}  # a group's capacity; new groups get ``level``
-    level, held, slack = size, 0, max(size // 10, 1)
-
-    def shrink() -> None:
-        nonlocal level, held
-        level = fair_level(list(counts.values()), size)
-        spare = size - sum(min(count, level) for count in counts.values())
-        for group, reservoir in reservoirs.items():
-            # the integer remainder goes one each to the first groups that hold more than the level
-            caps[group] = level + 1 if spare > 0 and len(reservoir) > level else level
-            spare -= caps[group] > level
-            if len(reservoir) > caps[group]:
-                reservoirs[group] = rng.sample(reservoir, caps[group])
-        held = sum(map(len, reservoirs.values()))
-
-    for group, item in items:
-        seen = counts[group] = counts.get(group, 0) + 1
-        reservoir = reservoirs.setdefault(group, [])
-        cap = caps.setdefault(group, level)
-        if len(reservoir) < cap:
-            reservoir.append(item)
-            held += 1
-            if held > size + slack:
-                shrink()
-        else:
-            slot = rng.randrange(seen)
-            if slot < cap:
-                reservoir[slot] = item
-    if held > size:
-        shrink()
-    return [item for reservoir in reservoirs.values() for item in reservoir]
-
-
 class ShapedEncoder:
     """One fitted, immutable-once-fitted sentence encoder.
 
@@ -252,6 +162,7 @@ class ShapedEncoder:
         self.metadata: dict[str, Any] = dict(metadata or {})
         #: the recipe this encoder was built from (None: read back from its spec when asked)
         self._config = config
+        self._fingerprint: str | None = None  # computed once per fitted state (see fingerprint)
         if not hasattr(self.weighting, "weights_") and not self.weighting.needs_corpus:
             self.weighting.fit(backbone.vocabulary(), backbone.special_ids())
 
@@ -324,8 +235,11 @@ class ShapedEncoder:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 over the encoder's spec and arrays: equal fingerprints encode alike, bit for bit."""
-        return fingerprint(self.spec, self.get_state())
+        """sha256 over the encoder's spec and arrays: equal fingerprints encode alike, bit for bit. Computed
+        once per fitted state: fitting again (``fit``, ``fit_transforms``, ``finish_fit``) computes it anew."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.spec, self.get_state())
+        return self._fingerprint
 
     @property
     def dim(self) -> int:
@@ -382,6 +296,7 @@ class ShapedEncoder:
     def fit_sample(self, texts: Sequence[str], *, fitted_on: str | None = None, show_progress: bool = False) -> np.ndarray | None:
         """Fit on exactly ``texts``; returns their raw vectors when the chain needed them (for reuse)."""
         sample = check_texts(texts, "fit texts")
+        self._fingerprint = None
         if self.backbone.needs_fit:
             self.backbone.fit(sample, show_progress=show_progress)
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
@@ -399,6 +314,7 @@ class ShapedEncoder:
         chain into its table. Returns whether it did (the raw vectors of the unfolded chain then no
         longer apply)."""
         self.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": n_texts}
+        self._fingerprint = None  # the parts were fitted (here or by the caller: autoshape, Ray)
         if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
             self.metadata["distill"] = cast("StaticBackbone", self.backbone).distill_report  # fast: sources are static
             return self._fold_in_place()
@@ -414,6 +330,7 @@ class ShapedEncoder:
             return False
         self.backbone, self.weighting, self.transforms = folded.backbone, folded.weighting, folded.transforms
         self.metadata = folded.metadata
+        self._fingerprint = None  # the unfolded encoder's (folding reads it)
         return True
 
     def count_tokens(self, texts: Sequence[str]) -> TokenCounts:
@@ -428,6 +345,7 @@ class ShapedEncoder:
     def fit_transforms(self, raw: np.ndarray) -> ShapedEncoder:
         """Fit the chain on raw (pooled, untransformed) vectors, each step on the previous output."""
         vectors = np.asarray(raw, dtype=np.float32)
+        self._fingerprint = None
         for transform in self.transforms:
             vectors = transform.fit(vectors).transform(vectors)
         return self
@@ -506,7 +424,10 @@ class ShapedEncoder:
             metadata=parts.document.get("metadata"),
             config=config,
         )
-        check_fingerprint(path, parts.document, encoder.fingerprint_as(parts.saved_backend))
+        computed = encoder.fingerprint_as(parts.saved_backend)
+        check_fingerprint(path, parts.document, computed)
+        if backend is None:  # runs as saved: the fingerprint just checked is its own
+            encoder._fingerprint = computed
         return encoder
 
     def fingerprint_as(self, backend: str) -> str:

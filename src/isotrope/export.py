@@ -62,8 +62,7 @@ def export_encoder(encoder: ShapedEncoder, out: str | Path, format: str) -> Path
     weighted = _nonzero_special_rows(encoder, table)
     if weighted:
         raise FoldError(
-            f"special tokens {', '.join(weighted)} carry weight, but {format} tokenizes without them: "
-            "refit with --exclude-special"
+            f"special tokens {', '.join(weighted)} carry weight, but {format} tokenizes without them: refit with exclude_special"
         )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

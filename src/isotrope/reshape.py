@@ -17,8 +17,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from isotrope.encoder import ShapedEncoder, reservoir_sample
+from isotrope.encoder import ShapedEncoder
 from isotrope.errors import StoreCapabilityError
+from isotrope.sampling import reservoir_sample
 from isotrope.search import Collection, describe_encoder, parse_store_uri
 from isotrope.shapes import build_chain
 from isotrope.stores.base import ReshapableStore

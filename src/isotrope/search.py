@@ -18,6 +18,7 @@ from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores.base import Hit, VectorStore, as_vectors
 from isotrope.stores.filters import check_fields, parse_where
 from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
+from isotrope.stores.options import AUTO, RENAMED
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ STORE_KINDS = {
     "faiss": "isotrope.connectors.faiss_store:FaissStore",
     "lancedb": "isotrope.connectors.lancedb_store:LanceDBStore",
 }
-#: store kind -> the store option naming its index type
-INDEX_OPTION = {"faiss": "factory", "lancedb": "index_type"}
 #: the least cosine between a given vector and this encoder's vector of its text (float32 round-off aside)
 MIN_VERIFY_COSINE = 0.99
 
@@ -60,13 +59,18 @@ def parse_store_uri(uri: str | Path) -> tuple[str, Path]:
     raise ValueError(f"cannot tell the store kind of {text!r}: write faiss:DIR or lancedb:DIR")
 
 
-def _store_class(kind: str) -> type:
+def _store_class(kind: str) -> type[Any]:
     module_name, class_name = STORE_KINDS[kind].split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ImportError(f"the {kind} store needs its extra: pip install '.[{kind}]' in the isotrope source ({error})") from None
     return getattr(module, class_name)
+
+
+def check_index(kind: str, index: str) -> None:
+    """Refuse an ``index`` (a shared store option) that a store of ``kind`` cannot build, before any fitting."""
+    _store_class(kind).check_index(index)
 
 
 class Collection:
@@ -88,9 +92,11 @@ class Collection:
         return (path / ENCODER_DIR / SPEC_FILE).is_file() or (path / MARKER).is_file()
 
     @classmethod
-    def check_creatable(cls, uri: str | Path) -> tuple[str, Path]:
-        """``(kind, path)`` of a store that can be created at ``uri`` (checked before any fitting)."""
+    def check_creatable(cls, uri: str | Path, index: str | None = None) -> tuple[str, Path]:
+        """``(kind, path)`` of a store that can be created at ``uri`` with ``index`` (checked before any fitting)."""
         kind, path = parse_store_uri(uri)
+        if index is not None:
+            check_index(kind, index)
         if cls.exists(uri):
             raise FileExistsError(f"{path} already holds an isotrope store; open it instead")
         if holds_vectors(path):
@@ -107,7 +113,8 @@ class Collection:
         path.mkdir(parents=True, exist_ok=True)
         if kind == "lancedb":  # keep the pre-transform vectors so the shaping can be refitted (reshape)
             store_options.setdefault("raw_dim", encoder.backbone.dim)
-        store_options.setdefault(INDEX_OPTION[kind], "auto")  # the index follows the size (stores.index_plan)
+        if not any(name in store_options for name in ("index", *(old for old, new in RENAMED.items() if new == "index"))):
+            store_options["index"] = AUTO  # the index follows the size (stores.index_plan)
         store = None
         try:
             store = store_class(path, dim=encoder.dim, **store_options)
@@ -135,7 +142,8 @@ class Collection:
 
         ``backend`` runs the store's encoder on another runtime; a different runtime (for the
         store's encoder or a given one) follows :func:`~isotrope.backbones.backends.check_backend_switch`.
-        ``store_options`` go to the store (e.g. ``nprobe``/``ef_search`` for FAISS, ``nprobes``/``ef`` for LanceDB).
+        ``store_options`` go to the store, under the names every store shares (:mod:`isotrope.stores.options`:
+        e.g. ``nprobe``, ``ef``, ``refine``).
         """
         from isotrope.backbones.backends import check_backend_switch, recorded_backend
 
@@ -186,8 +194,9 @@ class Collection:
         """The best ``k`` hits of the query text(s) (a list per query for a list).
 
         ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
-        ``"hybrid"`` (both, fused by a convex combination of min-max-normalised scores with weight
-        ``alpha`` on the dense side; default :data:`isotrope.fusion.DEFAULT_ALPHA`).
+        ``"hybrid"`` (both, fused by a convex combination of z-score-normalised scores with weight ``alpha``
+        on the dense side, over each side's top :data:`isotrope.fusion.DEFAULT_CANDIDATES` completed with the
+        other side's exact scores; default ``alpha``: :data:`isotrope.fusion.DEFAULT_ALPHA`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
         """

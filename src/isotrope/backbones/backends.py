@@ -64,7 +64,7 @@ def check_backend_switch(written: str, used: str, where: str) -> None:
     if NUMERIC_CLASS[written] != NUMERIC_CLASS[used]:
         raise BackendMismatchError(
             f"{where} holds {NUMERIC_CLASS[written]} vectors from backend {written!r}; backend {used!r} computes "
-            f"{NUMERIC_CLASS[used]} vectors: use --backend {written} (or re-index into a new store)"
+            f"{NUMERIC_CLASS[used]} vectors: use backend {written!r} (or re-index into a new store)"
         )
     logger.warning(
         "%s was written with backend %r and is used with %r: both are %s, vectors agree to cosine >= 0.9999",

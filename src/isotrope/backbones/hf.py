@@ -122,7 +122,7 @@ class HFBackbone(TokenizedBackbone):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         if token_prepending and self.backend != DEFAULT_BACKEND:
-            raise ValueError("token prepending hooks the torch model; use --backend torch")
+            raise ValueError("token prepending hooks the torch model; use backend 'torch'")
         if self.backend == DEFAULT_BACKEND:
             self.model = AutoModel.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
             config = self.model.config

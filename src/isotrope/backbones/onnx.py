@@ -49,7 +49,7 @@ def require_onnxruntime() -> Any:
     except ImportError:
         raise ImportError(
             "the onnx backends need ONNX Runtime: pip install 'isotrope[onnx]' "
-            "(onnxruntime, onnx, onnxscript), or use --backend torch"
+            "(onnxruntime, onnx, onnxscript), or use backend 'torch'"
         ) from None
     return onnxruntime
 

@@ -49,7 +49,7 @@ def parse_tp_layers(layers: TPLayers, num_layers: int) -> tuple[int, int]:
         except ValueError:
             span = ()
         if not span:
-            raise ValueError(f"--tp-layers {layers!r}: expected START:END, e.g. 1:8")
+            raise ValueError(f"tp_layers {layers!r}: expected START:END, e.g. 1:8")
     else:
         span = tuple(int(value) for value in layers)
         if len(span) != 2:

@@ -220,7 +220,7 @@ def run_isotropy(
 ) -> dict:
     """Mean pairwise cosine, partition ratio I(W) and effective rank of the encoder's vectors for a text file."""
     from isotrope.corpus import iter_texts
-    from isotrope.encoder import reservoir_sample
+    from isotrope.sampling import reservoir_sample
 
     if texts_file is None:
         raise ValueError("isotropy needs --texts FILE")

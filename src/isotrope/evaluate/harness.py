@@ -21,9 +21,10 @@ from isotrope.backbones.static import StaticBackbone
 from isotrope.config import EncoderConfig
 from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
-from isotrope.encoder import ShapedEncoder, build_backbone, reservoir_sample, resolve_config
+from isotrope.encoder import ShapedEncoder, build_backbone, resolve_config
 from isotrope.evaluate.cache import CachedBackbone
 from isotrope.isotropy import isotropy_report
+from isotrope.sampling import reservoir_sample
 
 logger = logging.getLogger(__name__)
 

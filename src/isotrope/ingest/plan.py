@@ -32,9 +32,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from isotrope.config import EncoderConfig
-from isotrope.encoder import ShapedEncoder, default_shape, fair_sample, shape_value
+from isotrope.encoder import ShapedEncoder, default_shape, shape_value
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
+from isotrope.sampling import fair_sample
 from isotrope.search import Collection, parse_store_uri
 from isotrope.shapes import format_shape, parse_shape
 from isotrope.stores.lock import writer_lock
@@ -166,7 +167,7 @@ class IngestPlan:
             warn_if_encoder_differs(collection, config)
             logger.info("appending to %s (encoder %s)", self.store, collection.encoder.fingerprint[:12])
             return Target(self, collection.encoder, collection)
-        Collection.check_creatable(self.store)
+        Collection.check_creatable(self.store, self.store_options.get("index"))
         config = config or EncoderConfig()
         config = config.replace(shape=config.shape or default_shape(config.model))
         auto = config.shape == "auto"

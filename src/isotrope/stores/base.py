@@ -15,7 +15,6 @@ Changes become durable at ``commit()``; ``properties`` is a small persisted
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,9 +27,14 @@ import numpy as np
 
 from isotrope.errors import StoreCapabilityError
 from isotrope.errors import StoreFormatError as StoreFormatError  # its old home: still importable from here
+from isotrope.stores.rows import dumps_metadata as dumps_metadata  # its old home: still importable from here
 
 #: metric names every store understands (``"dot"`` is accepted for ``"ip"``)
 METRICS = ("ip", "cosine", "l2")
+#: the metric of a new store when none is given, in every store: every shaping preset ends in ``l2``, so the
+#: inner product ranks as cosine does without normalising each vector again, and a chain without ``l2`` keeps
+#: the norms it chose. An existing store keeps the metric recorded when it was created.
+DEFAULT_METRIC = "ip"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class VectorStore(Protocol):
     ``calibrate(target=None, queries=None)``
         Set the approximate index's search breadth from the recall it reaches on ``queries`` (vectors of
         queries like the user's); ``{}`` for an exact store.
+    ``check_index(index)`` (static)
+        Refuse an ``index`` option the store cannot build (before a store is created, so before fitting).
     ``deferred_index()``
         A context for a bulk load: inside it writes and commits build no ANN index; the first commit
         after it builds the one the final size calls for, once (nothing to defer by default).
@@ -207,6 +213,13 @@ class VectorStore(Protocol):
         ``queries`` (query vectors like the user's), saved at the next commit; the settings chosen ({}: an
         exact store, nothing to calibrate)."""
         return {}
+
+    @staticmethod
+    def check_index(index: str) -> None:
+        """Refuse an ``index`` option (:mod:`isotrope.stores.options`) this store cannot build, before any
+        work; an exact store takes "flat" and "auto" (exact at every size)."""
+        if index not in ("flat", "auto"):
+            raise ValueError(f"this store searches exactly: index must be 'flat' or 'auto'; got {index!r}")
 
     def deferred_index(self) -> AbstractContextManager[None]:
         """A bulk load that builds the ANN index once, at the first commit after it (no index to defer by default)."""
@@ -316,11 +329,6 @@ def check_metadata(metadata: Mapping[str, Any] | None, id: str) -> dict[str, Any
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"metadata {key!r} of id {id!r} is not finite: {value!r}")
     return dict(metadata)
-
-
-def dumps_metadata(metadata: Mapping[str, Any]) -> str:
-    """Serialise validated metadata to compact JSON (non-ASCII kept as is)."""
-    return json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

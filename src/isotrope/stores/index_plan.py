@@ -52,6 +52,12 @@ EF_LADDER = (16, 32, 64, 128, 256, 512, 1024)
 REBUILD_GROWTH = 4
 
 
+def outgrown(n: int, built_rows: int) -> bool:
+    """Whether an auto index built at ``built_rows`` rows is due for a rebuild at ``n`` rows (every store
+    follows the plan by this rule; 0 built rows: not known, never due by growth)."""
+    return built_rows > 0 and n >= REBUILD_GROWTH * built_rows
+
+
 def finer(ladder: Sequence[int]) -> tuple[int, ...]:
     """The ladder with 1.5 times each step between it and the next (8, 12, 16, 24, ...): calibrating on
     the user's own queries needs no margin, so the breadth can stop between two doublings."""
@@ -153,6 +159,39 @@ def calibration_set(
     queries = moved.astype(np.float32)
     truth = without_sources(exact_top(queries, batches(), CALIBRATION_K + 1, metric)[0], keys, CALIBRATION_K)
     return queries, truth
+
+
+def calibrate_breadth(
+    ladder: Sequence[int],
+    keys: np.ndarray,
+    sample: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    batches: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
+    search: Callable[[np.ndarray, int, int], Sequence[Sequence[int]] | np.ndarray],
+    metric: str,
+    target: float | None = None,
+    queries: np.ndarray | None = None,
+) -> tuple[int, float]:
+    """The smallest search breadth of ``ladder`` reaching ``target`` recall@10 against exact search, and the
+    recall it reaches: the procedure every store's ``calibrate`` follows, the store supplying its engine's calls.
+
+    ``keys``: the key of every stored row; ``sample(chosen)``: the ``(keys, vectors)`` of the chosen keys;
+    ``batches()``: a fresh pass over every stored ``(keys, vectors)``; ``search(queries, k, breadth)``: the
+    keys the store finds for each query at that breadth, as its searches do.
+    Without ``queries``: :data:`CALIBRATION_QUERIES` queries made from stored vectors (:func:`calibration_set`,
+    seeded), the ladder as given, target :data:`TARGET_RECALL` plus :data:`CALIBRATION_MARGIN`. With
+    ``queries`` (vectors of queries like the user's): the recall on them, the :func:`finer` ladder, target
+    :data:`TARGET_RECALL`.
+    """
+    k = CALIBRATION_K
+    if queries is None:
+        chosen = np.sort(np.random.default_rng(1).choice(keys, min(CALIBRATION_QUERIES, len(keys)), replace=False))
+        sources, stored = sample(chosen)
+        q, truth = calibration_set(sources, stored, batches, metric)
+        goal = TARGET_RECALL + CALIBRATION_MARGIN if target is None else target
+        return calibrate(ladder, lambda value: without_sources(search(q, k + 1, value), sources, k), truth, goal)
+    truth = exact_neighbours(queries, batches(), k, metric)
+    goal = TARGET_RECALL if target is None else target
+    return calibrate(finer(ladder), lambda value: search(queries, k, value), truth, goal)
 
 
 def without_sources(found: Sequence[Sequence[int]] | np.ndarray, sources: np.ndarray, k: int) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import (
+    DEFAULT_METRIC,
     Hit,
     StoreFormatError,
     VectorStore,
@@ -25,6 +26,7 @@ from isotrope.stores.base import (
     check_properties,
 )
 from isotrope.stores.filters import compile_matcher
+from isotrope.stores.options import FLAT
 
 FORMAT_VERSION = 1
 _MANIFEST = "store.json"
@@ -71,9 +73,12 @@ class MemoryStore(VectorStore):
     #: queries run one at a time (hybrid search runs its dense and lexical queries in turn)
     concurrent_queries = False
 
-    def __init__(self, dim: int, metric: str = "ip") -> None:
+    def __init__(self, dim: int, metric: str = DEFAULT_METRIC, *, index: str = FLAT) -> None:
+        """``metric`` and ``index`` are the shared store options (:mod:`isotrope.stores.options`); the
+        memory store searches exactly, so ``index`` is "flat" or "auto" (exact at every size)."""
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer; got {dim!r}")
+        self.check_index(index)
         self.dim = int(dim)
         self.metric = check_metric(metric)
         self._vectors = np.empty((0, self.dim), dtype=np.float32)

@@ -1,0 +1,143 @@
+"""A LanceDB store's keyword index: the ``terms`` column (each text analyzed by :mod:`isotrope.lexical`)
+under LanceDB's native full-text index, kept exact at each commit (appended rows added to it, rebuilt after
+deletes and updates), and BM25 search over it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from lance.query import FullTextOperator, MatchQuery
+from lancedb.index import FTS
+
+from isotrope.lexical import index_text, query_terms
+from isotrope.stores.base import Hit, check_k
+from isotrope.stores.filters import to_lance
+from isotrope.stores.rows import chunks
+
+from .lance_rows import ID_CHUNK, LanceRows, read_args
+
+logger = logging.getLogger(__name__)
+
+TERMS = "terms"
+#: the table version at which the full-text index was last made exact
+_META_LEXICAL = "isotrope.lexical_index_version"
+#: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
+_FTS_CONFIG = {
+    "base_tokenizer": "whitespace",
+    "lower_case": False,
+    "stem": False,
+    "remove_stop_words": False,
+    "ascii_folding": False,
+    "max_token_length": None,
+    "with_position": False,
+}
+
+
+def _match(terms: Sequence[str]) -> MatchQuery:
+    """The full-text query OR-ing analyzed terms on the ``terms`` column."""
+    return MatchQuery(" ".join(terms), TERMS, operator=FullTextOperator.OR)
+
+
+class LanceLexicalIndex(LanceRows):
+    """Lexical (BM25) search over the table's ``terms`` full-text index."""
+
+    @property
+    def has_lexical_index(self) -> bool:
+        """Whether the terms column and its full-text index exist (a store written before them has neither)."""
+        return TERMS in self._table.schema.names and any(TERMS in i.columns for i in self._table.list_indices())
+
+    def _lexical_exact(self) -> bool:
+        meta = self._table.schema.metadata or {}
+        return meta.get(_META_LEXICAL.encode()) == str(self.version).encode()
+
+    def _note_write(self, stale: bool = False) -> None:
+        """Before a write: remember whether the full-text index was exact, and whether it now needs a rebuild."""
+        if self._lexical_state is None:
+            self._lexical_state = "exact" if self.has_lexical_index and self._lexical_exact() else "stale"
+        if stale:
+            self._lexical_state = "stale"
+        elif self._lexical_state == "exact":
+            self._lexical_state = "appended"
+
+    def _ensure_terms_column(self) -> None:
+        """Add and fill the ``terms`` column of a table written before it existed (one new version)."""
+        if TERMS in self._table.schema.names:
+            return
+        logger.warning("table %r in %s has no lexical terms: analyzing its %d texts", self.table_name, self.path, len(self))
+        self._table.add_columns(pa.field(TERMS, pa.string()))
+        schema = pa.schema([pa.field("id", pa.string()), pa.field(TERMS, pa.string())])
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in self._table.to_lance().to_batches(columns=["id", "text"], batch_size=4096):
+                terms = [index_text(text) for text in batch.column("text").to_pylist()]
+                yield pa.RecordBatch.from_arrays([batch.column("id"), pa.array(terms, pa.string())], schema=schema)
+
+        reader = pa.RecordBatchReader.from_batches(schema, batches())
+        self._table.merge_insert("id").when_matched_update_all().execute(reader)
+        self._lexical_state = "stale"
+
+    def _refresh_lexical_index(self) -> None:
+        """Make the full-text index exact: add appended rows to it, or rebuild it after deletes and updates."""
+        self._ensure_terms_column()
+        if self._lexical_state == "appended" and self.has_lexical_index:
+            name = next(i.name for i in self._table.list_indices() if TERMS in i.columns)
+            self._table.to_lance().optimize.optimize_indices(index_names=[name])
+            self._table.checkout_latest()
+        else:
+            self._table.create_index(TERMS, config=FTS(**_FTS_CONFIG), replace=True)
+        self._vector_index = False
+        self._table.to_lance().update_schema_metadata({_META_LEXICAL: str(self.version + 1)})
+        self._table.checkout_latest()
+        self._lexical_state = "exact"
+
+    def build_lexical_index(self) -> None:
+        """Build the full-text index if it is missing or out of date (a store written before it existed)."""
+        if not self.has_lexical_index or not self._lexical_exact():
+            self._lexical_state = "stale"
+            self._refresh_lexical_index()
+
+    def lexical_search(
+        self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
+    ) -> list[list[Hit]]:
+        """The ``k`` best rows of each query text by LanceDB's BM25 over the ``terms`` index (OR of the
+        query's terms), prefiltered by ``where``. A store without the index gets it built first."""
+        k = check_k(k)
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of query strings, not a single string")
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        condition = to_lance(where) if where else None
+        out: list[list[Hit]] = []
+        for text in texts:
+            terms = query_terms(text)
+            if not terms:
+                out.append([])
+                continue
+            args = read_args([*self._hit_columns(with_text), "_score"], condition, not with_text)
+            table = self._dataset().scanner(**args, full_text_query=_match(terms), limit=k).to_table()
+            if not with_text:
+                self._remember_rows(table)
+            scores = table.column("_score").to_pylist()
+            rows = sorted(zip(scores, self._hit_rows(table, with_text)), key=lambda pair: -pair[0])  # stable
+            out.append([Hit(i, float(score), text, metadata) for score, (i, text, metadata) in rows])
+        return out
+
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Each query text's BM25 score of each of its ids (0 for a row sharing no term): the full-text
+        query prefiltered to those rows, with the whole index's statistics."""
+        if not self.has_lexical_index:
+            self.build_lexical_index()
+        out = []
+        for text, wanted in zip(texts, ids):
+            scores = dict.fromkeys(wanted, 0.0)
+            terms = query_terms(text)
+            for part in chunks(list(wanted), ID_CHUNK) if terms else ():
+                args = read_args(["id", "_score"], self._rows_filter(part), row_ids=False)
+                for row in self._dataset().scanner(**args, full_text_query=_match(terms), limit=len(part)).to_table().to_pylist():
+                    scores[row["id"]] = float(row["_score"])
+            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
+        return out
