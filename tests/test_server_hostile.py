@@ -194,7 +194,9 @@ def test_a_client_that_sends_its_body_too_slowly_gets_408(collection):
     with live_server(app) as url:
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
-            connection.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{")
+            connection.sendall(
+                b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"
+            )
             answer = connection.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 408") and "--client-timeout" in answer
 

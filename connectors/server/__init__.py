@@ -63,7 +63,7 @@ def _not_bool(value: Any) -> Any:
 
 
 #: the schema's form of :meth:`SearchOptions.alpha_is_hybrid_only`: unless ``mode`` is hybrid, ``alpha`` is null
-ALPHA_HYBRID_ONLY = {
+ALPHA_HYBRID_ONLY: dict[str, Any] = {
     "if": {"properties": {"mode": {"not": {"const": "hybrid"}}}},
     "then": {"properties": {"alpha": {"type": "null"}}},
 }
