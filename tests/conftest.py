@@ -55,6 +55,7 @@ def examples(n: int) -> int:
     """A property's ``max_examples``: ``n`` under the ci profile, 10x under the slow one."""
     return n * (10 if os.environ.get("HYPOTHESIS_PROFILE") == "slow" else 1)
 
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [
     "the",

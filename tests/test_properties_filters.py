@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+pytest.importorskip("hypothesis")
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
 
