@@ -131,7 +131,7 @@ class StoreMachine(RuleBasedStateMachine):
     def same_rows(self):
         assert len(self.store) == len(self.model)
         assert sorted(self.store.ids()) == self.stored()
-        some = self.stored()[:5] + ["never-stored"]
+        some = [*self.stored()[:5], "never-stored"]
         assert [(h.text, h.metadata) if h else None for h in self.store.get(some)] == [
             (h.text, h.metadata) if h else None for h in self.model.get(some)
         ]
