@@ -120,6 +120,22 @@ def test_lone_surrogates_are_422_not_a_500(client):
     assert response.status_code == 422
 
 
+@pytest.mark.parametrize(
+    "where",
+    [{"year": 10**30}, "year = 99999999999999999999", "(" * 5000 + "year = 1" + ")" * 5000, "year = 1e999"],
+)
+def test_filters_beyond_what_a_store_holds_are_400_not_500(client, where):
+    """An integer beyond int64 reached SQLite (OverflowError: a 500); deep parentheses overflowed the stack."""
+    response = client.post("/search", json={"query": QUERY, "where": where})
+    assert response.status_code == 400 and "\n" not in response.json()["detail"], response.text
+
+
+def test_a_filter_nested_past_the_json_parser_is_a_400(client):
+    body = '{"query": "cat", "where": ' + '{"$and": [' * 3000 + '{"year": 1}' + "]}" * 3000 + "}"
+    response = client.post("/search", content=body.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 400
+
+
 def test_a_body_that_is_not_json_is_a_documented_400(client):
     doc = client.get("/openapi.json").json()
     response = client.post("/embed", content=b"\xff\xfe_R\x01", headers={"content-type": "application/json"})
