@@ -125,8 +125,8 @@ def test_loaders_take_any_input_and_yield_only_valid_unicode(tmp_path, suffix, c
 
 
 def test_a_json_escaped_lone_surrogate_is_a_named_skip(tmp_path):
-    """Found by the property above: ``"\\ud800"`` in a JSON record reached the chunker, whose hash
-    (``str.encode``) raised UnicodeEncodeError and stopped the whole run."""
+    """Found by the property above: ``"\\ud800"`` in a JSON record reached the tokenizer, and ``isotrope
+    index`` stopped with ``error: TextEncodeInput must be Union[...]`` (the chunk hash would have raised next)."""
     path = tmp_path / "a.jsonl"
     path.write_text('{"text": "a \\ud800 b"}\n{"text": "fine"}\n{"text": "ok", "\\udfff": 1}\n')
     skipped = []

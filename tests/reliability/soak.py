@@ -7,7 +7,7 @@ builds a store from 10 JSON-lines files (a 16-d word table written here), serves
 /search (dense, lexical, hybrid; some with a filter or group_by), /search/batch and /embed for
 ``--duration`` seconds. Meanwhile a writer adds 5 files at a time to the corpus and runs the
 library's index (the reliability driver, resuming into the same store); its second run is killed
-with ``kill -9`` at a random moment and then resumed. At the end it reports, as JSON:
+with ``kill -9`` at a random moment after its first commit, then resumed. At the end it reports, as JSON:
 
 * requests by status; failed searches a client could not retry (anything but 200, 503 with
   Retry-After, 504 and 408) and connection errors;
@@ -140,8 +140,11 @@ def _write_rounds(corpus: Path, uri: str, table: str, deadline: float, rng: rand
         add_files(corpus, files, added, rng.randrange(2**31))
         files += added
         if round_ == 2:
+            before = stored_chunks(uri)
             process = start("index", str(corpus), uri, table)
-            time.sleep(rng.uniform(1.0, 6.0))
+            while process.poll() is None and stored_chunks(uri) == before:  # until its first commit lands
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 0.5))
             killed = process.poll() is None
             if killed:
                 process.send_signal(signal.SIGKILL)
