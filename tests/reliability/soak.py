@@ -136,15 +136,15 @@ def _write_rounds(corpus: Path, uri: str, table: str, deadline: float, rng: rand
     round_ = 0
     while time.monotonic() < deadline:
         round_ += 1
-        added = 20 if round_ == 2 else 5  # the killed run has more to do, so the kill lands mid-run
+        added = 60 if round_ == 2 else 5  # the killed run has more to do, so the kill lands mid-run
         add_files(corpus, files, added, rng.randrange(2**31))
         files += added
         if round_ == 2:
             before = stored_chunks(uri)
             process = start("index", str(corpus), uri, table)
             while process.poll() is None and stored_chunks(uri) == before:  # until its first commit lands
-                time.sleep(0.1)
-            time.sleep(rng.uniform(0.0, 0.5))
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.3))
             killed = process.poll() is None
             if killed:
                 process.send_signal(signal.SIGKILL)
@@ -157,11 +157,15 @@ def _write_rounds(corpus: Path, uri: str, table: str, deadline: float, rng: rand
 
 
 def stored_chunks(uri: str) -> int:
-    """The chunks a reader finds in ``uri`` now."""
-    from isotrope.search import Collection
+    """The chunks a reader finds in ``uri`` now (the store alone: no encoder loaded)."""
+    from isotrope.search import _store_class, parse_store_uri
 
-    with Collection.open(uri) as collection:
-        return len(collection.store)
+    kind, path = parse_store_uri(uri)
+    store = _store_class(kind)(path)
+    try:
+        return len(store)
+    finally:
+        store.close()
 
 
 def check_store(uri: str, clean_uri: str) -> dict[str, int]:
