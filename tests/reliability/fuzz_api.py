@@ -97,10 +97,13 @@ def summarize(ndjson: Path) -> dict[str, Any]:
     }
 
 
-def fuzz(uri: str, key: str | None, examples: int, max_time: int, seed: int, workdir: Path) -> dict[str, Any]:
-    """One ``st run`` against ``uri`` served (with ``key`` when given); its summary and exit code."""
+def fuzz(
+    uri: str, key: str | None, examples: int, max_time: int, seed: int, workdir: Path, only: list[str] | None = None
+) -> dict[str, Any]:
+    """One ``st run`` against ``uri`` served (with ``key`` when given; the operations of the paths
+    ``only`` names, when given); its summary and exit code."""
     port = free_port()
-    name = f"{uri.split(':')[0]}-{'key' if key else 'open'}"
+    name = f"{uri.split(':')[0]}-{'key' if key else 'open'}" + "".join(path.replace("/", "-") for path in only or [])
     server = start_server(uri, port, key, workdir / f"{name}.serve.log")
     ndjson = workdir / f"{name}.ndjson"
     st = Path(sys.executable).with_name("st")
@@ -108,6 +111,8 @@ def fuzz(uri: str, key: str | None, examples: int, max_time: int, seed: int, wor
     command += ["--checks", "all", "--max-examples", str(examples), "--max-time", str(max_time), "--workers", "1"]
     command += ["--seed", str(seed), "--generation-database", "none", "--report", "ndjson", "--report-ndjson-path", str(ndjson)]
     command += ["--header", f"Authorization: Bearer {key}"] if key else []
+    for path in only or []:
+        command += ["--include-path", path]
     began = time.monotonic()
     try:
         run = subprocess.run(command, capture_output=True, text=True, env=env(), timeout=max_time + 300)
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default="faiss-open,faiss-key,lancedb-open,lancedb-key",
         help="STORE-open (no key) or STORE-key, comma-separated",
     )
+    parser.add_argument("--only", action="append", metavar="PATH", help="fuzz only this path's operations (repeatable)")
     parser.add_argument("--out", type=Path, help="write the summaries here as JSON")
     parser.add_argument(
         "--workdir", type=Path, help="keep the stores, server logs and NDJSON reports here (default: a temporary folder)"
@@ -144,7 +150,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         servers = [server.split("-") for server in args.servers.split(",")]
         uris = dict(zip(sorted({kind for kind, _ in servers}), build_stores(root, sorted({kind for kind, _ in servers}))))
         for kind, mode in servers:
-            results.append(fuzz(uris[kind], KEY if mode == "key" else None, args.examples, args.max_time, args.seed, root))
+            results.append(
+                fuzz(uris[kind], KEY if mode == "key" else None, args.examples, args.max_time, args.seed, root, args.only)
+            )
             print(json.dumps(results[-1]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
