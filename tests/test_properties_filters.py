@@ -53,6 +53,7 @@ def test_any_text_parses_or_is_a_one_line_error_naming_the_position(text):
     assert_parses_or_names_position(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(1000))
 @given(st.lists(st.sampled_from(TOKENS), max_size=12).map(" ".join))
 def test_any_sequence_of_filter_tokens_parses_or_names_the_position(text):
@@ -162,6 +163,7 @@ def stores(tmp_path_factory):
         store.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(500), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(FILTERS)
 def test_a_parsed_filter_selects_what_the_predicate_selects_in_every_store(stores, case):

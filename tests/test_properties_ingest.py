@@ -60,6 +60,7 @@ def count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=TEXTS, budget=st.integers(2, 40), overlap_share=st.floats(0, 0.9))
 def test_chunks_cover_fit_and_keep_their_ids(tokenizer, text, budget, overlap_share):
@@ -152,6 +153,7 @@ def fitted(tiny_glove_path, tmp_path_factory):
     return pairs
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=st.sampled_from(SHAPES), texts=st.lists(TEXTS.filter(str.strip), min_size=1, max_size=4))
 def test_a_saved_and_loaded_encoder_encodes_bit_identical_vectors(fitted, shape, texts):

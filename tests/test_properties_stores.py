@@ -23,6 +23,8 @@ from isotrope.connectors.faiss_store import FaissStore
 from isotrope.connectors.lancedb_store import LanceDBStore
 from isotrope.stores.memory import MemoryStore
 
+#: each machine runs for tens of seconds (make test-quick leaves them out)
+pytestmark = pytest.mark.slow
 DIM = 6
 WORDS = ["cat", "dog", "river", "moon", "red", "fast"]
 
