@@ -115,7 +115,7 @@ def fuzz(
         command += ["--include-path", path]
     began = time.monotonic()
     try:
-        run = subprocess.run(command, capture_output=True, text=True, env=env(), timeout=max_time + 300)
+        run = subprocess.run(command, capture_output=True, text=True, env=env(), timeout=max_time + 300, cwd=workdir)
     finally:
         server.terminate()
         server.wait(timeout=60)
