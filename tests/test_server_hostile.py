@@ -97,8 +97,14 @@ def test_the_not_blank_pattern_is_exactly_str_strip():
         assert bool(re.search(NOT_BLANK, text)) == bool(text.strip()), repr(text)
 
 
-def test_booleans_are_not_numbers(client):
-    for body in ({"query": QUERY, "k": True}, {"query": QUERY, "mode": "hybrid", "alpha": False}):
+def test_booleans_and_strings_are_not_numbers(client):
+    """Found by schemathesis: ``"alpha": true`` and, in the 1,000-example run, ``"alpha": "0"`` were accepted."""
+    for body in (
+        {"query": QUERY, "k": True},
+        {"query": QUERY, "mode": "hybrid", "alpha": False},
+        {"query": QUERY, "k": "5"},
+        {"query": QUERY, "mode": "hybrid", "alpha": "0"},
+    ):
         response = client.post("/search", json=body)
         assert response.status_code == 422, body
     assert client.post("/search", json={"query": QUERY, "k": 3.0}).status_code == 200  # JSON Schema's integer

@@ -55,10 +55,11 @@ STATIC_DIR = files("isotrope.connectors.server") / "static"
 Where = str | dict[str, Any] | None
 
 
-def _not_bool(value: Any) -> Any:
-    """JSON's true and false are not numbers (pydantic's lax mode would read them as 1 and 0)."""
-    if isinstance(value, bool):
-        raise PydanticCustomError("number_type", "Input should be a number, not a boolean")
+def _json_number(value: Any) -> Any:
+    """A JSON number, as the schema says: not true/false, not a numeric string (pydantic's lax mode
+    would read them as 1, 0 and the number)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise PydanticCustomError("number_type", "Input should be a number, not {kind}", {"kind": type(value).__name__})
     return value
 
 
@@ -73,9 +74,9 @@ class SearchOptions(BaseModel):
     """What every search takes besides its query text."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=ALPHA_HYBRID_ONLY)
-    k: Annotated[int, BeforeValidator(_not_bool)] = Field(10, ge=1, le=1000, description="number of hits")
+    k: Annotated[int, BeforeValidator(_json_number)] = Field(10, ge=1, le=1000, description="number of hits")
     mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense vectors, full-text, or both fused")
-    alpha: Annotated[float | None, BeforeValidator(_not_bool)] = Field(
+    alpha: Annotated[float | None, BeforeValidator(_json_number)] = Field(
         None, ge=0.0, le=1.0, description="hybrid: weight of the dense ranking"
     )
     where: Where = Field(None, description='metadata filter: "source = \'a.md\' and year >= 2020" or {"year": {"$gte": 2020}}')
