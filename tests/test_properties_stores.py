@@ -22,6 +22,7 @@ from conftest import examples
 from isotrope.connectors.faiss_store import FaissStore
 from isotrope.connectors.lancedb_store import LanceDBStore
 from isotrope.stores.memory import MemoryStore
+from test_stores import assert_same_hits
 
 #: each machine runs for tens of seconds (make test-quick leaves them out)
 pytestmark = pytest.mark.slow
@@ -101,10 +102,10 @@ class StoreMachine(RuleBasedStateMachine):
         where = None if group is None else {"g": {"$gte": group}}
         got = self.store.search(queries, k, where=where)
         expected = self.model.search(queries, k, where=where)
-        for hits, reference in zip(got, expected):
-            assert [h.id for h in hits] == [h.id for h in reference]
-            np.testing.assert_allclose([h.score for h in hits], [h.score for h in reference], rtol=1e-5, atol=1e-6)
-            assert [(h.text, h.metadata) for h in hits] == [(h.text, h.metadata) for h in reference]
+        assert_same_hits(expected, got)  # ids in rank order but for ties (rows written from one seed tie exactly)
+        for hits in got:
+            model_rows = self.model.get([h.id for h in hits])
+            assert [(h.text, h.metadata) for h in hits] == [(m.text, m.metadata) for m in model_rows]
 
     @rule()
     def commit(self):
