@@ -17,6 +17,11 @@ Fixtures (names are stable; other test files rely on them):
 
 Import the plain functions and constants with ``from conftest import make_sentences``.
 
+Property tests (hypothesis) run under the profile named by ``HYPOTHESIS_PROFILE``: ``ci`` (the
+default: each property's own bounded ``max_examples``, no deadline, no example database written
+into the checkout) or ``slow`` (10x the examples: ``HYPOTHESIS_PROFILE=slow pytest -m slow
+tests/test_properties_*.py`` runs the slow-marked larger variants too).
+
 The session runs with ``HF_HUB_OFFLINE=1`` so that nothing can reach the hub, and with
 one intra-op thread per library by default (``OMP_NUM_THREADS=1``): tiny models on a busy
 machine run many times faster without thread hand-offs.
@@ -35,6 +40,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - hypothesis comes with the dev extra
+    settings = None  # type: ignore[assignment]
+if settings is not None:
+    settings.register_profile("ci", deadline=None, database=None, print_blob=True)
+    settings.register_profile("slow", deadline=None, database=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n: int) -> int:
+    """A property's ``max_examples``: ``n`` under the ci profile, 10x under the slow one."""
+    return n * (10 if os.environ.get("HYPOTHESIS_PROFILE") == "slow" else 1)
+
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [

@@ -26,6 +26,7 @@ from fastapi.testclient import TestClient
 
 from isotrope.cli import main
 from isotrope.connectors.server import STATIC_DIR, collection_worker, create_app
+from isotrope.connectors.server.limits import ServerLimits
 from isotrope.encoder import ShapedEncoder
 from isotrope.report import COSINE_BINS, build_report, render_html, summarize
 from isotrope.search import Collection
@@ -183,7 +184,7 @@ def test_lexical_and_hybrid_modes_return_the_collections_hits(client, collection
             for h in expected
         ],
     )
-    assert client.post("/search", json={"query": QUERY, "mode": "dense", "alpha": 0.3}).status_code == 400
+    assert client.post("/search", json={"query": QUERY, "mode": "dense", "alpha": 0.3}).status_code == 422
 
 
 def test_group_by_keeps_one_hit_per_source(client):
@@ -264,6 +265,8 @@ def test_api_key_from_the_environment(store_uri, monkeypatch):
         "batch_wait_ms": 0.5,
         "store_options": {"ef": 64},
         "backend": "onnx",
+        "limits": ServerLimits(),  # the documented defaults
+        "cors": (),
     }
 
 

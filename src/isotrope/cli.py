@@ -424,12 +424,27 @@ def serve(
     nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: the store's calibrated breadth)")] = None,
     ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: the store's calibrated breadth)")] = None,
     backend: SavedBackend = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="request bodies larger than this are refused (413)")] = 1_048_576,
+    max_query_chars: Annotated[int, typer.Option(min=1, help="characters of one query or text (422 beyond)")] = 10_000,
+    max_queries: Annotated[int, typer.Option(min=1, help="queries of one /search/batch, texts of one /embed (422 beyond)")] = 256,
+    request_timeout: Annotated[
+        float, typer.Option(min=0.001, help="seconds a search or embedding may take before the client gets 504")
+    ] = 30.0,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="API requests answered at once; more get 503 + Retry-After")] = 64,
+    client_timeout: Annotated[
+        float, typer.Option(min=0.001, help="seconds a client has to send its request body (408), and an idle connection lives")
+    ] = 10.0,
+    cors: Annotated[
+        list[str] | None, typer.Option("--cors", help="an origin whose pages may call the API (repeatable; default none)")
+    ] = None,
 ) -> None:
     """Serve a store over HTTP: a JSON API (/search, /search/batch, /embed, /info), a search page at / and /report."""
     try:
         from isotrope.connectors.server import serve as run_server
+        from isotrope.connectors.server.limits import ServerLimits
     except ImportError as error:
         raise ImportError(f"isotrope serve needs its extra: pip install 'isotrope[serve]' ({error})") from None
+    limits = ServerLimits(max_body_bytes, max_query_chars, max_queries, request_timeout, max_in_flight, client_timeout)
     typer.echo(f"isotrope serve: {store} on http://{host}:{port} (page /, API docs /docs, report /report)", err=True)
     run_server(
         store,
@@ -442,6 +457,8 @@ def serve(
         batch_wait_ms=batch_wait_ms,
         store_options=_search_options(nprobe, ef),
         backend=backend,
+        limits=limits,
+        cors=cors or (),
     )
 
 

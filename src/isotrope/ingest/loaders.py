@@ -445,9 +445,23 @@ def _record_to_document(record: Any, name: str, index: int, line: int | None, fi
             metadata[key] = value
         elif fields.metadata is not None:
             raise ValueError(f"metadata field {key!r} is {type(value).__name__}, expected a scalar")
+    for key, value in [(fields.text, text), (fields.id, record_id), *metadata.items()]:
+        _check_unicode(key, value)
     if line is not None:
         metadata["line"] = line
     return Document(source=name, text=text, metadata=metadata, position=index, id=record_id)
+
+
+def _check_unicode(key: Any, value: Any) -> None:
+    """JSON's ``\\ud800`` escapes decode to lone surrogates: no tokenizer, hash or store takes them."""
+    for part in (key, value):
+        if isinstance(part, str):
+            try:
+                part.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"field {key!r} holds a lone surrogate ({part[exc.start]!r} at character {exc.start}): not valid Unicode"
+                ) from None
 
 
 def _is_scalar(value: Any) -> bool:

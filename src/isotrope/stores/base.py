@@ -65,7 +65,8 @@ class VectorStore(Protocol):
     ``properties`` / ``set_properties(**kv)``
         A persisted ``dict[str, str]``, committed with the data.
     ``close()``
-        Release resources; uncommitted changes are discarded (with a warning).
+        Release resources; uncommitted changes are discarded (with a warning) where a store has
+        any (FAISS; every LanceDB write is already a committed table version).
         As a context manager a store commits on a clean exit, then closes.
 
     Searching

@@ -35,6 +35,8 @@ COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin")
 _ORDERING = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 _PY_ORDERING = {"$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le}
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: $and/$or levels (or parentheses) a filter may nest: far beyond any real one, well within Python's stack
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -64,27 +66,34 @@ def _kind(value: Any) -> str | None:
     return None
 
 
+def _in_range(number: float) -> bool:
+    """What SQLite and Arrow hold: a finite float, or an integer in int64."""
+    return -(2**63) <= number < 2**63 if isinstance(number, int) else math.isfinite(number)
+
+
 def _check_value(value: Any, field: str, op: str) -> Any:
     kind = _kind(value)
     if kind is None:
         raise ValueError(f"filter on {field!r}: {op} needs a string, number or boolean; got {value!r}")
-    if kind == "num" and not math.isfinite(value):
-        raise ValueError(f"filter on {field!r}: {op} value is not finite: {value!r}")
+    if kind == "num" and not _in_range(value):
+        raise ValueError(f"filter on {field!r}: {op} value is not a finite 64-bit number: {value!r}")
     if op in _ORDERING and kind == "bool":
         raise ValueError(f"filter on {field!r}: {op} needs a number or a string; got {value!r}")
     return value
 
 
-def _compile(where: Where) -> _Node:
+def _compile(where: Where, depth: int = 0) -> _Node:
     """Validate a filter dict and turn it into a tree of conditions."""
     if not isinstance(where, Mapping):
         raise ValueError(f"a filter must be a dict; got {type(where).__name__}")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"a filter nests $and/$or deeper than {MAX_DEPTH} levels")
     nodes: list[_Node] = []
     for key, spec in where.items():
         if key in ("$and", "$or"):
             if not isinstance(spec, Sequence) or isinstance(spec, (str, bytes)) or not spec:
                 raise ValueError(f"{key} needs a non-empty list of filters; got {spec!r}")
-            nodes.append(_Bool(key[1:], tuple(_compile(child) for child in spec)))
+            nodes.append(_Bool(key[1:], tuple(_compile(child, depth + 1) for child in spec)))
             continue
         if not isinstance(key, str) or not _FIELD.match(key):
             raise ValueError(f"filter field {key!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
@@ -328,6 +337,7 @@ class _Parser:
         self.expr = expr
         self.tokens = _tokenize(expr)
         self.i = 0
+        self.depth = 0  # parentheses open
 
     def peek(self) -> _Token:
         return self.tokens[self.i]
@@ -368,10 +378,15 @@ class _Parser:
         return parts[0] if len(parts) == 1 else {"$and": _flatten(parts, "$and")}
 
     def atom(self) -> dict[str, Any]:
-        if self.accept("punct", "("):
+        if self.peek().kind == "punct" and self.peek().text == "(":
+            if self.depth == MAX_DEPTH:
+                raise self.fail(f"at most {MAX_DEPTH} nested parentheses")
+            self.i += 1
+            self.depth += 1
             node = self.or_expr()
             if not self.accept("punct", ")"):
                 raise self.fail("')'")
+            self.depth -= 1
             return node
         if self.peek().kind != "name":
             raise self.fail("a field name or '('")
@@ -398,9 +413,15 @@ class _Parser:
             quote = token.text[0]
             return token.text[1:-1].replace(quote * 2, quote)
         if token.kind == "number":
-            self.i += 1
             is_int = re.fullmatch(r"[-+]?\d+", token.text) is not None
-            return int(token.text) if is_int else float(token.text)
+            try:
+                number = int(token.text) if is_int else float(token.text)
+            except ValueError:  # more digits than Python converts
+                number = math.inf
+            if not _in_range(number):
+                raise self.fail("a number within 64-bit range")
+            self.i += 1
+            return number
         if token.kind == "keyword" and token.text in ("true", "false"):
             self.i += 1
             return token.text == "true"
