@@ -9,8 +9,12 @@
   (STS-B >= 4.0 of 5, SICK >= 4.5 of 5) and whose sentences differ, sentence 1 is the query and
   sentence 2 its relevant document; every other sentence of the data set is a distractor. A
   sentence used as a query is never a document.
+* ``scifact-N`` (with ``--scifact-sizes``): small corpora for ``--model fast``. N SciFact abstracts: every
+  abstract a test query judges relevant, then a seeded random sample of the others; the test queries
+  and their judgements unchanged.
 
-    .venv/bin/python benchmarks/build_retrieval_sets.py --data-dir ../shared/data --out .cache/isotrope/sets
+    .venv/bin/python benchmarks/build_retrieval_sets.py --data-dir ../shared/data --out .cache/isotrope/sets \
+        --scifact-sizes 500 1000 2000
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import random
 import re
 from pathlib import Path
 
-from isotrope.evaluate.data import STSPairs, load_clustering, load_sick, load_stsb
+from isotrope.evaluate.data import STSPairs, load_beir, load_clustering, load_sick, load_stsb
 
 _HEADER = re.compile(r"^[A-Za-z-]+: ")
 
@@ -83,6 +87,19 @@ def paraphrase(sets: list[STSPairs], threshold: float, n_docs: int, n_queries: i
     return corpus, queries, qrels
 
 
+def scifact_subset(folder: Path, size: int, seed: int) -> tuple[dict, dict, dict]:
+    """``size`` abstracts of the BEIR folder: all that its test qrels judge, then seeded random others."""
+    data = load_beir(folder, "test")
+    judged = sorted({doc_id for docs in data.qrels.values() for doc_id in docs})
+    if size < len(judged):
+        raise ValueError(f"a SciFact subset needs at least the {len(judged)} judged abstracts, not {size}")
+    others = sorted(set(data.corpus) - set(judged))
+    random.Random(seed).shuffle(others)
+    kept = set(judged) | set(others[: size - len(judged)])
+    corpus = {doc_id: doc for doc_id, doc in data.corpus.items() if doc_id in kept}  # corpus order
+    return corpus, data.queries, data.qrels
+
+
 def write_beir(folder: Path, corpus: dict, queries: dict, qrels: dict) -> None:
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     with open(folder / "corpus.jsonl", "w") as out:
@@ -109,7 +126,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--news-docs", type=int, default=1500, help="20 Newsgroups posts are long: fewer of them")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scifact-sizes", type=int, nargs="*", default=[], help="SciFact subsets of these many abstracts")
     args = parser.parse_args()
+    for size in args.scifact_sizes:
+        write_beir(args.out / f"scifact-{size}", *scifact_subset(args.data_dir / "retrieval/scifact", size, args.seed))
     write_beir(args.out / "20ng-topic", *newsgroups_topic(args.data_dir, args.news_docs, args.queries, args.seed))
     stsb = [load_stsb(args.data_dir, split) for split in ("train", "dev", "test")]
     write_beir(args.out / "stsb-para", *paraphrase(stsb, 4.0, args.docs, args.queries, args.seed))

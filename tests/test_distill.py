@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,8 +17,10 @@ from conftest import make_sentences
 from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
 from isotrope.distill import distill_table, fast_source, solve_table
+from isotrope.distill_proxy import token_bags
 from isotrope.encoder import ShapedEncoder
 from isotrope.fingerprint import fingerprint
+from isotrope.shapes import build_chain
 from test_cli import run_cli
 
 
@@ -68,13 +72,13 @@ def inputs(tiny_bert_path):
 
 def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     texts = make_sentences(300, seed=3)
-    first, report = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1), min_fit_texts=0)
-    again, report_again = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1), min_fit_texts=0)
-    other, _ = distill_table(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1), min_fit_texts=0)
+    first, report = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
+    again, report_again = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
+    other, _ = distill_table(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1))
     np.testing.assert_array_equal(first, again)
     assert report == report_again
-    assert report["teacher_texts"] == 200 and report["held_aside"] == 20
-    assert set(report["validation"]) == {"unfitted", "1", "0.1"}
+    assert report["teacher_texts"] == 200 and report["held_aside"] == 60
+    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "0.1"}
     assert not np.array_equal(first, other)  # another seed samples other texts
     assert first.shape == inputs.shape and first.dtype == np.float32
 
@@ -105,20 +109,124 @@ def test_a_fit_that_does_not_help_falls_back_to_the_unfitted_table(teacher, inpu
         "solve_table",  # a "fit" that scrambles the table
         lambda bags, targets, table, *args, **kwargs: rng.standard_normal(table.shape) * 100,
     )
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), min_fit_texts=0)
-    assert report["fitted"] is False and "no fit beat" in report["reason"]
-    assert max(report["validation"]["1"], report["validation"]["0.1"]) < report["validation"]["unfitted"]
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    assert report["fitted"] is False and "no fit's 95% paired-bootstrap interval" in report["reason"]
+    mrr = report["validation"]["mrr@10"]
+    assert max(mrr["1"], mrr["0.1"]) < mrr["unfitted"]
     np.testing.assert_array_equal(table, unfitted)
 
 
-def test_a_sample_below_the_floor_keeps_the_unfitted_table(teacher, inputs, monkeypatch):
-    """Fewer teacher texts than ``min_fit_texts`` never fit (small samples overfit): no solve runs."""
-    texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), min_fit_texts=0)
-    monkeypatch.setattr(distill, "solve_table", lambda *args, **kwargs: pytest.fail("a fit ran below the floor"))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), min_fit_texts=251)
-    assert report["fitted"] is False and "at least 251" in report["reason"] and "validation" not in report
-    np.testing.assert_array_equal(table, unfitted)
+def paragraphs(n: int, seed: int) -> list[str]:
+    """``n`` texts of 3 to 6 capitalised sentences (so the sentence splitter cuts them)."""
+    sentences = make_sentences(6 * n, seed=seed)
+    rng = np.random.default_rng(seed)
+    texts, at = [], 0
+    for _ in range(n):
+        k = int(rng.integers(3, 7))
+        texts.append(" ".join(s.rstrip(".!?").capitalize() + "." for s in sentences[at : at + k]))
+        at += k
+    return texts
+
+
+def test_a_small_corpus_spends_the_budget_on_its_sentences():
+    texts = paragraphs(50, seed=1)
+    sample, parents, n_chunks = distill.teacher_texts(texts + texts[:5], 120, np.random.default_rng(0))
+    assert n_chunks == 50 and sample[:50] == texts and len(sample) == 120  # every distinct chunk, then 70 windows
+    for window, parent in zip(sample[50:], parents[50:]):
+        assert window in texts[parent] and window not in texts and len(window.split()) >= 4
+    assert len(set(sample)) == len(sample)
+    everything, _, _ = distill.teacher_texts(texts, 10_000, np.random.default_rng(0))
+    expected = {s for t in texts for s in re.split(r"(?<=\.) (?=[A-Z])", t) if len(s.split()) >= 4}
+    assert set(everything[50:]) == expected - set(texts)  # the budget exceeds them: all of them
+    large, large_parents, _ = distill.teacher_texts(texts, 30, np.random.default_rng(0))
+    assert len(large) == 30 and set(large) <= set(texts) and list(large_parents) == list(range(30))
+
+
+def test_held_aside_chunks_and_their_windows_stay_out_of_the_validation_fit(teacher, inputs, monkeypatch):
+    texts = paragraphs(220, seed=2)
+    seen: dict[str, Any] = {}
+    passes = distill.teacher_pass
+
+    def recording_pass(teacher, sample, holdout, show_progress=False):
+        seen["sample"], seen["holdout"] = list(sample), set(holdout.tolist())
+        return passes(teacher, sample, holdout, show_progress)
+
+    monkeypatch.setattr(distill, "teacher_pass", recording_pass)
+    _, report = distill_table(teacher, texts, inputs, samples=600, lambdas=(1.0,))
+    assert report["chunks"] == 220 and report["windows"] == 380 and report["held_aside"] == 66  # 30 % of 220
+    held_chunks = {seen["sample"][i] for i in seen["holdout"] if i < 220}
+    assert len(held_chunks) == 66
+    for index, text in enumerate(seen["sample"][220:], start=220):
+        assert (index in seen["holdout"]) == any(text in chunk for chunk in held_chunks)
+    assert report["validation"]["proxy"] == "passage" and 30 <= report["validation"]["pseudo_queries"] <= 66
+
+
+def test_query_rows_are_each_chunks_sentences_weighing_as_its_own_row(teacher):
+    chunks = paragraphs(12, seed=5)
+    bags, parents, scale = distill.query_rows(chunks, teacher, 2.0)
+    expected = [(s, p) for p, c in enumerate(chunks) for s in re.split(r"(?<=\.) (?=[A-Z])", c) if len(s.split()) >= 4]
+    assert list(parents) == [p for _, p in expected]
+    np.testing.assert_allclose(np.bincount(parents, weights=scale**2), 2.0)  # each chunk's rows together: weight 2
+    reference = token_bags(teacher.token_ids([s for s, _ in expected]), teacher.vocab_size, teacher.special_ids())
+    np.testing.assert_allclose(bags.toarray(), reference.toarray() * scale[:, None])
+
+
+def test_pseudo_query_rows_join_the_fit_and_respect_the_held_aside_chunks(teacher, inputs):
+    texts = paragraphs(220, seed=2)
+    plain, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,))
+    with_rows, rows_report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), query_weight=1.0)
+    assert "query_rows" not in report and rows_report["query_rows"] > 220 and rows_report["windows"] == 0
+    assert rows_report["held_aside"] == report["held_aside"]
+    assert rows_report["validation"]["mrr@10"]["unfitted"] == report["validation"]["mrr@10"]["unfitted"]
+    assert rows_report["validation"]["mrr@10"]["0.1"] != report["validation"]["mrr@10"]["0.1"]
+
+
+def test_token_bags_match_a_dense_count():
+    special = np.array([0, 2])
+    bags = token_bags([[1, 1, 3, 0], [2], [4, 5, 5, 5]], 6, special).toarray()
+    expected = np.array([[0, 2, 0, 1, 0, 0], [0] * 6, [0, 0, 0, 0, 1, 3]], dtype=float)
+    expected[0] /= 3
+    expected[2] /= 4
+    np.testing.assert_allclose(bags, expected)
+
+
+def test_the_proxy_ranks_each_query_against_the_rest_of_its_chunk():
+    """Each query's document is its chunk without the cut sentence; reciprocal ranks match a brute-force
+    argsort of cosines after whiten-partial fitted on the fit bags' vectors."""
+    from isotrope.distill_proxy import make_proxy, reciprocal_ranks
+
+    texts = paragraphs(40, seed=3)
+    vocabulary = sorted({w.strip(".").lower() for t in texts for w in t.split()})
+    index = {w: i + 1 for i, w in enumerate(vocabulary)}
+
+    def tokenize(batch: list[str]) -> list[list[int]]:
+        return [[index[w.strip(".").lower()] for w in text.split()] for text in batch]
+
+    proxy = make_proxy(texts, tokenize, len(index) + 1, np.array([0]), seed=0)
+    assert proxy is not None and proxy.proxy == "passage" and len(proxy.targets) >= 30
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((len(index) + 1, 8)).astype(np.float32)
+    fit_bags = token_bags(tokenize(texts), len(index) + 1, np.array([0]))
+    ranks = reciprocal_ranks(table, fit_bags, proxy)
+    chain = build_chain("whiten-partial")
+    fit = (fit_bags @ table).astype(np.float32)
+    for transform in chain:
+        transform.fit(fit)
+        fit = transform.transform(fit)
+    queries, documents = proxy.queries @ table, proxy.documents @ table
+    for transform in chain:
+        queries, documents = transform.transform(queries), transform.transform(documents)
+    queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    documents = documents / np.linalg.norm(documents, axis=1, keepdims=True)
+    for query, target, rank in zip(queries, proxy.targets, ranks):
+        position = list(np.argsort(-(documents @ query), kind="stable")).index(target) + 1
+        assert rank == pytest.approx(1 / position if position <= 10 else 0.0)
+    assert 0 < ranks.mean() < 1
+    for row, target in zip(proxy.documents.toarray(), proxy.targets):
+        assert 0 < row.sum() and row.sum() == pytest.approx(1)
+        assert texts[target]  # each target is a held-aside chunk
+    one_word = make_proxy(["Alpha beta gamma delta epsilon zeta eta."] * 40, lambda b: [[1] * 7 for _ in b], 2, np.array([0]), 0)
+    assert one_word is not None and one_word.proxy == "masked"
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +358,7 @@ def test_the_teacher_is_released_before_the_table_is_solved(tiny_bert_path, inpu
 
     monkeypatch.setattr(distill, "solve_table", counting_solve)
     table, report = distill_table(
-        Teacher(tiny_bert_path, device="cpu"), make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,), min_fit_texts=0
+        Teacher(tiny_bert_path, device="cpu"), make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,)
     )
     assert report["fitted"] in (True, False) and alive_at_solve and set(alive_at_solve) == {0}
     assert table.dtype == np.float32

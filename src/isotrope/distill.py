@@ -1,17 +1,19 @@
 """``--model fast``: a static token table distilled from a transformer on the corpus's own texts.
 
-One teacher pass over a seeded sample of the fit texts gives, per token, its mean contextual
-state (the context-averaged table ``T0``; tokens the sample never saw get the teacher's input
-embedding mapped into that space) and, per text, its bag of tokens (``A``, rows normalised to
-sum 1: the static encoder's mean pooling) and the teacher's own sentence vector (``Y``). The
-table is then fitted to the teacher:
+One teacher pass over a seeded sample of the fit texts (chunks; when the corpus holds fewer
+chunks than the budget, the rest of the budget goes to the chunks' sentences, so that the fit
+has as many rows as the budget allows) gives, per token, its mean contextual state (the
+context-averaged table ``T0``; tokens the sample never saw get the teacher's input embedding
+mapped into that space) and, per text, its bag of tokens (``A``, rows normalised to sum 1: the
+static encoder's mean pooling) and the teacher's own sentence vector (``Y``). The table is then
+fitted to the teacher:
 
     min_T ||A T - Y||^2 + lam ||T - T0||^2
 
 by conjugate gradients on the normal equations (one joint solve for every output dimension,
-Jacobi-preconditioned, started from ``T0``). ``lam`` is chosen on texts held aside from the fit
-by how well the static vectors (after ``whiten-partial``) rank their neighbours as the teacher
-does; the unfitted ``T0`` is kept when no ``lam`` beats it there.
+Jacobi-preconditioned, started from ``T0``). ``lam``, and whether to fit at all, is chosen by a
+retrieval proxy on chunks held aside from the fit (:mod:`isotrope.distill_proxy`: pseudo-queries
+cut from them, as ``--shape auto`` makes, with a paired bootstrap interval against ``T0``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from isotrope.pooling import pool
+from isotrope.sentences import split_sentences
 
 if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
     from scipy import sparse
@@ -48,9 +51,10 @@ CG_ITERATIONS = 30
 TEACHER_BATCH = 32
 TEACHER_BATCH_TOKENS = 4096
 HOLDOUT_FRACTION = 0.1
-#: fewer teacher texts than this keep the unfitted table: on SciFact a fit from 1,000 texts scored 57.84
-#: nDCG@10 against 59.12 unfitted, from 2,500 +0.25 above it (docs/results/fast.md)
-MIN_FIT_TEXTS = 2500
+#: what the budget left over by a small corpus is spent on: each chunk's "sentences" (or "words": runs of
+#: WINDOW_WORDS words; or "none"), so the per-token fit has as many rows as the budget allows
+WINDOWS = "sentences"
+WINDOW_WORDS = 24
 #: rows of the input table mapped at a time (bounds the float64 temporaries)
 _ROW_BLOCK = 4096
 NEIGHBOURS = 10
@@ -227,6 +231,75 @@ def neighbour_agreement(
     return float(np.mean(overlaps)) / k
 
 
+def _windows(text: str, kind: str) -> list[str]:
+    """Sub-chunk windows of ``text``: its sentences (of >= 4 words, when it has >= 2), or runs of
+    :data:`WINDOW_WORDS` words (when it is longer than one); none for ``kind`` "none"."""
+    if kind == "sentences":
+        sentences = [text[start:end] for start, end in split_sentences(text)]
+        return [s for s in sentences if len(s.split()) >= 4] if len(sentences) >= 2 else []
+    if kind == "words":
+        words = text.split()
+        if len(words) <= WINDOW_WORDS:
+            return []
+        return [" ".join(words[i : i + WINDOW_WORDS]) for i in range(0, len(words) - WINDOW_WORDS // 2, WINDOW_WORDS)]
+    if kind == "none":
+        return []
+    raise ValueError(f"unknown window kind {kind!r}: sentences, words or none")
+
+
+def teacher_texts(
+    texts: Sequence[str], samples: int, rng: np.random.Generator, windows: str = WINDOWS
+) -> tuple[list[str], np.ndarray, int]:
+    """What the teacher runs on: a seeded sample of at most ``samples`` distinct ``texts`` (chunks),
+    then, while the budget has room, a seeded sample of their sub-chunk windows. Returns the texts,
+    each one's chunk (its index among the sampled chunks) and the number of chunks (they come first)."""
+    unique = list(dict.fromkeys(texts))
+    chosen = np.sort(rng.choice(len(unique), size=min(samples, len(unique)), replace=False))
+    sample = [unique[i] for i in chosen]
+    parents = list(range(len(sample)))
+    room = samples - len(sample)
+    if room > 0:
+        found: dict[str, int] = {}
+        for parent, text in enumerate(sample):
+            for window in _windows(text, windows):
+                found.setdefault(window, parent)
+        for text in sample:
+            found.pop(text, None)
+        pool_ = list(found.items())
+        picked = np.sort(rng.choice(len(pool_), size=min(room, len(pool_)), replace=False)) if pool_ else []
+        sample += [pool_[i][0] for i in picked]
+        parents += [pool_[i][1] for i in picked]
+    return sample, np.asarray(parents, dtype=np.int64), len(chosen)
+
+
+def query_rows(
+    chunks: Sequence[str], teacher: TokenizedBackbone, weight: float
+) -> tuple[sparse.csr_matrix, np.ndarray, np.ndarray]:
+    """Pseudo-query rows: each chunk's sentences as bags of tokens, to be mapped to the chunk's own teacher
+    vector (short queries should land near the chunks that hold them). Each row is scaled by
+    ``sqrt(weight / k)`` (``k``: its chunk's sentences), so a chunk's rows weigh ``weight`` times its own
+    row in the least squares. Returns the scaled bags, each row's chunk and its scale."""
+    from isotrope.distill_proxy import token_bags
+
+    sentences, parents, scales = [], [], []
+    for parent, chunk in enumerate(chunks):
+        found = [window for window in _windows(chunk, "sentences") if window != chunk]
+        sentences += found
+        parents += [parent] * len(found)
+        scales += [np.sqrt(weight / len(found))] * len(found)
+    bags = token_bags(teacher.token_ids(sentences) if sentences else [], teacher.vocab_size, teacher.special_ids())
+    scale = np.asarray(scales, dtype=np.float64)
+    return bags.multiply(scale[:, None]).tocsr(), np.asarray(parents, dtype=np.int64), scale
+
+
+def held_aside_count(n_chunks: int) -> int:
+    """Chunks held aside to choose the fit: a tenth, at least 200 (at most 30 %) and at most 1,000;
+    none below 100 chunks."""
+    if n_chunks < 100:
+        return 0
+    return int(min(1000, max(round(HOLDOUT_FRACTION * n_chunks), min(200, round(0.3 * n_chunks)))))
+
+
 def distill_table(
     teacher: TokenizedBackbone,
     texts: Sequence[str],
@@ -236,7 +309,8 @@ def distill_table(
     seed: int = 0,
     lambdas: Sequence[float] = LAMBDAS,
     iterations: int = CG_ITERATIONS,
-    min_fit_texts: int = MIN_FIT_TEXTS,
+    windows: str = WINDOWS,
+    query_weight: float = 0.0,
     show_progress: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
@@ -246,55 +320,93 @@ def distill_table(
     so the solves run without the transformer and its V x d float64 accumulators; every table here
     is float32 (the solves run in float32 anyway).
     """
+    from isotrope.autoshape import conservative_choice
+    from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
+
     rng = np.random.default_rng(seed)
-    unique = list(dict.fromkeys(texts))
-    chosen = np.sort(rng.choice(len(unique), size=min(samples, len(unique)), replace=False))
-    sample = [unique[i] for i in chosen]
-    n_held = int(min(1000, round(HOLDOUT_FRACTION * len(sample)))) if len(sample) >= 100 else 0
-    holdout = np.sort(rng.choice(len(sample), size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
-    logger.info("fast: teacher pass over %d of %d texts (%d held aside to choose the fit)", len(sample), len(unique), n_held)
-    passed = teacher_pass(teacher, sample, holdout, show_progress)
+    sample, parents, n_chunks = teacher_texts(texts, samples, rng, windows)
+    n_held = held_aside_count(n_chunks)
+    held_chunks = np.sort(rng.choice(n_chunks, size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
+    held = np.isin(parents, held_chunks)  # held-aside chunks and their windows: out of every validation fit
+    proxy = make_proxy(
+        [sample[i] for i in held_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed
+    )
+    logger.info(
+        "fast: teacher pass over %d texts (%d of %d chunks, %d %s windows; %d chunks held aside to choose the fit)",
+        len(sample),
+        n_chunks,
+        len(dict.fromkeys(texts)),
+        len(sample) - n_chunks,
+        windows,
+        n_held,
+    )
+    extra = query_rows(sample[:n_chunks], teacher, query_weight) if query_weight > 0 else None
+    passed = teacher_pass(teacher, sample, np.flatnonzero(held), show_progress)
     del teacher, sample
     _return_freed_memory()  # the transformer's weights and activations go before the tables are built and solved
-    report: dict[str, Any] = {"teacher_texts": len(passed.vectors), "held_aside": n_held}
+    report: dict[str, Any] = {
+        "teacher_texts": len(passed.vectors),
+        "chunks": n_chunks,
+        "windows": len(passed.vectors) - n_chunks,
+        "held_aside": n_held,
+    }
     final_prior = initial_table(_release(passed, "all_sums"), input_table)
-    if not n_held or len(passed.vectors) < min_fit_texts:
-        report.update(
-            fitted=False,
-            reason=f"{len(passed.vectors)} teacher texts: a fit needs at least {max(min_fit_texts, 100)} "
-            "(smaller samples overfit): unfitted context table",
-        )
+    if extra is not None:  # pseudo-query rows: a chunk's sentences -> the chunk's teacher vector
+        from scipy import sparse
+
+        extra_bags, extra_parents, extra_scale = extra
+        passed.bags = sparse.vstack([passed.bags, extra_bags]).tocsr()
+        passed.vectors = np.vstack([passed.vectors, extra_scale[:, None] * passed.vectors[extra_parents]])
+        held = np.concatenate([held, np.isin(extra_parents, held_chunks)])
+        report["query_rows"] = len(extra_parents)
+    if proxy is None or not lambdas:
+        reason = "no fit strength to try" if proxy else f"{n_chunks} chunks give too few pseudo-queries to check a fit"
+        report.update(fitted=False, reason=f"{reason}: unfitted context table")
         return final_prior, report
-    keep = np.setdiff1d(np.arange(len(passed.vectors)), holdout)
-    train_bags, test_bags = passed.bags[keep], passed.bags[holdout]
-    train_bags32, test_bags32 = train_bags.astype(np.float32), test_bags.astype(np.float32)  # no float64 table copy
-    train_targets, test_targets = passed.vectors[keep], passed.vectors[holdout]
+    train = np.flatnonzero(~held)
+    train_bags = passed.bags[train]
+    train_targets = passed.vectors[train]
+    chunk_bags = passed.bags[np.setdiff1d(np.arange(n_chunks), held_chunks)].astype(np.float32)  # whiten-partial's fit
     prior = initial_table(_release(passed, "fit_sums"), input_table)
     scale = lambda_scale(train_bags)
-
-    def score(table: np.ndarray) -> float:
-        return neighbour_agreement(train_bags32 @ table, test_bags32 @ table, test_targets)
-
-    scores = {"unfitted": score(prior)}
-    best, best_table, table = None, prior, prior
+    names, rows, tables = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [prior]
+    table = prior
     for relative in sorted(lambdas, reverse=True):  # strongest first: each solve warm-starts the next
         table = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
-        scores[f"{relative:g}"] = score(table)
-        logger.info(
-            "fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f)",
-            relative,
-            scale,
-            scores[f"{relative:g}"],
-            scores["unfitted"],
+        names.append(f"{relative:g}")
+        rows.append(reciprocal_ranks(table, chunk_bags, proxy))
+        tables.append(table)
+        logger.info("fast: lam %g x %.3g: pseudo-query MRR@10 %.4f (unfitted %.4f)", relative, scale, rows[-1].mean(), rows[0].mean())
+    chosen, comparisons = conservative_choice(100 * np.stack(rows), MARGIN, seed=seed)
+    report["validation"] = {
+        "proxy": proxy.proxy,
+        "pseudo_queries": len(proxy.targets),
+        "mrr@10": {name: round(100 * float(row.mean()), 2) for name, row in zip(names, rows)},
+        "vs_unfitted": {
+            name: [round(mean, 2), round(low, 2), round(high, 2)] for name, (mean, low, high) in zip(names[1:], comparisons[1:])
+        },
+    }
+    rule = f"95% paired-bootstrap interval of the MRR@10 difference over {len(proxy.targets)} {proxy.proxy} pseudo-queries"
+    if chosen == 0:
+        best = max(range(1, len(names)), key=lambda i: comparisons[i][1])
+        mean, low, high = comparisons[best]
+        report.update(
+            fitted=False,
+            reason=f"no fit's {rule} lies above {MARGIN:+g} (best: lam {names[best]}, {mean:+.2f} [{low:.2f}, {high:.2f}]): "
+            "unfitted context table",
         )
-        if scores[f"{relative:g}"] > scores[f"{best:g}" if best is not None else "unfitted"]:
-            best, best_table = relative, table
-    report["validation"] = {name: round(value, 4) for name, value in scores.items()}
-    del prior, table  # from here only best_table is needed
-    if best is None:
-        report.update(fitted=False, reason="no fit beat the unfitted table on the held-aside texts")
-        logger.info("fast: keeping the unfitted context table")
+        logger.info("fast: %s", report["reason"])
         return final_prior, report
-    report.update(fitted=True, lam=best, lam_scale=scale)
-    final = solve_table(passed.bags, passed.vectors, final_prior, best * lambda_scale(passed.bags), iterations, start=best_table)
+    mean, low, high = comparisons[chosen]
+    relative = float(names[chosen])
+    report.update(
+        fitted=True,
+        lam=relative,
+        lam_scale=scale,
+        reason=f"lam {names[chosen]}: {rule} {mean:+.2f} [{low:.2f}, {high:.2f}] above {MARGIN:+g}, the highest lower end",
+    )
+    logger.info("fast: %s", report["reason"])
+    best_table = tables[chosen]
+    del prior, table, tables  # from here only best_table is needed
+    final = solve_table(passed.bags, passed.vectors, final_prior, relative * lambda_scale(passed.bags), iterations, start=best_table)
     return final.astype(np.float32, copy=False), report

@@ -1,0 +1,78 @@
+"""``--model fast`` on small corpora: the fitted table against its teacher and the unfitted table, and
+variants of the fit, each fitted on the evaluated corpus alone (nDCG@10, exact search).
+
+Every cell goes through the harness as ``isotrope eval retrieval --model fast --fit-corpus corpus --beir
+DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.distill.distill_table`:
+
+* ``default``: the product (the budget left by a small corpus goes to the chunks' sentences; the fit
+  chosen by the pseudo-query proxy);
+* ``unfitted``: no fit strength to try (the unfitted context table, the fallback);
+* ``no-windows`` / ``word-windows``: the left-over budget unspent, or spent on 24-word windows;
+* ``query-rows``: pseudo-query rows added to the fit: each chunk's sentences as bags of tokens mapped
+  to the chunk's teacher vector (together weighing as much as the chunk's own row);
+* ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
+
+Results are written after every cell, so a long run keeps what it finished.
+
+    python -m benchmarks.fast_small --cache-dir .cache/isotrope --sets S/scifact-500 S/scifact-1000 \\
+        --variants teacher default unfitted --out benchmarks/results/fast_small.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import isotrope.distill
+from benchmarks.common import MODEL, print_and_write
+from isotrope.config import EncoderConfig
+from isotrope.evaluate.commands import run_retrieval
+from isotrope.evaluate.harness import Evaluator
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "unfitted": {"lambdas": ()},
+    "no-windows": {"windows": "none"},
+    "word-windows": {"windows": "words"},
+    "query-rows": {"query_weight": 1.0},
+}
+
+
+def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str]) -> dict[str, Any]:
+    """One set and one variant, with a fresh harness (a fitted table is never reused across variants)."""
+    original = isotrope.distill.distill_table
+    if variant != "teacher":
+        isotrope.distill.distill_table = functools.partial(original, **VARIANTS[variant])
+    try:
+        config = EncoderConfig(model=MODEL) if variant == "teacher" else EncoderConfig(model="fast")
+        scores = run_retrieval(
+            Evaluator(cache_dir=cache_dir), config, beir=folder, fit_corpus="corpus", modes=modes if variant != "unfitted" else []
+        )
+    finally:
+        isotrope.distill.distill_table = original
+    return {key: scores.get(key) for key in ("scores", "fitted_on", "distill")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", type=Path, required=True)
+    parser.add_argument("--sets", type=Path, nargs="+", required=True, help="BEIR folders")
+    parser.add_argument("--variants", nargs="+", default=["teacher", "default", "unfitted"], choices=["teacher", *VARIANTS])
+    parser.add_argument("--modes", nargs="*", default=[], help="also through a FAISS store: dense, lexical, hybrid")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    result: dict[str, dict[str, Any]] = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
+    for folder in args.sets:
+        for variant in args.variants:
+            result.setdefault(folder.name, {})[variant] = run_cell(args.cache_dir, folder, variant, args.modes)
+            logging.info("%s / %s: %s", folder.name, variant, result[folder.name][variant]["scores"])
+            print_and_write(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
