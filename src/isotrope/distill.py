@@ -266,7 +266,7 @@ def teacher_texts(
         for text in sample:
             found.pop(text, None)
         pool_ = list(found.items())
-        picked = np.sort(rng.choice(len(pool_), size=min(room, len(pool_)), replace=False)) if pool_ else []
+        picked = np.sort(rng.choice(len(pool_), size=min(room, len(pool_)), replace=False)) if pool_ else np.zeros(0, np.int64)
         sample += [pool_[i][0] for i in picked]
         parents += [pool_[i][1] for i in picked]
     return sample, np.asarray(parents, dtype=np.int64), len(chosen)
@@ -311,6 +311,7 @@ def distill_table(
     iterations: int = CG_ITERATIONS,
     windows: str = WINDOWS,
     query_weight: float = 0.0,
+    margin: float | None = None,
     show_progress: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
@@ -318,9 +319,11 @@ def distill_table(
     Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
     :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
     so the solves run without the transformer and its V x d float64 accumulators; every table here
-    is float32 (the solves run in float32 anyway).
+    is float32 (the solves run in float32 anyway). The fit with the best pseudo-query MRR@10 is kept
+    unless its paired interval against the unfitted table lies wholly below ``margin`` (default
+    :data:`isotrope.distill_proxy.MARGIN`).
     """
-    from isotrope.autoshape import conservative_choice
+    from isotrope.autoshape import paired_interval
     from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
 
     rng = np.random.default_rng(seed)
@@ -328,9 +331,7 @@ def distill_table(
     n_held = held_aside_count(n_chunks)
     held_chunks = np.sort(rng.choice(n_chunks, size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
     held = np.isin(parents, held_chunks)  # held-aside chunks and their windows: out of every validation fit
-    proxy = make_proxy(
-        [sample[i] for i in held_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed
-    )
+    proxy = make_proxy([sample[i] for i in held_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed)
     logger.info(
         "fast: teacher pass over %d texts (%d of %d chunks, %d %s windows; %d chunks held aside to choose the fit)",
         len(sample),
@@ -376,37 +377,33 @@ def distill_table(
         names.append(f"{relative:g}")
         rows.append(reciprocal_ranks(table, chunk_bags, proxy))
         tables.append(table)
-        logger.info("fast: lam %g x %.3g: pseudo-query MRR@10 %.4f (unfitted %.4f)", relative, scale, rows[-1].mean(), rows[0].mean())
-    chosen, comparisons = conservative_choice(100 * np.stack(rows), MARGIN, seed=seed)
+        logger.info(
+            "fast: lam %g x %.3g: pseudo-query MRR@10 %.4f (unfitted %.4f)", relative, scale, rows[-1].mean(), rows[0].mean()
+        )
+    margin = MARGIN if margin is None else margin
+    comparisons = [paired_interval(100 * (row - rows[0]), seed=seed) for row in rows[1:]]
+    chosen = 1 + max(range(len(comparisons)), key=lambda i: (comparisons[i][0], -i))  # best mean; the strongest of equals
+    mean, low, high = comparisons[chosen - 1]
     report["validation"] = {
         "proxy": proxy.proxy,
         "pseudo_queries": len(proxy.targets),
         "mrr@10": {name: round(100 * float(row.mean()), 2) for name, row in zip(names, rows)},
-        "vs_unfitted": {
-            name: [round(mean, 2), round(low, 2), round(high, 2)] for name, (mean, low, high) in zip(names[1:], comparisons[1:])
-        },
+        "vs_unfitted": {name: [round(m, 2), round(lo, 2), round(hi, 2)] for name, (m, lo, hi) in zip(names[1:], comparisons)},
     }
-    rule = f"95% paired-bootstrap interval of the MRR@10 difference over {len(proxy.targets)} {proxy.proxy} pseudo-queries"
-    if chosen == 0:
-        best = max(range(1, len(names)), key=lambda i: comparisons[i][1])
-        mean, low, high = comparisons[best]
-        report.update(
-            fitted=False,
-            reason=f"no fit's {rule} lies above {MARGIN:+g} (best: lam {names[best]}, {mean:+.2f} [{low:.2f}, {high:.2f}]): "
-            "unfitted context table",
-        )
+    evidence = (
+        f"lam {names[chosen]}, the best fit on {len(proxy.targets)} {proxy.proxy} pseudo-queries: MRR@10 {mean:+.2f} "
+        f"[{low:.2f}, {high:.2f}] against the unfitted table (95% paired bootstrap)"
+    )
+    if high < margin:
+        report.update(fitted=False, reason=f"{evidence}, wholly below {margin:+g}: unfitted context table")
         logger.info("fast: %s", report["reason"])
         return final_prior, report
-    mean, low, high = comparisons[chosen]
     relative = float(names[chosen])
-    report.update(
-        fitted=True,
-        lam=relative,
-        lam_scale=scale,
-        reason=f"lam {names[chosen]}: {rule} {mean:+.2f} [{low:.2f}, {high:.2f}] above {MARGIN:+g}, the highest lower end",
-    )
+    report.update(fitted=True, lam=relative, lam_scale=scale, reason=f"{evidence}, not wholly below {margin:+g}: fitted")
     logger.info("fast: %s", report["reason"])
     best_table = tables[chosen]
     del prior, table, tables  # from here only best_table is needed
-    final = solve_table(passed.bags, passed.vectors, final_prior, relative * lambda_scale(passed.bags), iterations, start=best_table)
+    final = solve_table(
+        passed.bags, passed.vectors, final_prior, relative * lambda_scale(passed.bags), iterations, start=best_table
+    )
     return final.astype(np.float32, copy=False), report
