@@ -144,12 +144,13 @@ def paragraphs(n: int, seed: int) -> list[str]:
 
 def test_a_small_corpus_spends_the_budget_on_its_sentences():
     texts = paragraphs(50, seed=1)
-    sample, parents, n_chunks = distill.teacher_texts(texts + texts[:5], 120, np.random.default_rng(0))
+    sample, parents, n_chunks = distill.teacher_texts(texts + texts[:5], 120, np.random.default_rng(0), "sentences")
     assert n_chunks == 50 and sample[:50] == texts and len(sample) == 120  # every distinct chunk, then 70 windows
     for window, parent in zip(sample[50:], parents[50:]):
         assert window in texts[parent] and window not in texts and len(window.split()) >= 4
     assert len(set(sample)) == len(sample)
-    everything, _, _ = distill.teacher_texts(texts, 10_000, np.random.default_rng(0))
+    everything, _, _ = distill.teacher_texts(texts, 10_000, np.random.default_rng(0), "sentences")
+    assert distill.teacher_texts(texts, 10_000, np.random.default_rng(0))[0] == texts  # the default: no windows
     expected = {s for t in texts for s in re.split(r"(?<=\.) (?=[A-Z])", t) if len(s.split()) >= 4}
     assert set(everything[50:]) == expected - set(texts)  # the budget exceeds them: all of them
     large, large_parents, _ = distill.teacher_texts(texts, 30, np.random.default_rng(0))
@@ -166,7 +167,7 @@ def test_held_aside_chunks_and_their_windows_stay_out_of_the_validation_fit(teac
         return passes(teacher, sample, holdout, show_progress)
 
     monkeypatch.setattr(distill, "teacher_pass", recording_pass)
-    _, report = distill_table(teacher, texts, inputs, samples=600, lambdas=(1.0,))
+    _, report = distill_table(teacher, texts, inputs, samples=600, lambdas=(1.0,), windows="sentences")
     assert report["chunks"] == 220 and report["windows"] == 380 and report["held_aside"] == 66  # 30 % of 220
     held_chunks = {seen["sample"][i] for i in seen["holdout"] if i < 220}
     assert len(held_chunks) == 66
