@@ -278,6 +278,8 @@ def query_rows(
     sentences, parents, scales = [], [], []
     for parent, chunk in enumerate(chunks):
         found = [window for window in _windows(chunk, "sentences") if window != chunk]
+        if not found:  # a one-sentence chunk: its own row is its query
+            continue
         sentences += found
         parents += [parent] * len(found)
         scales += [np.sqrt(weight / len(found))] * len(found)
