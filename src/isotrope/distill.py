@@ -10,9 +10,10 @@ fitted to the teacher:
     min_T ||A T - Y||^2 + lam ||T - T0||^2
 
 by conjugate gradients on the normal equations (one joint solve for every output dimension,
-Jacobi-preconditioned, started from ``T0``). ``lam``, and whether to fit at all, is chosen by a
-retrieval proxy on chunks held aside from the fit (:mod:`isotrope.distill_proxy`: pseudo-queries
-cut from them, as ``--shape auto`` makes, with a paired bootstrap interval against ``T0``).
+Jacobi-preconditioned, started from ``T0``). On chunks held aside from the fit, ``lam`` is chosen
+by agreement with the teacher's nearest neighbours, and a retrieval proxy can veto the fit
+(:mod:`isotrope.distill_proxy`: pseudo-queries cut from them, as ``--shape auto`` makes, with a
+paired bootstrap interval against ``T0``).
 """
 
 from __future__ import annotations
@@ -315,9 +316,10 @@ def distill_table(
     Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
     :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
     so the solves run without the transformer and its V x d float64 accumulators; every table here
-    is float32 (the solves run in float32 anyway). The fit with the best pseudo-query MRR@10 is kept
-    unless its paired interval against the unfitted table lies wholly below ``margin`` (default
-    :data:`isotrope.distill_proxy.MARGIN`).
+    is float32 (the solves run in float32 anyway). ``lam`` is the one whose static vectors of the held-aside
+    chunks best find the teacher's nearest neighbours (:func:`neighbour_agreement`); its fit is kept if
+    that agreement beats the unfitted table's and its pseudo-query MRR@10 interval against the unfitted
+    table does not lie wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`).
     """
     from isotrope.autoshape import paired_interval
     from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
@@ -366,29 +368,51 @@ def distill_table(
     chunk_bags = passed.bags[np.setdiff1d(np.arange(n_chunks), held_chunks)].astype(np.float32)  # whiten-partial's fit
     prior = initial_table(_release(passed, "fit_sums"), input_table)
     scale = lambda_scale(train_bags)
-    names, rows, tables = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [prior]
+    held_bags, held_targets = passed.bags[held_chunks].astype(np.float32), passed.vectors[held_chunks]
+
+    def agreement(table: np.ndarray) -> float:
+        return neighbour_agreement(chunk_bags @ table, held_bags @ table, held_targets)
+
+    names, rows, agreements, tables = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [agreement(prior)], [prior]
     table = prior
     for relative in sorted(lambdas, reverse=True):  # strongest first: each solve warm-starts the next
         table = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
         names.append(f"{relative:g}")
         rows.append(reciprocal_ranks(table, chunk_bags, proxy))
+        agreements.append(agreement(table))
         tables.append(table)
         logger.info(
-            "fast: lam %g x %.3g: pseudo-query MRR@10 %.4f (unfitted %.4f)", relative, scale, rows[-1].mean(), rows[0].mean()
+            "fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
+            relative,
+            scale,
+            agreements[-1],
+            agreements[0],
+            rows[-1].mean(),
+            rows[0].mean(),
         )
     margin = MARGIN if margin is None else margin
     comparisons = [paired_interval(100 * (row - rows[0]), seed=seed) for row in rows[1:]]
-    chosen = 1 + max(range(len(comparisons)), key=lambda i: (comparisons[i][0], -i))  # best mean; the strongest of equals
+    chosen = 1 + max(range(len(comparisons)), key=lambda i: (agreements[i + 1], -i))  # best agreement; the strongest of equals
     mean, low, high = comparisons[chosen - 1]
     report["validation"] = {
+        "agreement": {name: round(value, 4) for name, value in zip(names, agreements)},
         "proxy": proxy.proxy,
         "pseudo_queries": len(proxy.targets),
         "mrr@10": {name: round(100 * float(row.mean()), 2) for name, row in zip(names, rows)},
         "vs_unfitted": {name: [round(m, 2), round(lo, 2), round(hi, 2)] for name, (m, lo, hi) in zip(names[1:], comparisons)},
     }
+    if agreements[chosen] <= agreements[0]:
+        report.update(
+            fitted=False,
+            reason=f"no fit beat the unfitted table's agreement with the teacher's neighbours ({agreements[0]:.4f}): "
+            "unfitted context table",
+        )
+        logger.info("fast: %s", report["reason"])
+        return final_prior, report
     evidence = (
-        f"lam {names[chosen]}, the best fit on {len(proxy.targets)} {proxy.proxy} pseudo-queries: MRR@10 {mean:+.2f} "
-        f"[{low:.2f}, {high:.2f}] against the unfitted table (95% paired bootstrap)"
+        f"lam {names[chosen]} (neighbour agreement {agreements[0]:.4f} -> {agreements[chosen]:.4f}); on "
+        f"{len(proxy.targets)} {proxy.proxy} pseudo-queries MRR@10 {mean:+.2f} [{low:.2f}, {high:.2f}] against the "
+        "unfitted table (95% paired bootstrap)"
     )
     if high < margin:
         report.update(fitted=False, reason=f"{evidence}, wholly below {margin:+g}: unfitted context table")
