@@ -139,3 +139,19 @@ def test_check_finds_drift_and_render_fixes_it(tmp_path):
 
 def test_committed_tables_equal_what_the_committed_results_render():
     assert render.main(check=True, root=REPO_ROOT) == 0
+
+
+def test_a_scifact_subset_keeps_every_judged_abstract_and_a_seeded_sample_of_the_others(tmp_path):
+    from benchmarks.build_retrieval_sets import scifact_subset, write_beir
+
+    corpus = {f"d{i}": {"title": f"t{i}", "text": f"abstract {i}"} for i in range(30)}
+    queries = {"q1": "a claim", "q2": "another claim"}
+    write_beir(tmp_path / "full", corpus, queries, {"q1": {"d3": 1, "d7": 1}, "q2": {"d20": 1}})
+    kept, kept_queries, qrels = scifact_subset(tmp_path / "full", 10, seed=0)
+    assert len(kept) == 10 and {"d3", "d7", "d20"} <= set(kept)
+    assert list(kept) == [doc for doc in corpus if doc in kept]  # corpus order
+    assert kept_queries == queries and qrels == {"q1": {"d3": 1, "d7": 1}, "q2": {"d20": 1}}
+    assert scifact_subset(tmp_path / "full", 10, seed=0)[0] == kept
+    assert scifact_subset(tmp_path / "full", 10, seed=1)[0] != kept
+    with pytest.raises(ValueError, match="at least the 3 judged"):
+        scifact_subset(tmp_path / "full", 2, seed=0)
