@@ -4,12 +4,12 @@ variants of the fit, each fitted on the evaluated corpus alone (nDCG@10, exact s
 Every cell goes through the harness as ``isotrope eval retrieval --model fast --fit-corpus corpus --beir
 DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.distill.distill_table`:
 
-* ``default``: the product (the fit chosen by the pseudo-query proxy);
+* ``default``: the product (pseudo-query rows; λ by agreement, the pseudo-query proxy's veto);
 * ``unfitted``: no fit strength to try (the unfitted context table, the fallback);
 * ``sentence-windows``: the budget a small corpus leaves spent on its chunks' sentences (their own
   teacher vectors as targets);
-* ``query-rows``: pseudo-query rows added to the fit: each chunk's sentences as bags of tokens mapped
-  to the chunk's teacher vector (together weighing as much as the chunk's own row);
+* ``no-query-rows``: without the pseudo-query rows (each chunk's sentences mapped to the chunk's
+  teacher vector) that the default adds;
 * ``fit-always``: the fit the proxy ranks best, even when its interval does not clear the margin;
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
 * ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
@@ -39,7 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "unfitted": {"lambdas": ()},
     "sentence-windows": {"windows": "sentences"},
-    "query-rows": {"query_weight": 1.0},
+    "no-query-rows": {"query_weight": 0.0},
     "fit-always": {"margin": -100.0},
     **{f"lam-{lam:g}": {"lambdas": (lam,), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
 }
