@@ -124,12 +124,38 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     best = "0.1"
     assert report["validation"]["mrr@10"]["unfitted"] == pytest.approx(100 * calls[0].mean(), abs=0.01)
     if shift < 0:
-        assert report["fitted"] is False and "wholly below +0: unfitted" in report["reason"]
+        assert report["fitted"] is False and "wholly below +0" in report["reason"] and "unfitted context" in report["reason"]
         assert means[best][2] < 0
         np.testing.assert_array_equal(table, unfitted)
     else:
         assert report["fitted"] is True and report["lam"] == float(best) and means[best][1] < 0 < means[best][2]
         assert not np.array_equal(table, unfitted)
+
+
+def test_a_vetoed_fit_gives_way_to_the_next_best_agreement(teacher, inputs, monkeypatch):
+    import isotrope.distill_proxy as proxy_module
+
+    texts = make_sentences(300, seed=4)
+    base = np.random.default_rng(1).uniform(0.4, 1.0, 300)
+    shifts = iter([0.0, 0.0, -0.3])  # unfitted, lam 1 (as good), lam 0.1 (clearly worse)
+    monkeypatch.setattr(
+        proxy_module, "reciprocal_ranks", lambda table, fit_bags, proxy: np.clip(base[: len(proxy.targets)] + next(shifts), 0, 1)
+    )
+    agreements = iter([0.5, 0.55, 0.6])  # lam 0.1 agrees best, but the proxy vetoes it
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
+    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    assert report["fitted"] is True and report["lam"] == 1.0 and "vetoed: lam 0.1 -30.00" in report["reason"]
+
+
+def test_no_fit_that_agrees_better_with_the_teacher_keeps_the_unfitted_table(teacher, inputs, monkeypatch):
+    texts = make_sentences(300, seed=4)
+    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=())
+    agreements = iter([0.5, 0.4, 0.5])  # unfitted, lam 1, lam 0.1: none above the unfitted table
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    assert report["fitted"] is False and "agreement with the teacher's neighbours" in report["reason"]
+    assert report["validation"]["agreement"] == {"unfitted": 0.5, "1": 0.4, "0.1": 0.5}
+    np.testing.assert_array_equal(table, unfitted)
 
 
 def paragraphs(n: int, seed: int) -> list[str]:
@@ -183,11 +209,12 @@ def test_query_rows_are_each_chunks_sentences_weighing_as_its_own_row(teacher):
     chunks[3] = "A single sentence of several words."  # no query rows (and no division by zero)
     bags, parents, scale = distill.query_rows(chunks, teacher, 2.0)
     split = [re.split(r"(?<=\.) (?=[A-Z])", c) for c in chunks]
-    expected = [(s, p) for p, parts in enumerate(split) if len(parts) >= 2 for s in parts if len(s.split()) >= 4]
+    found = [[s for s in parts if len(s.split()) >= 4] if len(parts) >= 2 else [] for parts in split]
+    expected = [(s, p) for p, kept in enumerate(found) if len(kept) >= 3 for s in kept]  # chunks of >= 3 sentences
     assert list(parents) == [p for _, p in expected]
-    assert 3 not in parents
+    assert 3 not in parents and len(set(parents)) >= 6
     weights = np.bincount(parents, weights=scale**2, minlength=len(chunks))
-    np.testing.assert_allclose(np.delete(weights, 3), 2.0)  # each chunk's rows together: weight 2
+    np.testing.assert_allclose(weights[np.unique(parents)], 2.0)  # each chunk's rows together: weight 2
     reference = token_bags(teacher.token_ids([s for s, _ in expected]), teacher.vocab_size, teacher.special_ids())
     np.testing.assert_allclose(bags.toarray(), reference.toarray() * scale[:, None])
 
