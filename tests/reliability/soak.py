@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz_api import free_port, start_server
+
 from harness import WORDS, run, start, write_corpus, write_table
 
 RETRYABLE = {503, 504, 408}

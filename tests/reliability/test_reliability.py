@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+
 from harness import Tally, env, kill_at, record, run, snapshot, start, write_corpus, write_table
 
 FULL = os.environ.get("ISOTROPE_RELIABILITY_FULL") == "1"
