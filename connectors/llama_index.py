@@ -300,8 +300,8 @@ def _node(hit: Hit) -> BaseNode:
     return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
 
 
-_MODES = {
-    VectorStoreQueryMode.DEFAULT: "dense",
+_MODES: dict[VectorStoreQueryMode, str | None] = {
+    VectorStoreQueryMode.DEFAULT: None,  # the store's calibrated default search
     VectorStoreQueryMode.TEXT_SEARCH: "lexical",
     VectorStoreQueryMode.HYBRID: "hybrid",
 }
@@ -514,15 +514,18 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Top ``similarity_top_k`` nodes, restricted by ``filters``, ``doc_ids`` and ``node_ids``.
 
-        ``DEFAULT``: the query embedding (or ``query_str``, encoded as a query); ``TEXT_SEARCH``: BM25 over
+        ``DEFAULT``: the store's calibrated default search (``isotrope info``; dense, the query embedding
+        or ``query_str`` encoded as a query, for a store never calibrated or a query with no text); ``TEXT_SEARCH``: BM25 over
         the stored texts for ``query_str``; ``HYBRID``: both fused, ``alpha`` weighing the dense side
         (1: dense only). A ``group_by`` keyword (e.g. ``"source"``) keeps the best node per value.
         """
-        mode = _MODES.get(query.mode)
-        if mode is None:
+        if query.mode not in _MODES:
             raise ValueError(
                 f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, not {query.mode.value!r}"
             )
+        mode, alpha = _MODES[query.mode], query.alpha if query.mode == VectorStoreQueryMode.HYBRID else None
+        if mode is None:  # an embedding without its text can only be searched densely
+            mode, alpha, _ = self._collection.default_search() if query.query_str else ("dense", None, None)
         if mode != "dense" and not query.query_str:
             raise ValueError(f"query mode {query.mode.value!r} needs query_str")
         vector = None
@@ -549,7 +552,7 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             query.similarity_top_k,
             where=where,
             mode=mode,
-            alpha=query.alpha if mode == "hybrid" else None,
+            alpha=alpha,
             group_by=kwargs.get("group_by"),
         )[0]
         return VectorStoreQueryResult(

@@ -318,3 +318,24 @@ def test_llama_index_chunker_gives_the_same_chunk_objects(tokenizer) -> None:
     assert all(count(tokenizer, c.text) <= 48 for c in chunks)
     assert [c.id for c in chunks] == [chunk_id("l.txt#0", c.position, c.text) for c in chunks]
     assert all(c.metadata["k"] == "v" and c.metadata["source"] == "l.txt" for c in chunks)
+
+
+def test_lower_case_text_splits_without_capitals() -> None:
+    text = "the flow was laminar . the boundary layer grew . see fig. 2 and e.g. the wake. it broke up! why? j. smith agreed"
+    assert [text[s:e] for s, e in split_sentences(text)] == [
+        "the flow was laminar .",
+        "the boundary layer grew .",
+        "see fig. 2 and e.g. the wake.",
+        "it broke up!",
+        "why?",
+        "j. smith agreed",
+    ]
+
+
+def test_a_terminator_between_spaces_ends_a_sentence_in_cased_text_too() -> None:
+    text = "The flow was laminar . the layer grew, e.g. here. Then It broke"
+    assert [text[s:e] for s, e in split_sentences(text)] == [
+        "The flow was laminar .",
+        "the layer grew, e.g. here.",
+        "Then It broke",
+    ]

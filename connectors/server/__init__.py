@@ -75,7 +75,9 @@ class SearchOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=ALPHA_HYBRID_ONLY)
     k: Annotated[int, BeforeValidator(_json_number)] = Field(10, ge=1, le=1000, description="number of hits")
-    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense vectors, full-text, or both fused")
+    mode: Literal["dense", "lexical", "hybrid"] | None = Field(
+        None, description="dense vectors, full-text, or both fused; default: the store's calibrated choice (/info default_search)"
+    )
     alpha: Annotated[float | None, BeforeValidator(_json_number)] = Field(
         None, ge=0.0, le=1.0, description="hybrid: weight of the dense ranking"
     )

@@ -344,8 +344,15 @@ def search(
     k: Annotated[int, typer.Option("-k", help="number of hits")] = 10,
     where: Annotated[str | None, typer.Option(help="metadata filter, e.g. \"source = 'a.md' and year >= 2020\"")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print hits as JSON")] = False,
-    mode: Annotated[str, typer.Option(help="dense (vectors), lexical (BM25) or hybrid (both fused)")] = "dense",
-    alpha: Annotated[float | None, typer.Option(help="--mode hybrid: weight of the dense scores, 0..1")] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="dense (vectors), lexical (BM25) or hybrid (both fused); default: the store's calibrated choice (isotrope info)"
+        ),
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option(help="hybrid: weight of the dense scores, 0..1 (alone: implies --mode hybrid)")
+    ] = None,
     group_by: Annotated[str | None, typer.Option(help="best hit per value of this metadata field, e.g. source")] = None,
     nprobe: Annotated[int | None, typer.Option(help="IVF lists searched (default: calibrated for recall@10 >= 0.95)")] = None,
     ef: Annotated[int | None, typer.Option(help="HNSW efSearch (default: calibrated or 128)")] = None,
@@ -383,19 +390,36 @@ def optimize(store: Store) -> None:
 @app.command()
 def calibrate(
     store: Store,
-    queries: Annotated[Path, typer.Argument(help="queries like your users' (one a line, or .jsonl with a text field)")],
+    queries: Annotated[
+        Path | None, typer.Argument(help="queries like your users' (one a line, or .jsonl with a text field)")
+    ] = None,
     target: Annotated[float, typer.Option(min=0.0, max=1.0, help="recall@10 against exact search to reach")] = 0.95,
     text_field: Annotated[str, typer.Option(help="the .jsonl field holding the query")] = "text",
+    default_search: Annotated[
+        bool,
+        typer.Option(
+            "--default-search",
+            help="choose the default search (dense, lexical or hybrid and its weight) again from the stored chunks, "
+            "without labels (after large appends)",
+        ),
+    ] = False,
 ) -> None:
-    """Set an approximate index's search breadth from queries like your users' (no rebuild)."""
+    """Set an approximate index's search breadth from queries like your users' (no rebuild), and/or
+    refit the store's default search from its own chunks (--default-search)."""
     import json
 
     from isotrope.corpus import iter_texts
     from isotrope.search import Collection
 
+    if queries is None and not default_search:
+        raise typer.BadParameter("give QUERIES (search breadth) and/or --default-search", param_hint="QUERIES")
     with Collection.open(store) as collection:
-        info = collection.calibrate(list(iter_texts(queries, text_field)), target)
-        typer.echo(json.dumps({"store": store, "chunks": len(collection.store), **info}, indent=2))
+        out: dict[str, Any] = {"store": store, "chunks": len(collection.store)}
+        if queries is not None:
+            out.update(collection.calibrate(list(iter_texts(queries, text_field)), target))
+        if default_search:
+            out["default_search"] = collection.fit_default_search()
+        typer.echo(json.dumps(out, indent=2))
 
 
 @app.command()
@@ -562,7 +586,12 @@ def evaluate(
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the result to this JSON file")] = None,
     token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
-    mode: Annotated[str | None, typer.Option(help="retrieval through a store: dense, lexical, hybrid or a comma list")] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="retrieval through a store: dense, lexical, hybrid, auto (the calibrated default beside the three) or a comma list"
+        ),
+    ] = None,
     store_kind: Annotated[str | None, typer.Option("--store", help="retrieval --mode: faiss, lancedb or faiss,lancedb")] = None,
     alpha: Annotated[float | None, typer.Option(help="retrieval --mode hybrid: weight of the dense scores")] = None,
     fusion: Annotated[str, typer.Option(help="retrieval --mode hybrid: convex or rrf")] = "convex",

@@ -135,3 +135,43 @@ def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str], idf: s
         weight = np.log1p(ratio) if idf == "lucene" else max(np.log(ratio), 1e-6)
         scores += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * lengths / average))
     return scores
+
+
+def bm25_matrix(
+    documents: Sequence[Sequence[str]], queries: Sequence[Sequence[str]], scored: Sequence[Sequence[str]] | None = None
+) -> np.ndarray:
+    """BM25 (Lucene IDF) of each query's distinct terms against each of the ``scored`` documents (default:
+    ``documents``), with the statistics (N, document frequencies, average length) of ``documents``:
+    :func:`bm25_scores` for many queries at once, as a sparse product (queries x scored, float64)."""
+    from scipy.sparse import csr_matrix
+
+    vocabulary: dict[str, int] = {}
+    for document in documents:
+        for term in document:
+            vocabulary.setdefault(term, len(vocabulary))
+
+    def counts(texts: Sequence[Sequence[str]], distinct: bool) -> csr_matrix:
+        rows, columns = [], []
+        for row, terms in enumerate(texts):
+            known = [vocabulary[t] for t in (dict.fromkeys(terms) if distinct else terms) if t in vocabulary]
+            rows.extend([row] * len(known))
+            columns.extend(known)
+        shape = (len(texts), len(vocabulary))
+        matrix = csr_matrix((np.ones(len(rows)), (rows, columns)), shape=shape)
+        matrix.sum_duplicates()
+        return matrix
+
+    corpus = counts(documents, distinct=False)
+    lengths = np.array([len(d) for d in documents], dtype=np.float64)
+    n_docs = int((lengths > 0).sum())
+    if n_docs == 0 or not vocabulary:
+        return np.zeros((len(queries), len(documents if scored is None else scored)))
+    df = np.bincount(corpus.indices, minlength=len(vocabulary)).astype(np.float64)
+    idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
+    target = corpus if scored is None else counts(scored, distinct=False)
+    target_lengths = lengths if scored is None else np.array([len(d) for d in scored], dtype=np.float64)
+    norm = K1 * (1 - B + B * target_lengths / (lengths.sum() / n_docs))
+    tf = target.tocoo()
+    weights = idf[tf.col] * tf.data * (K1 + 1) / (tf.data + norm[tf.row])
+    weighted = csr_matrix((weights, (tf.row, tf.col)), shape=target.shape)
+    return np.asarray((counts(queries, distinct=True) @ weighted.T).todense())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.autofusion import PROPERTY, SAMPLE, fit_default_search, sample_store, stored_default
 from isotrope.encoder import ShapedEncoder
 from isotrope.errors import EncoderMismatchError, EncoderMissingError
 from isotrope.fusion import check_alpha, check_mode, search_store
@@ -27,6 +29,11 @@ STORE_KINDS = {
     "faiss": "isotrope.connectors.faiss_store:FaissStore",
     "lancedb": "isotrope.connectors.lancedb_store:LanceDBStore",
 }
+UNCALIBRATED_NOTE = (
+    "{store} has no calibrated default search (written before calibration existed, or filled through the "
+    "Python API rather than `isotrope index`): searching dense; "
+    "run `isotrope calibrate {store} --default-search` to choose it from the store's own chunks"
+)
 #: the least cosine between a given vector and this encoder's vector of its text (float32 round-off aside)
 MIN_VERIFY_COSINE = 0.99
 
@@ -81,6 +88,7 @@ class Collection:
         self.encoder = encoder
         self.path = path
         self.kind = kind
+        self._told_uncalibrated = False
 
     @classmethod
     def exists(cls, uri: str | Path) -> bool:
@@ -187,7 +195,7 @@ class Collection:
         queries: str | Sequence[str],
         k: int = 10,
         where: Mapping[str, Any] | str | None = None,
-        mode: str = "dense",
+        mode: str | None = None,
         alpha: float | None = None,
         group_by: str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
@@ -196,12 +204,15 @@ class Collection:
         ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
         ``"hybrid"`` (both, fused by a convex combination of z-score-normalised scores with weight ``alpha``
         on the dense side, over each side's top :data:`isotrope.fusion.DEFAULT_CANDIDATES` completed with the
-        other side's exact scores; default ``alpha``: :data:`isotrope.fusion.DEFAULT_ALPHA`).
+        other side's exact scores; default ``alpha``: :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at
+        ``alpha`` when one is given, else the store's calibrated default (:meth:`default_search`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
         """
         single = isinstance(queries, str)
         texts = [queries] if isinstance(queries, str) else list(queries)
+        if mode is None:
+            mode, alpha = ("hybrid", alpha) if alpha is not None else self.default_search()[:2]
         check_mode(mode)
         if mode == "hybrid":
             check_alpha(alpha)
@@ -301,15 +312,41 @@ class Collection:
         self.store.commit()
 
     def info(self) -> dict[str, Any]:
-        """Counts, model, shaping and fingerprint."""
+        """Counts, model, shaping, fingerprint and the default search (with why it was chosen)."""
         index = self.store.index_info()
+        mode, alpha, choice = self.default_search()
         return {
             "store": f"{self.kind}:{self.path}",
             "chunks": len(self.store),
             **self.store.properties,
             **self.encoder.metadata,
             **index,
+            PROPERTY: choice
+            or {
+                "mode": mode,
+                "alpha": alpha,
+                "calibrated": False,
+                "note": UNCALIBRATED_NOTE.format(store=f"{self.kind}:{self.path}"),
+            },
         }
+
+    def default_search(self) -> tuple[str, float | None, dict[str, Any] | None]:
+        """``(mode, alpha, choice)`` searches use when the caller names no mode: the store's calibrated
+        choice (:mod:`isotrope.autofusion`), or dense for a store never calibrated (``choice`` None)."""
+        mode, alpha, choice = stored_default(self.store.properties)
+        if choice is None and not self._told_uncalibrated:
+            self._told_uncalibrated = True
+            logger.info(UNCALIBRATED_NOTE.format(store=f"{self.kind}:{self.path}"))
+        return mode, alpha, choice
+
+    def fit_default_search(self, sample: int = SAMPLE, seed: int = 0) -> dict[str, Any]:
+        """Choose and save the default search from pseudo-queries made from a sample of the stored chunks
+        (:func:`isotrope.autofusion.fit_default_search`); the choice with its evidence."""
+        texts, vectors = sample_store(self.store, sample, seed)
+        choice = fit_default_search(texts, vectors, self.encoder, self.store.metric, store_size=len(self.store), seed=seed)
+        self.store.set_properties(**{PROPERTY: json.dumps(choice)})
+        self.store.commit()
+        return choice
 
     def optimize(self) -> dict[str, Any]:
         """Rebuild the store's approximate index for its current size (and compact LanceDB); the new index info."""

@@ -4,32 +4,59 @@ from __future__ import annotations
 
 import re
 
+_CLOSERS = "\"'\u201d\u2019)\\]"
 # A sentence ends at . ! ? or an ellipsis (plus closing quotes or brackets) followed by
-# whitespace and not by a lower-case letter ("e.g. this" does not end one), at CJK
-# sentence punctuation, or at a blank line.
+# whitespace and not by a lower-case letter ("e.g. this" does not end one), at a terminator
+# standing alone between spaces ("laminar . the layer": tokenised text), at CJK sentence
+# punctuation, or at a blank line.
 _SENTENCE_END = re.compile(
-    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+(?![a-z\s])"
+    rf"(?<=\s)[.!?\u2026]+[{_CLOSERS}]*\s+"
+    rf"|[.!?\u2026]+[{_CLOSERS}]*\s+(?![a-z\s])"
     r"|[\u3002\uff01\uff1f]+[\"'\u201d\u2019\u300d\u300f)\]]*\s*"
     r"|\n[^\S\n]*\n\s*"
+)
+# In a text with no capital letters, a terminator followed by whitespace ends a sentence whatever
+# comes next, unless it closes an abbreviation (:data:`ABBREVIATIONS`, one letter, or dotted: "e.g.").
+_LOWER_CASE_END = re.compile(rf"[.!?\u2026]+[{_CLOSERS}]*\s+|[\u3002\uff01\uff1f]+\s*|\n[^\S\n]*\n\s*")
+_WORD_BEFORE = re.compile(r"([\w.]*)[.!?\u2026]+[" + _CLOSERS + r"]*\s+$")
+#: words a period follows without ending a sentence (lower-case text only)
+ABBREVIATIONS = frozenset(
+    ["al", "approx", "ca", "cf", "dept", "dr", "eq", "eqs", "etc", "fig", "figs", "inc", "jr", "ltd", "mr", "mrs", "ms", "no", "nos", "p", "pp", "prof", "sr", "st", "vol", "vs"]
 )
 _LINE_BREAK = re.compile(r"\n")
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` character spans of the sentences of ``text``, whitespace trimmed, in order."""
-    return _trimmed_spans(text, _SENTENCE_END, 0, len(text))
+    """``(start, end)`` character spans of the sentences of ``text``, whitespace trimmed, in order.
+
+    Text written without capitals (lower-cased or tokenised corpora) is split at every terminator
+    but those of abbreviations, so a sentence boundary never depends on the next word's case."""
+    if any(c.isupper() for c in text):
+        stops = [m.end() for m in _SENTENCE_END.finditer(text)]
+    else:
+        stops = [m.end() for m in _LOWER_CASE_END.finditer(text) if not _abbreviation(text[: m.end()])]
+    return _trimmed_spans(text, stops, 0, len(text))
+
+
+def _abbreviation(head: str) -> bool:
+    """Whether the terminator ending ``head`` closes an abbreviation ("fig.", "e.g.", "j.")."""
+    match = _WORD_BEFORE.search(head)
+    if match is None or head[match.end(1)] != ".":  # "!", "?" and an ellipsis always end one
+        return False
+    word = match.group(1)
+    return bool(word) and (word in ABBREVIATIONS or "." in word or (len(word) == 1 and word.isalpha()))
 
 
 def split_lines(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """Spans of the non-blank lines of ``text[start:end]``, whitespace trimmed."""
-    return _trimmed_spans(text, _LINE_BREAK, start, end)
+    return _trimmed_spans(text, [m.end() for m in _LINE_BREAK.finditer(text, start, end)], start, end)
 
 
-def _trimmed_spans(text: str, separator: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of ``text[start:end]`` each ending with a ``separator`` match, whitespace trimmed, empty ones dropped."""
+def _trimmed_spans(text: str, stops: list[int], start: int, end: int) -> list[tuple[int, int]]:
+    """Spans of ``text[start:end]`` each ending at one of ``stops``, whitespace trimmed, empty ones dropped."""
     spans = []
     begin = start
-    for stop in [m.end() for m in separator.finditer(text, start, end)] + [end]:
+    for stop in [*stops, end]:
         piece = text[begin:stop]
         stripped = piece.strip()
         if stripped:

@@ -64,7 +64,8 @@ function render(hits, query) {
 async function search() {
   const query = $("query").value.trim();
   if (!query) return;
-  const body = { query, k: parseInt($("k").value, 10) || 10, mode: $("mode").value };
+  const body = { query, k: parseInt($("k").value, 10) || 10 };
+  if ($("mode").value) body.mode = $("mode").value;  // "": the store's calibrated default
   const where = $("where").value.trim();
   if (where) body.where = where;
   const groupBy = $("group_by").value.trim();
@@ -90,7 +91,9 @@ async function loadInfo() {
     $("info").textContent = info.store + " · " + info.chunks + " chunks · " + info.model + " · shape "
       + info.shape + " · " + fingerprint;
     const modes = (info.server && info.server.modes) || ["dense"];
-    $("mode").replaceChildren(...modes.map((m) => new Option(m, m)));
+    const chosen = info.default_search || { mode: "dense" };
+    const label = "default: " + chosen.mode + (chosen.alpha != null ? " " + chosen.alpha : "");
+    $("mode").replaceChildren(new Option(label, ""), ...modes.map((m) => new Option(m, m)));
   } catch (error) {
     $("info").textContent = "store info unavailable: " + error.message;
   }

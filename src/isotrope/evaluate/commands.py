@@ -79,7 +79,8 @@ def run_retrieval(
     ``fit_corpus="corpus"`` fits on the BEIR corpus.
 
     With ``modes`` (dense, lexical, hybrid) the corpus is indexed into a temporary store of each
-    of ``stores`` (default faiss) and queried through it, as ``isotrope search`` does."""
+    of ``stores`` (default faiss) and queried through it, as ``isotrope search`` does; ``auto`` adds
+    the store's default search, calibrated on the corpus without labels, beside those three."""
     from isotrope.evaluate.data import load_beir
     from isotrope.evaluate.tasks import document_text, eval_retrieval
 
@@ -91,11 +92,14 @@ def run_retrieval(
     if transductive and corpus is None:
         raise ValueError("retrieval never fits on the queries: use --fit-corpus corpus to fit on the documents")
     encoder, fitted_on = evaluator.fit(config, corpus, context_corpus=context_corpus)
+    if "auto" in modes:  # the default a user gets, beside what it chooses between
+        modes = list(dict.fromkeys(["dense", "lexical", "hybrid", *modes]))
     if modes:
         from isotrope.evaluate.store_retrieval import eval_through_store
 
+        chosen: dict[str, Any] = {}
         by_store = eval_through_store(
-            encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes, alphas=[alpha], fusions=[fusion]
+            encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes, alphas=[alpha], fusions=[fusion], chosen=chosen
         )
         return {
             "scores": by_store,
@@ -104,6 +108,7 @@ def run_retrieval(
             "documents": len(dataset.corpus),
             "split": split or "test",
             "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha},
+            **({"default_search": chosen} if chosen else {}),
         }
     result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}

@@ -23,6 +23,8 @@ from isotrope.search import Collection
 logger = logging.getLogger(__name__)
 
 _BATCH = 512
+#: the mode label scoring the default search, calibrated on the indexed corpus without labels
+AUTO = "auto"
 
 
 def beir_documents(dataset: BeirDataset) -> tuple[list[str], list[str]]:
@@ -54,15 +56,20 @@ def run_modes(
     depth: int = 100,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``label -> run`` for each mode; hybrid once per fusion and (convex) alpha, labelled ``hybrid``,
-    ``hybrid@alpha`` or ``hybrid-rrf``."""
+    ``hybrid@alpha`` or ``hybrid-rrf``; ``auto``: the collection's default search (what a user gets
+    naming no mode)."""
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
     vectors = None
-    if any(m != "lexical" for m in modes):
+    if any(m != "lexical" for m in modes):  # auto may be dense or hybrid
         vectors = collection.encoder.encode(texts, kind="query")
     runs = {}
     settings: list[tuple[str, str, float | None, str]] = []
     for mode in modes:
+        if mode == AUTO:
+            default_mode, default_alpha, _ = collection.default_search()
+            settings.append((AUTO, default_mode, default_alpha, "convex"))
+            continue
         check_mode(mode)
         if mode != "hybrid":
             settings.append((mode, mode, None, "convex"))
@@ -93,8 +100,12 @@ def eval_through_store(
     modes: Sequence[str] = ("dense",),
     alphas: Sequence[float | None] = (None,),
     fusions: Sequence[str] = ("convex",),
+    chosen: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``kind -> label -> scores``: the documents encoded once, indexed into a temporary store of each kind."""
+    """``kind -> label -> scores``: the documents encoded once, indexed into a temporary store of each kind.
+
+    With ``auto`` in ``modes`` each store's default search is calibrated after indexing, as
+    ``isotrope index`` does (no labels read); ``chosen`` (if given) receives ``kind -> choice``."""
     ids, texts = beir_documents(dataset)
     vectors = encoder.encode(texts, kind="document")
     out = {}
@@ -102,6 +113,10 @@ def eval_through_store(
         for kind in kinds:
             with Collection.create(f"{kind}:{Path(tmp) / kind}", encoder, metric="cosine") as collection:
                 index_documents(collection, ids, texts, vectors)
+                if AUTO in modes:
+                    choice = collection.fit_default_search()
+                    if chosen is not None:
+                        chosen[kind] = choice
                 runs = run_modes(collection, dataset, modes, alphas, fusions)
             out[kind] = {label: scores_of(run, dataset) for label, run in runs.items()}
     return out

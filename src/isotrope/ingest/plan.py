@@ -11,7 +11,8 @@ An engine (the local loop, :func:`isotrope.ingest.pipeline.run_local`, or Ray,
 4. :meth:`Target.create`: the store, with the fitted encoder saved beside it;
 5. write: :meth:`Target.resume_from` gives the stored ids (chunks already there are skipped, so an
    interrupted run resumes), a :class:`ChunkWriter` adds the rest in batches and commits;
-6. :meth:`Target.finish`: ``sync`` deletes, the last commit.
+6. :meth:`Target.finish`: ``sync`` deletes, the last commit; a new store's default search is chosen
+   from its own chunks (:meth:`~isotrope.search.Collection.fit_default_search`).
 
 Chunk ids are stable (source + position + content): re-running skips unchanged chunks, upserts
 changed documents and, after an interruption, writes no duplicates.
@@ -99,6 +100,8 @@ class IngestPlan:
     commit_every: int = 4096
     sync: bool = False
     show_progress: bool = True
+    #: choose a new store's default search from its chunks once written (:mod:`isotrope.autofusion`)
+    default_search: bool = True
 
     def __post_init__(self) -> None:
         self.store_options = dict(self.store_options or {})
@@ -174,7 +177,7 @@ class IngestPlan:
         encoder = self.encoder or ShapedEncoder.create(config.replace(shape="none") if auto else config)
         built = self.encoder is None
         needs_fit = auto or (encoder.needs_corpus and (built or not encoder.is_fitted()))
-        return Target(self, encoder, None, needs_fit, config if auto else None)
+        return Target(self, encoder, None, needs_fit, config if auto else None, new_store=True)
 
 
 @dataclass
@@ -189,6 +192,8 @@ class Target:
     needs_fit: bool = False
     #: ``shape="auto"``: the recipe :func:`~isotrope.autoshape.choose_shape` builds candidates from
     auto_config: EncoderConfig | None = None
+    #: the store is created by this run (its default search is calibrated when it finishes)
+    new_store: bool = False
 
     def fitted_on(self, n_texts: int) -> str:
         """How the encoder's metadata names the fit sample."""
@@ -244,6 +249,10 @@ class Target:
             store.delete(sorted(stale))
         report.deleted = len(stale)
         store.commit()
+        if self.new_store and self.plan.default_search and len(store):
+            tick = time.perf_counter()
+            self.create().fit_default_search()
+            report.seconds["default_search"] = time.perf_counter() - tick
 
 
 class ChunkWriter:

@@ -1,0 +1,234 @@
+"""A store's default search, chosen from its own chunks without labels: dense, lexical or hybrid at a weight.
+
+Evidence. Pseudo-queries are made from a seeded sample of the stored chunks by ``--shape auto``'s
+proxies (:mod:`isotrope.autoshape`): a sentence cut out of a chunk must find the rest of that chunk
+(``passage``), or, where chunks are single sentences, a masked part of a chunk must find the chunk
+(``masked``). Each pseudo-query searches the sample, its own chunk replaced by the rest, by exact
+dense scores (the stored vectors, the store's metric), by BM25 (:func:`isotrope.lexical.bm25_matrix`,
+the stores' analyzer and Lucene IDF) and by the shipped convex fusion at every weight of
+:data:`ALPHAS` (z-scores over the union of each side's top candidates, as :mod:`isotrope.fusion`;
+the candidates are the same fraction of the sample as :data:`~isotrope.fusion.DEFAULT_CANDIDATES`
+are of the store). The score is nDCG@10 of the one relevant chunk.
+
+Rule (never at a cost). The better single side (dense or lexical, by mean) is the fallback. Hybrid's
+weight is chosen by cross-fitting over ``n_splits`` seeded folds of the pseudo-queries: each fold is
+scored at the weight that is best on the other folds, so the comparison is not flattered by the
+choice. Hybrid is the default only when the 95 % paired-bootstrap interval of its per-query gain over
+the better single side lies wholly above :data:`MARGIN` points (doubled for the ``masked`` proxy, whose
+queries share every word with their chunk and so flatter BM25); its weight is then the best on all
+pseudo-queries. A weight of 0 or 1 is the single side (mode ``lexical`` or ``dense``).
+
+The choice, its evidence and the rule are stored as the store property :data:`PROPERTY` (JSON);
+:func:`stored_default` reads it back. A store without it searches :data:`UNCALIBRATED_MODE`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from isotrope.autoshape import CONFIDENCE, DEFAULT_PROXY, FALLBACK_PROXY, PseudoQuery, build_pseudo_queries, paired_interval
+from isotrope.encoder import ShapedEncoder
+from isotrope.fusion import DEFAULT_CANDIDATES, zscores
+from isotrope.lexical import analyze, bm25_matrix
+from isotrope.stores.memory import exact_scores, top_k
+
+logger = logging.getLogger(__name__)
+
+#: the store property holding the calibrated default search (JSON)
+PROPERTY = "default_search"
+#: what a store without :data:`PROPERTY` searches (the default before calibration existed)
+UNCALIBRATED_MODE = "dense"
+#: dense weights tried; 0 and 1 are the single sides
+ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
+#: nDCG@10 points (x100) the low end of hybrid's interval must clear over the better single side
+MARGIN = 0.0
+#: the margin is raised by this under the masked proxy (its queries are the chunk's own words)
+MASKED_MARGIN = 1.0
+#: chunks sampled as the search corpus, and pseudo-queries drawn from them
+SAMPLE = 5000
+QUERIES = 600
+MIN_QUERIES = 30
+
+
+def ndcg_gain(ranks: np.ndarray) -> np.ndarray:
+    """nDCG@10 of one relevant document at each 1-based rank (0 beyond 10; ``inf`` = not retrieved)."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    return np.where(ranks <= 10, 1.0 / np.log2(np.minimum(ranks, 10) + 1.0), 0.0)
+
+
+def _rank(scores: np.ndarray, target: int) -> float:
+    return float(1 + np.count_nonzero(scores > scores[target]))
+
+
+def pseudo_query_ranks(dense: np.ndarray, lexical: np.ndarray, targets: Sequence[int], candidates: int) -> np.ndarray:
+    """Rank of each query's target (rows: queries; columns: dense, lexical, then each of :data:`ALPHAS`'
+    convex fusions) given every query's exact ``dense`` and ``lexical`` scores over the sample."""
+    out = np.full((len(targets), 2 + len(ALPHAS)), np.inf)
+    dense_top = top_k(dense, candidates)
+    lexical_top = top_k(lexical, candidates)
+    weights = np.array(ALPHAS)[:, None]
+    for row, target in enumerate(targets):
+        d, t = dense[row], lexical[row]
+        out[row, 0] = _rank(d, target)
+        if t[target] > 0:
+            out[row, 1] = _rank(np.where(t > 0, t, -np.inf), target)
+        union = np.array(list(dict.fromkeys([*dense_top[row], *(i for i in lexical_top[row] if t[i] > 0)])))
+        where = np.flatnonzero(union == target)
+        if len(where):
+            fused = weights * zscores(d[union])[None, :] + (1.0 - weights) * zscores(t[union])[None, :]
+            out[row, 2:] = 1 + np.count_nonzero(fused > fused[:, where], axis=1)
+    return out
+
+
+def _queries(texts: Sequence[str], n_queries: int, seed: int) -> tuple[list[PseudoQuery], str]:
+    queries = build_pseudo_queries(texts, n_queries, DEFAULT_PROXY, seed=seed)
+    if len(queries) >= min(MIN_QUERIES * 2, max(MIN_QUERIES, len(texts) // 10)):
+        return queries, DEFAULT_PROXY
+    queries = build_pseudo_queries(texts, n_queries, FALLBACK_PROXY, seed=seed)
+    if len(queries) < MIN_QUERIES:
+        raise ValueError(
+            f"calibrating the default search needs more text: {len(texts)} chunks gave {len(queries)} pseudo-queries"
+        )
+    return queries, FALLBACK_PROXY
+
+
+def fit_default_search(
+    texts: Sequence[str],
+    vectors: np.ndarray,
+    encoder: ShapedEncoder,
+    metric: str,
+    store_size: int | None = None,
+    n_queries: int = QUERIES,
+    n_splits: int = 3,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Choose the default search (mode and dense weight) on pseudo-queries from ``texts`` (a sample of
+    the stored chunks, ``vectors`` their stored vectors); the choice with its evidence and rule."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    texts = list(texts)
+    try:
+        queries, proxy = _queries(texts, n_queries, seed)
+    except ValueError as error:
+        logger.info("default search: %s; keeping %s", error, UNCALIBRATED_MODE)
+        return {
+            "mode": UNCALIBRATED_MODE,
+            "alpha": None,
+            "rule": f"{error}: {UNCALIBRATED_MODE} kept",
+            "store_chunks": store_size,
+        }
+    query_vectors = encoder.encode([q.text for q in queries], kind="query")
+    rests = [(i, q.document) for i, q in enumerate(queries) if q.document is not None]
+    terms = [analyze(t) for t in texts]
+    query_terms = [analyze(q.text) for q in queries]
+    targets = [q.target for q in queries]
+    dense = exact_scores(query_vectors, vectors, metric)
+    lexical = bm25_matrix(terms, query_terms)
+    if rests:
+        rows = np.array([i for i, _ in rests])
+        cols = np.array([targets[i] for i in rows])
+        rest_vectors = encoder.encode([d for _, d in rests], kind="document")
+        dense[rows, cols] = exact_scores(query_vectors[rows], rest_vectors, metric)[np.arange(len(rows)), np.arange(len(rows))]
+        rest_bm25 = bm25_matrix(terms, [query_terms[i] for i in rows], [analyze(d) for _, d in rests])
+        lexical[rows, cols] = rest_bm25[np.arange(len(rows)), np.arange(len(rows))]
+    size = max(store_size or len(texts), len(texts))
+    candidates = max(10, min(len(texts), round(DEFAULT_CANDIDATES * len(texts) / size)))
+    gains = 100 * ndcg_gain(pseudo_query_ranks(dense, lexical, targets, candidates))
+    choice = choose(gains, proxy, n_splits, seed)
+    choice.update(
+        {
+            "proxy": proxy,
+            "pseudo_queries": len(queries),
+            "sample_chunks": len(texts),
+            "store_chunks": size,
+            "candidates": candidates,
+            "seed": seed,
+            "seconds": round(time.perf_counter() - started, 2),
+            "cpu_seconds": round(time.process_time() - started_cpu, 2),
+        }
+    )
+    logger.info("default search: %s", describe(choice))
+    return choice
+
+
+def choose(gains: np.ndarray, proxy: str, n_splits: int = 3, seed: int = 0) -> dict[str, Any]:
+    """The rule (module docstring) on per-query nDCG@10 points: columns dense, lexical, then :data:`ALPHAS`."""
+    means = gains.mean(axis=0)
+    single = 0 if means[0] >= means[1] else 1
+    hybrid = gains[:, 2:]
+    folds = np.random.default_rng(seed).permutation(len(gains)) % n_splits
+    crossed = np.empty(len(gains))
+    for fold in range(n_splits):
+        rest = folds != fold
+        crossed[~rest] = hybrid[~rest, int(np.argmax(hybrid[rest].mean(axis=0)))]
+    difference, low, high = paired_interval(crossed - gains[:, single], seed=seed)
+    margin = MARGIN + (MASKED_MARGIN if proxy == FALLBACK_PROXY else 0.0)
+    best = int(np.argmax(hybrid.mean(axis=0)))
+    alpha = ALPHAS[best]
+    use_hybrid = low > margin and 0.0 < alpha < 1.0
+    mode = "hybrid" if use_hybrid else ("dense", "lexical")[single]
+    return {
+        "mode": mode,
+        "alpha": alpha if use_hybrid else None,
+        "rule": (
+            f"hybrid at the pseudo-queries' best dense weight if the {100 * CONFIDENCE:g}% paired-bootstrap interval "
+            f"of its cross-fitted ({n_splits} folds) nDCG@10 gain over the better single side lies above +{margin:g} "
+            "points, else the better single side"
+        ),
+        "ndcg@10": {
+            "dense": round(float(means[0]), 2),
+            "lexical": round(float(means[1]), 2),
+            **{f"hybrid@{a:g}": round(float(m), 2) for a, m in zip(ALPHAS, hybrid.mean(axis=0))},
+        },
+        "hybrid_vs_" + ("dense", "lexical")[single]: {
+            "gain": round(difference, 2),
+            "interval": [round(low, 2), round(high, 2)],
+            "cross_fitted_ndcg@10": round(float(crossed.mean()), 2),
+        },
+        "margin": margin,
+    }
+
+
+def describe(choice: Mapping[str, Any]) -> str:
+    """One line: the mode chosen and why."""
+    mode = choice["mode"] + (f" (alpha {choice['alpha']:g})" if choice.get("alpha") is not None else "")
+    comparison = next((value for key, value in choice.items() if key.startswith("hybrid_vs_")), None)
+    if comparison is None:
+        return mode
+    side = next(key for key in choice if key.startswith("hybrid_vs_"))[len("hybrid_vs_") :]
+    return (
+        f"{mode}: on {choice['pseudo_queries']} {choice['proxy']} pseudo-queries hybrid gains "
+        f"{comparison['gain']:+.2f} [{comparison['interval'][0]:.2f}, {comparison['interval'][1]:.2f}] nDCG@10 over {side}"
+    )
+
+
+def sample_store(store: Any, size: int = SAMPLE, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """A seeded sample of a store's non-empty chunks: their texts and stored vectors."""
+    ids = sorted(store.ids())
+    random.Random(seed).shuffle(ids)
+    texts: list[str] = []
+    chosen: list[str] = []
+    for start in range(0, len(ids), size):
+        for hit in store.get(ids[start : start + size]):
+            if hit is not None and hit.text and hit.text.strip() and len(chosen) < size:
+                chosen.append(hit.id)
+                texts.append(hit.text)
+        if len(chosen) >= size:
+            break
+    return texts, store.vectors(chosen) if chosen else np.empty((0, store.dim), dtype=np.float32)
+
+
+def stored_default(properties: Mapping[str, str]) -> tuple[str, float | None, dict[str, Any] | None]:
+    """``(mode, alpha, choice)`` a store's searches use when the caller names no mode (``choice`` None:
+    never calibrated, :data:`UNCALIBRATED_MODE`)."""
+    text = properties.get(PROPERTY)
+    if not text:
+        return UNCALIBRATED_MODE, None, None
+    choice = json.loads(text)
+    return choice["mode"], choice.get("alpha"), choice
