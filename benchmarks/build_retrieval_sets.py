@@ -12,6 +12,9 @@
 * ``scifact-N`` (with ``--scifact-sizes``): small corpora for ``--model fast``. N SciFact abstracts: every
   abstract a test query judges relevant, then a seeded random sample of the others; the test queries
   and their judgements unchanged.
+* ``scifact-lower``: SciFact's test queries and qrels over its corpus written as some public collections
+  are, in lower case with ``" . "`` between sentences (issue 31: text where a sentence splitter that needs
+  capitals finds one sentence per document).
 
     .venv/bin/python benchmarks/build_retrieval_sets.py --data-dir ../shared/data --out .cache/isotrope/sets \
         --scifact-sizes 500 1000 2000
@@ -118,6 +121,16 @@ def write_beir(folder: Path, corpus: dict, queries: dict, qrels: dict) -> None:
     )
 
 
+def lower_cased(folder: Path) -> tuple[dict, dict, dict]:
+    """A BEIR set's corpus in lower case with each sentence end detached (``"grew. The"`` -> ``"grew . the"``)."""
+    dataset = load_beir(folder, "test")
+    corpus = {
+        doc_id: {"title": doc.get("title", "").lower(), "text": re.sub(r"([.!?])\s+", r" \1 ", doc["text"]).lower()}
+        for doc_id, doc in dataset.corpus.items()
+    }
+    return corpus, dataset.queries, dataset.qrels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -135,6 +148,7 @@ def main() -> None:
     write_beir(args.out / "stsb-para", *paraphrase(stsb, 4.0, args.docs, args.queries, args.seed))
     sick = [load_sick(args.data_dir, split) for split in ("train", "trial", "test")]
     write_beir(args.out / "sick-para", *paraphrase(sick, 4.5, args.docs, args.queries, args.seed))
+    write_beir(args.out / "scifact-lower", *lower_cased(args.data_dir / "retrieval/scifact"))
 
 
 if __name__ == "__main__":

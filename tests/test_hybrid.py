@@ -301,7 +301,8 @@ def test_collection_modes_group_by_and_unknown_fields(collection_uri):
             with pytest.raises(ValueError, match="unknown filter field 'sorce'; the stored metadata fields are: source"):
                 collection.search("fox", mode=mode, where={"sorce": {"$ne": "x"}})
         with pytest.raises(ValueError, match="mode 'dense' takes none"):
-            collection.search("fox", alpha=0.5)
+            collection.search("fox", mode="dense", alpha=0.5)
+        assert collection.search("fox", alpha=0.5) == collection.search("fox", mode="hybrid", alpha=0.5)  # a weight: hybrid
 
 
 def test_cli_search_modes(collection_uri, monkeypatch, capsys):

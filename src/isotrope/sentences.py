@@ -21,7 +21,34 @@ _LOWER_CASE_END = re.compile(rf"[.!?\u2026]+[{_CLOSERS}]*\s+|[\u3002\uff01\uff1f
 _WORD_BEFORE = re.compile(r"([\w.]*)[.!?\u2026]+[" + _CLOSERS + r"]*\s+$")
 #: words a period follows without ending a sentence (lower-case text only)
 ABBREVIATIONS = frozenset(
-    ["al", "approx", "ca", "cf", "dept", "dr", "eq", "eqs", "etc", "fig", "figs", "inc", "jr", "ltd", "mr", "mrs", "ms", "no", "nos", "p", "pp", "prof", "sr", "st", "vol", "vs"]
+    [
+        "al",
+        "approx",
+        "ca",
+        "cf",
+        "dept",
+        "dr",
+        "eq",
+        "eqs",
+        "etc",
+        "fig",
+        "figs",
+        "inc",
+        "jr",
+        "ltd",
+        "mr",
+        "mrs",
+        "ms",
+        "no",
+        "nos",
+        "p",
+        "pp",
+        "prof",
+        "sr",
+        "st",
+        "vol",
+        "vs",
+    ]
 )
 _LINE_BREAK = re.compile(r"\n")
 
