@@ -360,7 +360,14 @@ def test_llama_index_query_modes(kind, tmp_path, tiny_bert_path):
     )
     assert hybrid.ids == [h.id for h in collection.search("quick fox", k=4, mode="hybrid", alpha=0.25)]
     dense = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4))
-    assert dense.ids == [h.id for h in collection.search("quick fox", k=4)]
+    assert dense.ids == [h.id for h in collection.search("quick fox", k=4, mode="dense")]  # never calibrated
+    # DEFAULT follows the store's calibrated default search; an embedding alone stays dense
+    collection.store.set_properties(default_search=json.dumps({"mode": "hybrid", "alpha": 0.6}))
+    default = store.query(VectorStoreQuery(query_str="quick fox", similarity_top_k=4))
+    assert default.ids == [h.id for h in collection.search("quick fox", k=4, mode="hybrid", alpha=0.6)]
+    vector = collection.encoder.encode(["quick fox"], kind="query")[0].tolist()
+    only_vector = store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=4))
+    assert only_vector.ids == [h.id for h in collection.search("quick fox", k=4, mode="dense")]
     with pytest.raises(ValueError, match="needs query_str"):
         store.query(VectorStoreQuery(query_embedding=[0.0] * collection.store.dim, mode=VectorStoreQueryMode.HYBRID))
     with pytest.raises(ValueError, match="supports the query modes"):

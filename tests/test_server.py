@@ -172,6 +172,20 @@ def test_bad_filter_is_400_with_a_message(client, where):
     assert response.json()["detail"] and "Traceback" not in response.text
 
 
+def test_no_mode_searches_the_stores_default(client, collection):
+    dense = [hit.id for hit in collection.search(QUERY, k=6, mode="dense")]
+    assert client.get("/info").json()["default_search"]["mode"] == "dense"  # too few chunks to calibrate: dense
+    assert [hit["id"] for hit in client.post("/search", json={"query": QUERY, "k": 6}).json()["hits"]] == dense
+    stored = collection.store.properties.get("default_search", "")
+    collection.store.set_properties(default_search=json.dumps({"mode": "lexical", "alpha": None}))
+    try:
+        body = client.post("/search", json={"query": QUERY, "k": 6}).json()
+        assert [hit["id"] for hit in body["hits"]] == [hit.id for hit in collection.search(QUERY, k=6, mode="lexical")] != dense
+        assert client.get("/info").json()["default_search"]["mode"] == "lexical"
+    finally:
+        collection.store.set_properties(default_search=stored)  # as it was, for the other tests
+
+
 @pytest.mark.parametrize("mode", ["lexical", "hybrid"])
 def test_lexical_and_hybrid_modes_return_the_collections_hits(client, collection, mode):
     extra = {"alpha": 0.3} if mode == "hybrid" else {}
