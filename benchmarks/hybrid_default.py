@@ -63,7 +63,7 @@ def _chosen(choice: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--sets", nargs="+", required=True, help="BEIR folders (relative to --data-dir, or paths)")
     parser.add_argument("--models", nargs="+", default=["all-MiniLM-L6-v2", "fast"])
