@@ -13,7 +13,7 @@ Metadata: JSON scalars are stored as filterable fields; lists and dicts are kept
 :data:`JSON_KEY`) but cannot be filtered on. Filters are the dicts LangChain's Chroma/PGVector use, as
 isotrope's own (:mod:`isotrope.stores.filters`): ``{"source": "a.txt", "year": {"$gte": 2020}}``,
 ``$eq $ne $gt $gte $lt $lte $in $nin``, ``$and``/``$or``, and ``$between: [lo, hi]``.
-Search modes (``mode="dense" | "lexical" | "hybrid"``, ``alpha``) pass through ``similarity_search``
+Search modes (``mode="dense" | "lexical" | "hybrid"``, ``alpha``; none: the store's calibrated default) pass through ``similarity_search``
 and so through ``as_retriever(search_kwargs={"mode": "hybrid", "k": 5})``.
 """
 
@@ -277,7 +277,7 @@ class IsotropeVectorStore(VectorStore):
         vector: Sequence[float] | None,
         k: int,
         filter: Mapping[str, Any] | None,
-        mode: str,
+        mode: str | None,
         alpha: float | None,
         group_by: str | None = None,
     ) -> list[tuple[Document, float]]:
@@ -289,7 +289,9 @@ class IsotropeVectorStore(VectorStore):
             if where:
                 check_fields(where, collection.store.metadata_fields())
             array = np.asarray(vector, dtype=np.float32)[None, :]
-            return search_store(collection.store, [query or ""], array, k, where=where, mode=mode, group_by=group_by)[0]
+            return search_store(collection.store, [query or ""], array, k, where=where, mode=mode or "dense", group_by=group_by)[
+                0
+            ]
 
         return [(_document(hit), hit.score) for hit in self.run(search)]
 
@@ -299,13 +301,14 @@ class IsotropeVectorStore(VectorStore):
         k: int = 4,
         filter: Mapping[str, Any] | None = None,
         *,
-        mode: str = "dense",
+        mode: str | None = None,
         alpha: float | None = None,
         group_by: str | None = None,
         **kwargs: Any,
     ) -> list[tuple[Document, float]]:
         """The ``k`` best documents with their scores; ``mode`` dense, lexical (BM25) or hybrid (``alpha``
-        on the dense side); ``group_by`` a metadata field keeps the best document per value."""
+        on the dense side), default the store's calibrated default search; ``group_by`` a metadata field
+        keeps the best document per value."""
         return self._search(query, None, k, filter, mode, alpha, group_by)
 
     def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:

@@ -158,6 +158,7 @@ def test_collection_searches_its_calibrated_default(tmp_path, encoder, caplog) -
         expected = collection.search(queries, k=5, mode="hybrid", alpha=0.3)
         assert collection.search(queries, k=5) == expected
         assert collection.search(queries, k=5, alpha=0.3) == expected
+        assert collection.search(queries, k=5, mode="hybrid") == expected  # its calibrated weight
         assert collection.search(queries, k=5, mode="lexical") != expected
 
 

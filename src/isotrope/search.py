@@ -204,7 +204,8 @@ class Collection:
         ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
         ``"hybrid"`` (both, fused by a convex combination of z-score-normalised scores with weight ``alpha``
         on the dense side, over each side's top :data:`isotrope.fusion.DEFAULT_CANDIDATES` completed with the
-        other side's exact scores; default ``alpha``: :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at
+        other side's exact scores; default ``alpha``: the store's calibrated weight if its default is hybrid,
+        else :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at
         ``alpha`` when one is given, else the store's calibrated default (:meth:`default_search`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
@@ -213,6 +214,8 @@ class Collection:
         texts = [queries] if isinstance(queries, str) else list(queries)
         if mode is None:
             mode, alpha = ("hybrid", alpha) if alpha is not None else self.default_search()[:2]
+        elif mode == "hybrid" and alpha is None:  # the store's calibrated weight, when it chose hybrid
+            alpha = self.default_search()[1]
         check_mode(mode)
         if mode == "hybrid":
             check_alpha(alpha)
