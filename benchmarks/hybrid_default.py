@@ -36,6 +36,7 @@ def run(folder: Path, model: str, cache_dir: str | None, out: Path) -> dict:
         modes=["auto"],
         stores=list(STORES),
     )
+    result = {"set": folder.name, "model": model, **result}
     write_json(result, out / f"{folder.name}__{model.replace(':', '_').replace('/', '_')}.json")
     return result
 
@@ -69,7 +70,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["all-MiniLM-L6-v2", "fast"])
     parser.add_argument("--cache-dir", default=".cache/isotrope")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/hybrid_default"))
+    parser.add_argument("--report", action="store_true", help="only print the table of the runs in --out")
     args = parser.parse_args()
+    if args.report:
+        runs = [json.loads(path.read_text()) for path in sorted(args.out.glob("*__*.json"))]
+        print(table([(run["set"], run["model"], run) for run in runs if "set" in run]))
+        return
     results = []
     for model in args.models:
         for name in args.sets:
