@@ -144,7 +144,7 @@ def test_collection_searches_its_calibrated_default(tmp_path, encoder, caplog) -
     ids = [f"t{i}" for i in range(len(texts))]
     with Collection.create(f"faiss:{tmp_path / 's'}", encoder, metric="cosine") as collection:
         collection.add(ids, texts)
-        with caplog.at_level("INFO", logger="isotrope.search"):
+        with caplog.at_level("WARNING", logger="isotrope.search"):
             assert collection.default_search() == ("dense", None, None)  # never calibrated
         assert "no calibrated default search" in caplog.text
         assert collection.info()[PROPERTY]["calibrated"] is False

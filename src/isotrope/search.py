@@ -339,7 +339,7 @@ class Collection:
         mode, alpha, choice = stored_default(self.store.properties)
         if choice is None and not self._told_uncalibrated:
             self._told_uncalibrated = True
-            logger.info(UNCALIBRATED_NOTE.format(store=f"{self.kind}:{self.path}"))
+            logger.warning(UNCALIBRATED_NOTE.format(store=f"{self.kind}:{self.path}"))
         return mode, alpha, choice
 
     def fit_default_search(self, sample: int = SAMPLE, seed: int = 0) -> dict[str, Any]:
