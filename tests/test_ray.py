@@ -220,7 +220,8 @@ def test_updating_a_faiss_store_embeds_new_chunks_and_syncs(ray_runtime, indexed
         assert store.encoder.fingerprint == reference.encoder.fingerprint
         assert sorted(store.store.ids()) == sorted(ids)
         assert np.abs(store.store.vectors(ids) - reference.store.vectors(ids)).max() < 1e-5
-        for mine, theirs in zip(store.search(QUERIES, k=10), reference.search(QUERIES, k=10)):
+        # dense: the stores' defaults were chosen on different corpora (an append never recalibrates)
+        for mine, theirs in zip(store.search(QUERIES, k=10, mode="dense"), reference.search(QUERIES, k=10, mode="dense")):
             assert [hit.id for hit in mine] == [hit.id for hit in theirs]
             assert [hit.metadata for hit in mine] == [hit.metadata for hit in theirs]
 

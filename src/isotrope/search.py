@@ -347,7 +347,8 @@ class Collection:
         (:func:`isotrope.autofusion.fit_default_search`); the choice with its evidence."""
         texts, vectors = sample_store(self.store, sample, seed)
         choice = fit_default_search(texts, vectors, self.encoder, self.store.metric, store_size=len(self.store), seed=seed)
-        self.store.set_properties(**{PROPERTY: json.dumps(choice)})
+        timings = ("seconds", "cpu_seconds")  # the stored evidence is the same wherever it was computed
+        self.store.set_properties(**{PROPERTY: json.dumps({k: v for k, v in choice.items() if k not in timings})})
         self.store.commit()
         return choice
 
