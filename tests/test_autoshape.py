@@ -10,25 +10,27 @@ import pytest
 
 from conftest import GLOVE_WORDS, make_sentences
 from isotrope.autoshape import (
-    PROXIES,
     PROXY_DISAGREEMENT,
     STATIC_MARGIN,
     TRANSFORMER_MARGIN,
-    build_pseudo_queries,
     choose_shape,
     conservative_choice,
-    lead_query,
     margin_for,
+    proxy_is_reliable,
+)
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder
+from isotrope.pseudo_queries import (
+    PROXIES,
+    build_pseudo_queries,
+    lead_query,
     masked_query,
     mrr_at_10,
     neighbour_query,
     number_of_queries,
     paired_interval,
     passage_query,
-    proxy_is_reliable,
 )
-from isotrope.config import EncoderConfig
-from isotrope.encoder import ShapedEncoder
 
 TEXT = "The river rises in spring. Farmers watch the water closely. Floods reach the old mill. The town builds a wall."
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.autoshape import CONFIDENCE, DEFAULT_PROXY, FALLBACK_PROXY, PseudoQuery, build_pseudo_queries, paired_interval
 from isotrope.encoder import ShapedEncoder
 from isotrope.fusion import DEFAULT_CANDIDATES, zscores
 from isotrope.lexical import analyze, bm25_matrix
+from isotrope.pseudo_queries import CONFIDENCE, DEFAULT_PROXY, FALLBACK_PROXY, PseudoQuery, build_pseudo_queries, paired_interval
 from isotrope.stores.memory import exact_scores, top_k
 
 logger = logging.getLogger(__name__)

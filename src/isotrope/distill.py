@@ -333,8 +333,8 @@ def distill_table(
     not lie wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto);
     the candidate of best agreement is kept, else the unfitted table.
     """
-    from isotrope.autoshape import paired_interval
     from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
+    from isotrope.pseudo_queries import paired_interval
 
     rng = np.random.default_rng(seed)
     sample, parents, n_chunks = teacher_texts(texts, samples, rng, windows)

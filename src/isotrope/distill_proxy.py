@@ -7,7 +7,7 @@ retrieval, so each candidate table (the unfitted one and one per ``lam``) is sco
 the rest of it among every chunk of the sample; one-sentence texts fall back to masked passages), encoded
 as the fast encoder encodes (mean of the table's rows over the non-special tokens, then
 ``whiten-partial`` fitted on the fit chunks' vectors, then cosine). Every candidate answers the same
-queries, so the comparison with the unfitted table is paired (:func:`isotrope.autoshape.paired_interval`):
+queries, so the comparison with the unfitted table is paired (:func:`isotrope.pseudo_queries.paired_interval`):
 the fit with the best mean is kept unless its 95 % interval of the MRR@10 difference lies wholly below
 :data:`MARGIN`. Fitting is the default and the proxy a veto, not a gate: on SciFact's 500-abstract subset the
 proxy put the fits 0.5-1.7 MRR points below the unfitted table (intervals across zero) while the labelled
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from isotrope.autoshape import DEFAULT_PROXY, FALLBACK_PROXY, build_pseudo_queries, reciprocal_ranks_at_10
+from isotrope.pseudo_queries import DEFAULT_PROXY, FALLBACK_PROXY, build_pseudo_queries, reciprocal_ranks_at_10
 
 if TYPE_CHECKING:
     from scipy import sparse
