@@ -67,6 +67,29 @@ def test_a_source_given_as_a_function_is_read_once_per_pass(tiny_glove_path, tmp
         assert np.abs(collection.store.vectors(ids) - reference.encode(texts)).max() < 1e-5
 
 
+@pytest.mark.parametrize("as_function", [False, True])
+def test_documents_given_in_python_are_named_not_dumped(tiny_glove_path, tmp_path, as_function):
+    """The encoder and the store's default search record what the fit sample came from in a few words,
+    never the repr of every document (a list of thousands once made a megabyte-long store property)."""
+    documents = [Document(f"d{i}.txt", text) for i, text in enumerate(make_sentences(30, seed=4))]
+
+    def listed():
+        return iter(documents)
+
+    plan = IngestPlan(
+        listed if as_function else documents,
+        f"faiss:{tmp_path / 'store'}",
+        config=EncoderConfig(model=tiny_glove_path, shape="center"),
+        chunk_tokens=0,
+        show_progress=False,
+    )
+    run_local(plan)
+    expected = "30 sampled chunks of documents from listed()" if as_function else "30 sampled chunks of documents given as a list"
+    with Collection.open(plan.store) as collection:
+        assert collection.encoder.metadata["fit"]["fitted_on"] == expected
+        assert all(len(value) < 10_000 for value in collection.store.properties.values())
+
+
 def test_ingestion_never_imports_the_evaluation_package(tiny_glove_path, tmp_path):
     """--shape auto on the local engine (autoshape included), then a re-run: no isotrope.evaluate module loaded."""
     (tmp_path / "docs").mkdir()

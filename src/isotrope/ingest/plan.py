@@ -110,6 +110,14 @@ class IngestPlan:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; got {getattr(self, name)}")
 
+    def describe_source(self) -> str:
+        """The source in a few words: a path as given, or what kind of Python object gave the documents."""
+        if isinstance(self.source, (str, Path)):
+            return str(self.source)
+        if callable(self.source):
+            return f"documents from {getattr(self.source, '__name__', type(self.source).__name__)}()"
+        return f"documents given as a {type(self.source).__name__}"
+
     def documents(self, report: IngestReport) -> Callable[[], Iterator[Document]]:
         """A function that starts a fresh pass over the documents (files are re-read, lists reused);
         each unreadable file is added to ``report.skipped`` once."""
@@ -145,7 +153,7 @@ class IngestPlan:
         not crowd out the rest; the same items whatever the engine."""
         sample = fair_sample(items, self.fit_samples)
         if not sample:
-            raise ValueError(f"{self.source}: no text to index")
+            raise ValueError(f"{self.describe_source()}: no text to index")
         return sample
 
     @contextmanager
@@ -197,7 +205,7 @@ class Target:
 
     def fitted_on(self, n_texts: int) -> str:
         """How the encoder's metadata names the fit sample."""
-        return f"{n_texts} sampled chunks of {self.plan.source}"
+        return f"{n_texts} sampled chunks of {self.plan.describe_source()}"
 
     def fit(self, texts: Sequence[str]) -> np.ndarray | None:
         """Fit the encoder on the sample ``texts`` in this process (``auto``: choose the shaping);
