@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -83,7 +84,44 @@ RESERVED_KEYS = (NODE_CONTENT_KEY, NODE_TYPE_KEY, NODE_ID_KEY, REF_DOC_ID_KEY)
 # --------------------------------------------------------------------------- embedding
 
 
-class IsotropeEmbedding(BaseEmbedding):
+class _EncoderHooks(ABC):
+    """``BaseEmbedding``'s hooks, encoding with :attr:`encoder`.
+
+    They are defined here, outside :class:`IsotropeEmbedding`'s own class body, because LlamaIndex's
+    ``DispatcherSpanMixin`` wraps every hook a subclass body defines for an abstract method in a span of its
+    own. The public ``get_query_embedding`` / ``get_text_embedding_batch`` already open a span and send
+    their start and end events around the hook; the second, nested span told an observer nothing new and
+    cost every query an ``inspect.signature``, a ``uuid4`` and the span handlers' enter and exit.
+    """
+
+    @property
+    @abstractmethod
+    def encoder(self) -> ShapedEncoder:
+        """The fitted encoder."""
+
+    def _encode(self, texts: list[str], kind: TextKind) -> list[Embedding]:
+        return self.encoder.encode(texts, kind=kind).tolist()
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self._encode([query], "query")[0]
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return self._encode([text], "document")[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return self._encode(list(texts), "document")
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+
+class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
     """A LlamaIndex embedding model backed by a fitted isotrope encoder saved in a folder.
 
     Build it with :meth:`from_encoder`, :meth:`from_nodes` (fit on LlamaIndex nodes),
@@ -180,27 +218,6 @@ class IsotropeEmbedding(BaseEmbedding):
         light._encoder = None
         return super(IsotropeEmbedding, light).__getstate__()
 
-    # -- BaseEmbedding --------------------------------------------------------------
-    def _encode(self, texts: list[str], kind: TextKind) -> list[Embedding]:
-        return self.encoder.encode(texts, kind=kind).tolist()
-
-    def _get_query_embedding(self, query: str) -> Embedding:
-        return self._encode([query], "query")[0]
-
-    def _get_text_embedding(self, text: str) -> Embedding:
-        return self._encode([text], "document")[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
-        return self._encode(list(texts), "document")
-
-    async def _aget_query_embedding(self, query: str) -> Embedding:
-        return await asyncio.to_thread(self._get_query_embedding, query)
-
-    async def _aget_text_embedding(self, text: str) -> Embedding:
-        return await asyncio.to_thread(self._get_text_embedding, text)
-
-    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
-        return await asyncio.to_thread(self._get_text_embeddings, texts)
 
 
 # --------------------------------------------------------------------------- filters
@@ -322,6 +339,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     ``store_options`` (new stores only): passed to the store under the shared option names
     (:mod:`isotrope.stores.options`), e.g. ``index="HNSW32"``
     or ``metric="cosine"``.
+    ``is_embedding_query`` (LlamaIndex's own field, default True): False lets retrievers pass the query text
+    without embedding it, and the store encodes it with its own encoder: the same vector, without
+    LlamaIndex's embedding span, events and callbacks, but a query's ``custom_embedding_strs`` (HyDE) are
+    then not used; an ``embedding`` the caller puts in the ``QueryBundle`` still is.
     """
 
     stores_text: bool = True

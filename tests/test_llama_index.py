@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,9 +22,13 @@ pytest.importorskip("lancedb")
 import llama_index.core
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.node_parser import SentenceSplitter
-from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.schema import MetadataMode, NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import (
     FilterCondition,
     FilterOperator,
@@ -118,6 +124,50 @@ def test_embeddings_equal_the_encoder_with_documents_and_queries_kept_apart(
     async_documents, async_query = asyncio.run(both())
     assert np.array_equal(np.asarray(async_documents, dtype=np.float32), documents)
     assert np.array_equal(np.asarray(async_query, dtype=np.float32), query)
+
+
+class _Recorder(BaseEventHandler):
+    """Every instrumentation event's class name, in order."""
+
+    names: list[str] = []
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.names.append(event.class_name())
+
+
+@pytest.fixture
+def instrumented() -> Iterator[tuple[SimpleSpanHandler, _Recorder]]:
+    """A span handler and an event handler on LlamaIndex's root dispatcher, removed afterwards."""
+    root = get_dispatcher()
+    spans, events = SimpleSpanHandler(), _Recorder(names=[])
+    root.add_span_handler(spans)
+    root.add_event_handler(events)
+    yield spans, events
+    root.span_handlers.remove(spans)
+    root.event_handlers.remove(events)
+
+
+def span_names(handler: SimpleSpanHandler) -> list[str]:
+    """``Class.method`` of each completed span (its id is ``Class.method-<uuid4>``)."""
+    return sorted(span.id_[: -len("-00000000-0000-0000-0000-000000000000")] for span in handler.completed_spans)
+
+
+def test_embedding_calls_open_one_span_each_with_their_events(
+    embedding: IsotropeEmbedding, instrumented: tuple[SimpleSpanHandler, _Recorder]
+) -> None:
+    spans, events = instrumented
+    embedding.get_query_embedding("a question")
+    embedding.get_text_embedding("a passage")
+    embedding.get_text_embedding_batch(["one passage", "another passage"])
+    asyncio.run(embedding.aget_query_embedding("a question"))
+    # LlamaIndex's public methods keep their spans; the hooks they call open no nested span of their own
+    assert span_names(spans) == [
+        "IsotropeEmbedding.aget_query_embedding",
+        "IsotropeEmbedding.get_query_embedding",
+        "IsotropeEmbedding.get_text_embedding",
+        "IsotropeEmbedding.get_text_embedding_batch",
+    ]
+    assert events.names == ["EmbeddingStartEvent", "EmbeddingEndEvent"] * 4
 
 
 def test_text_embeddings_are_batched(embedding: IsotropeEmbedding, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -517,6 +567,36 @@ def test_standard_reload_from_a_persist_dir(kind: str, embedding: IsotropeEmbedd
         load_index_from_storage(StorageContext.from_defaults(persist_dir=persist_dir), embed_model=embedding)
     with pytest.raises(FileNotFoundError, match="holds no persisted IsotropeVectorStore"):
         IsotropeVectorStore.from_persist_dir(tmp_path)
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_a_store_that_embeds_queries_itself_answers_like_the_embedding_path(
+    kind: str,
+    embedding: IsotropeEmbedding,
+    encoder: ShapedEncoder,
+    instrumented: tuple[SimpleSpanHandler, _Recorder],
+    tmp_path: Path,
+) -> None:
+    nodes = chunk_nodes()
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    store.add(embedded(nodes, embedding))
+    index = VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model)
+    query, other = "the cat sees a big dog", "a bird eats food"
+    embeds = [(hit.node.node_id, hit.score) for hit in index.as_retriever(similarity_top_k=5).retrieve(query)]
+    store.is_embedding_query = False  # LlamaIndex's own switch: the retriever passes query_str, the store encodes it
+    _, events = instrumented
+    events.names.clear()
+    retriever = index.as_retriever(similarity_top_k=5)
+    itself = [(hit.node.node_id, hit.score) for hit in retriever.retrieve(query)]
+    assert [node_id for node_id, _ in itself] == [node_id for node_id, _ in embeds]
+    np.testing.assert_allclose([score for _, score in itself], [score for _, score in embeds], atol=1e-6)
+    assert "EmbeddingStartEvent" not in events.names
+    # an embedding the caller gives is still what is searched
+    given = QueryBundle(query, embedding=encoder.encode([other], kind="query")[0].tolist())
+    expected = index.as_retriever(similarity_top_k=5).retrieve(other)
+    assert [hit.node.node_id for hit in expected] != [node_id for node_id, _ in itself]
+    assert [hit.node.node_id for hit in retriever.retrieve(given)] == [hit.node.node_id for hit in expected]
+    store.close()
 
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
