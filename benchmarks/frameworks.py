@@ -9,24 +9,32 @@ its retriever's top 10:
 
 * LangChain: ``IsotropeVectorStore.from_texts(...)`` then ``as_retriever(search_kwargs={"k": 10}).invoke(q)``;
 * LlamaIndex: ``IngestionPipeline([IsotropeEmbedding], vector_store=IsotropeVectorStore)`` then
-  ``VectorStoreIndex.from_vector_store(...).as_retriever(similarity_top_k=10).retrieve(q)``;
+  ``VectorStoreIndex.from_vector_store(...).as_retriever(similarity_top_k=10).retrieve(q)``, as LlamaIndex
+  runs it (it embeds the query) and with the store's ``is_embedding_query=False`` (the store encodes the text);
 * LanceDB: a plain table whose schema uses the registry's ``"isotrope"`` function, ``table.search(q)``
   (exact search: no vector index). ``--kind faiss`` does not apply to it; it is always LanceDB.
 
 Timing (``--timing N``, an idle machine only): a ``--kind`` store of N chunks (SciFact abstracts repeated
 under new ids) built once through ``Collection.add``; then, on that one store, the median seconds per query
 of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
-rounds, :func:`benchmarks.common.compare`), and each framework's overhead in percent (target <= 10 %).
+rounds within each group holding the store, :func:`benchmarks.harness.alternate`), and each framework's
+overhead in percent (target <= 10 %), against the first ``Collection`` and against ``Collection.search`` on
+the framework's own handle. ``--profile N``: where the LlamaIndex retriever's time goes on a store of N
+chunks (cProfile: calls and self time per query by owner and by function, file:line).
 
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 [--kind faiss|lancedb] [--out F.json]
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 --timing 100000 --queries 300 --skip-quality
+    python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 --profile 100000 --queries 300 --skip-quality
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import logging
+import pstats
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +63,15 @@ def langchain_run(encoder: ShapedEncoder, dataset: BeirDataset, uri: str) -> Run
     return {qid: {str(d.id): score for d, score in hits} for qid, hits in scored.items()}
 
 
-def llama_index_run(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, folder: Path) -> Run:
+def llama_retriever(store: Any) -> Any:
+    """The top-``K`` retriever of a ``VectorStoreIndex`` over a LlamaIndex ``IsotropeVectorStore``."""
     from llama_index.core import VectorStoreIndex
+
+    return VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model).as_retriever(similarity_top_k=K)
+
+
+def llama_index_runs(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, folder: Path) -> dict[str, Run]:
+    """The LlamaIndex retriever's run, and its run with ``is_embedding_query=False`` (the store encodes the text)."""
     from llama_index.core.ingestion import IngestionPipeline
     from llama_index.core.schema import TextNode
 
@@ -67,12 +82,16 @@ def llama_index_run(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, fold
     store = IsotropeVectorStore(uri, embed_model=embedding, store_options={"metric": "cosine"})
     nodes = [TextNode(id_=doc_id, text=text) for doc_id, text in zip(ids, texts)]
     IngestionPipeline(transformations=[embedding], vector_store=store).run(nodes=nodes)
-    retriever = VectorStoreIndex.from_vector_store(store, embed_model=embedding).as_retriever(similarity_top_k=K)
-    run = {
-        qid: {hit.node.node_id: float(hit.score or 0.0) for hit in retriever.retrieve(q)} for qid, q in dataset.queries.items()
-    }
+    retriever = llama_retriever(store)
+    runs = {}
+    for name, embeds in (("llama_index", True), ("llama_index_store_embeds", False)):
+        store.is_embedding_query = embeds
+        runs[name] = {
+            qid: {hit.node.node_id: float(hit.score or 0.0) for hit in retriever.retrieve(q)}
+            for qid, q in dataset.queries.items()
+        }
     store.close()
-    return run
+    return runs
 
 
 def lancedb_run(encoder: ShapedEncoder, dataset: BeirDataset, folder: Path) -> Run:
@@ -107,7 +126,7 @@ def quality(encoder: ShapedEncoder, dataset: BeirDataset, kind: str) -> dict[str
         folder = Path(tmp)
         runs = {
             "langchain": langchain_run(encoder, dataset, f"{kind}:{folder / 'langchain'}"),
-            "llama_index": llama_index_run(encoder, dataset, f"{kind}:{folder / 'llama'}", folder),
+            **llama_index_runs(encoder, dataset, f"{kind}:{folder / 'llama'}", folder),
             "lancedb_registry": lancedb_run(encoder, dataset, folder),
         }
     for name, run in runs.items():
@@ -118,48 +137,165 @@ def quality(encoder: ShapedEncoder, dataset: BeirDataset, kind: str) -> dict[str
     return out
 
 
-def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int) -> dict[str, Any]:
-    from llama_index.core import VectorStoreIndex
+def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int) -> None:
+    """A store of ``size`` chunks (SciFact abstracts repeated under new ids), written through ``Collection.add``."""
+    ids, texts = beir_documents(dataset)
+    with Collection.create(uri, encoder, metric="cosine") as collection:
+        for start in range(0, size, 4096):
+            part = range(start, min(start + 4096, size))
+            collection.add([f"{ids[i % len(ids)]}-{i}" for i in part], [texts[i % len(texts)] for i in part], commit=False)
+        collection.commit()
+        collection.optimize()
 
+
+def llama_sides(store: Any, queries: list[str]) -> dict[str, Callable[[], Any]]:
+    """Rounds to interleave on one LlamaIndex store handle: ``Collection.search`` on the store's own collection,
+    the retriever as LlamaIndex runs it (it embeds the query), and with ``is_embedding_query=False``
+    (the store encodes the query text)."""
+    retriever = llama_retriever(store)
+
+    def retrieve(embeds: bool) -> list[Any]:
+        store.is_embedding_query = embeds
+        return [retriever.retrieve(q) for q in queries]
+
+    return {
+        "collection_same_handle": lambda: [store.collection.search(q, k=K) for q in queries],
+        "llama_index": lambda: retrieve(True),
+        "llama_index_store_embeds": lambda: retrieve(False),
+    }
+
+
+def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int) -> dict[str, Any]:
     from isotrope.connectors.langchain import IsotropeVectorStore as LangChainStore
     from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
 
-    ids, texts = beir_documents(dataset)
     queries = list(dataset.queries.values())[:n_queries]
     with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-timing-") as tmp:
         uri = f"{kind}:{Path(tmp) / 'store'}"
-        with Collection.create(uri, encoder, metric="cosine") as collection:
-            for start in range(0, size, 4096):
-                part = range(start, min(start + 4096, size))
-                collection.add([f"{ids[i % len(ids)]}-{i}" for i in part], [texts[i % len(texts)] for i in part], commit=False)
-            collection.commit()
-            collection.optimize()
-
+        build_timing_store(encoder, dataset, uri, size)
         sides = {}
         with Collection.open(uri) as collection:
-            sides["collection"] = alternate({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat)
+            sides.update(alternate({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat))
         with LangChainStore(uri) as store:
             retriever = store.as_retriever(search_kwargs={"k": K})
-            sides["langchain"] = alternate({"langchain": lambda: [retriever.invoke(q) for q in queries]}, repeat)
+            langchain = {
+                "collection_langchain_handle": lambda: store.run(lambda c: [c.search(q, k=K) for q in queries]),
+                "langchain": lambda: [retriever.invoke(q) for q in queries],
+            }
+            sides.update(alternate(langchain, repeat))
         llama_store = LlamaStore(uri)
-        llama = VectorStoreIndex.from_vector_store(llama_store, embed_model=llama_store.embed_model).as_retriever(
-            similarity_top_k=K
-        )
-        sides["llama_index"] = alternate({"llama_index": lambda: [llama.retrieve(q) for q in queries]}, repeat)
+        sides.update(alternate(llama_sides(llama_store, queries), repeat))
         llama_store.close()
 
-    per_query = {name: result[name]["median_s"] / len(queries) for name, result in sides.items()}
-    base = per_query["collection"]
+    per_query = {name: result["median_s"] / len(queries) for name, result in sides.items()}
+    baselines = {
+        "langchain": "collection_langchain_handle",
+        "llama_index": "collection_same_handle",
+        "llama_index_store_embeds": "collection_same_handle",
+    }
     return {
         "chunks": size,
         "queries": len(queries),
         "repeat": repeat,
         "ms_per_query": {name: round(1000 * value, 3) for name, value in per_query.items()},
-        "overhead_percent": {
-            name: round(100 * (value / base - 1), 1) for name, value in per_query.items() if name != "collection"
+        "overhead_percent": {name: round(100 * (per_query[name] / per_query["collection"] - 1), 1) for name in baselines},
+        "overhead_percent_same_handle": {
+            name: round(100 * (per_query[name] / per_query[base] - 1), 1) for name, base in baselines.items()
         },
-        "note": "rounds of each side are separate (one store handle at a time: the single-writer lock); run on an idle machine",
+        "note": "Collection.open, the LangChain group and the LlamaIndex group hold the store in turn (the "
+        "single-writer lock); within each group, rounds are interleaved with Collection.search on that group's "
+        "own handle (overhead_percent_same_handle); run on an idle machine",
     }
+
+
+#: where a profiled function's self time goes: the work Collection.search does too, or each framework layer
+_SHARED = (
+    "/src/isotrope/",
+    "_store.py",
+    "_rows.py",
+    "faiss/",
+    "lance/",
+    "lancedb/",
+    "pyarrow/",
+    "tokenizers/",
+    "transformers/",
+    "threadpoolctl",
+    "torch/",
+)
+
+
+def _owner(filename: str) -> str:
+    if filename.endswith("connectors/llama_index.py"):
+        return "isotrope.connectors.llama_index"
+    if filename == "~":
+        return "C built-ins (faiss and tokenizer calls, and any caller's)"
+    if any(part in filename for part in _SHARED):
+        return "shared with Collection.search (encode, store search)"
+    for package in ("llama_index_instrumentation", "llama_index", "pydantic", "wrapt", "numpy"):
+        if f"site-packages/{package}" in filename:
+            return package
+    return "python stdlib (inspect, uuid, contextvars, copy, logging, ...)"
+
+
+def profile_llama(store: Any, queries: list[str], top: int = 25) -> dict[str, Any]:
+    """Where the LlamaIndex retriever's time goes, from cProfile's counts and self times over ``queries``
+    (after one untimed pass): per query, the calls and profiled microseconds of each owner (see
+    :func:`_owner`) and of the ``top`` functions outside the shared work, each as file:line. Shares are
+    meaningful on a loaded machine; the profiler's own cost per call inflates the many small calls."""
+    retriever = llama_retriever(store)
+
+    def run() -> None:  # each query's nodes are dropped, as an application's are, not kept for the round
+        for query in queries:
+            retriever.retrieve(query)
+
+    run()
+    profiler = cProfile.Profile()
+    profiler.runcall(run)
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    n = len(queries)
+    total = sum(entry[2] for entry in stats.values())
+    owners: dict[str, list[float]] = {}
+    functions = []
+    for (filename, line, name), (_, calls, self_time, _, _) in stats.items():
+        owner = _owner(filename)
+        owners.setdefault(owner, [0.0, 0.0])
+        owners[owner][0] += calls / n
+        owners[owner][1] += self_time
+        if not owner.startswith(("shared", "C built-ins")):
+            where = filename.split("site-packages/")[-1].split("/work/")[-1]
+            functions.append((self_time, f"{where}:{line}({name})", calls / n))
+    functions.sort(reverse=True)
+    share = lambda seconds: round(100 * seconds / total, 1)  # noqa: E731
+    return {
+        "queries": n,
+        "profiled_us_per_query": round(1e6 * total / n, 1),
+        "by_owner": {
+            owner: {"calls_per_query": round(calls, 1), "profiled_us_per_query": round(1e6 * t / n, 1), "share_percent": share(t)}
+            for owner, (calls, t) in sorted(owners.items(), key=lambda item: -item[1][1])
+        },
+        "top_functions": [
+            {
+                "function": where,
+                "calls_per_query": round(calls, 1),
+                "self_us_per_query": round(1e6 * t / n, 1),
+                "share_percent": share(t),
+            }
+            for t, where, calls in functions[:top]
+        ],
+    }
+
+
+def profile(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int) -> dict[str, Any]:
+    from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
+
+    with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-profile-") as tmp:
+        uri = f"{kind}:{Path(tmp) / 'store'}"
+        build_timing_store(encoder, dataset, uri, size)
+        store = LlamaStore(uri)
+        try:
+            return {"chunks": size, **profile_llama(store, list(dataset.queries.values())[:n_queries])}
+        finally:
+            store.close()
 
 
 def main() -> None:
@@ -171,7 +307,8 @@ def main() -> None:
     parser.add_argument("--timing", type=int, metavar="N", help="also time per-query overhead on a store of N chunks")
     parser.add_argument("--queries", type=int, default=300, help="queries per timed round")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per side")
-    parser.add_argument("--skip-quality", action="store_true", help="the timing only")
+    parser.add_argument("--profile", type=int, metavar="N", help="profile the LlamaIndex retriever on a store of N chunks")
+    parser.add_argument("--skip-quality", action="store_true", help="the timing or profile only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the JSON result here")
     args = parser.parse_args()
@@ -187,6 +324,8 @@ def main() -> None:
         result["quality"] = quality(encoder, dataset, args.kind)
     if args.timing:
         result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat)
+    if args.profile:
+        result["llama_index_profile"] = profile(encoder, dataset, args.kind, args.profile, args.queries)
     print_and_write(result, args.out)
 
 

@@ -219,7 +219,6 @@ class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
         return super(IsotropeEmbedding, light).__getstate__()
 
 
-
 # --------------------------------------------------------------------------- filters
 
 _OPERATORS = {

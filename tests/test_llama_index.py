@@ -21,6 +21,7 @@ pytest.importorskip("lancedb")
 
 import llama_index.core
 from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -129,7 +130,7 @@ def test_embeddings_equal_the_encoder_with_documents_and_queries_kept_apart(
 class _Recorder(BaseEventHandler):
     """Every instrumentation event's class name, in order."""
 
-    names: list[str] = []
+    names: list[str] = Field(default_factory=list)
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         self.names.append(event.class_name())
@@ -139,7 +140,7 @@ class _Recorder(BaseEventHandler):
 def instrumented() -> Iterator[tuple[SimpleSpanHandler, _Recorder]]:
     """A span handler and an event handler on LlamaIndex's root dispatcher, removed afterwards."""
     root = get_dispatcher()
-    spans, events = SimpleSpanHandler(), _Recorder(names=[])
+    spans, events = SimpleSpanHandler(), _Recorder()
     root.add_span_handler(spans)
     root.add_event_handler(events)
     yield spans, events
