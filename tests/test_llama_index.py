@@ -584,7 +584,10 @@ def test_a_store_that_embeds_queries_itself_answers_like_the_embedding_path(
     index = VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model)
     query, other = "the cat sees a big dog", "a bird eats food"
     embeds = [(hit.node.node_id, hit.score) for hit in index.as_retriever(similarity_top_k=5).retrieve(query)]
-    store.is_embedding_query = False  # LlamaIndex's own switch: the retriever passes query_str, the store encodes it
+    store.close()
+    # LlamaIndex's own switch: the retriever passes query_str, the store encodes it
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), is_embedding_query=False)
+    index = VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model)
     _, events = instrumented
     events.names.clear()
     retriever = index.as_retriever(similarity_top_k=5)
