@@ -16,6 +16,7 @@ its retriever's top 10:
 
 Timing (``--timing N``, an idle machine only): a ``--kind`` store of N chunks (SciFact abstracts repeated
 under new ids) built once through ``Collection.add``; then, on that one store, the median seconds per query
+(each answer dropped, as an application does)
 of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
 rounds within each group holding the store, :func:`benchmarks.harness.alternate`), and each framework's
 overhead in percent (target <= 10 %), against the first ``Collection`` and against ``Collection.search`` on
@@ -137,6 +138,14 @@ def quality(encoder: ShapedEncoder, dataset: BeirDataset, kind: str) -> dict[str
     return out
 
 
+def each(search: Callable[[str], Any], queries: list[str]) -> None:
+    """``search`` every query, dropping each answer as an application does: a round that kept all its answers
+    would let the garbage collector's full passes, which grow with the objects alive, fall on the side
+    whose answers hold the most objects (a LlamaIndex node holds more than an isotrope ``Hit``)."""
+    for query in queries:
+        search(query)
+
+
 def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int) -> None:
     """A store of ``size`` chunks (SciFact abstracts repeated under new ids), written through ``Collection.add``."""
     ids, texts = beir_documents(dataset)
@@ -154,12 +163,12 @@ def llama_sides(store: Any, queries: list[str]) -> dict[str, Callable[[], Any]]:
     (the store encodes the query text)."""
     retriever = llama_retriever(store)
 
-    def retrieve(embeds: bool) -> list[Any]:
+    def retrieve(embeds: bool) -> None:
         store.is_embedding_query = embeds
-        return [retriever.retrieve(q) for q in queries]
+        each(retriever.retrieve, queries)
 
     return {
-        "collection_same_handle": lambda: [store.collection.search(q, k=K) for q in queries],
+        "collection_same_handle": lambda: each(lambda q: store.collection.search(q, k=K), queries),
         "llama_index": lambda: retrieve(True),
         "llama_index_store_embeds": lambda: retrieve(False),
     }
@@ -175,12 +184,12 @@ def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n
         build_timing_store(encoder, dataset, uri, size)
         sides = {}
         with Collection.open(uri) as collection:
-            sides.update(alternate({"collection": lambda: [collection.search(q, k=K) for q in queries]}, repeat))
+            sides.update(alternate({"collection": lambda: each(lambda q: collection.search(q, k=K), queries)}, repeat))
         with LangChainStore(uri) as store:
             retriever = store.as_retriever(search_kwargs={"k": K})
             langchain = {
-                "collection_langchain_handle": lambda: store.run(lambda c: [c.search(q, k=K) for q in queries]),
-                "langchain": lambda: [retriever.invoke(q) for q in queries],
+                "collection_langchain_handle": lambda: store.run(lambda c: each(lambda q: c.search(q, k=K), queries)),
+                "langchain": lambda: each(retriever.invoke, queries),
             }
             sides.update(alternate(langchain, repeat))
         llama_store = LlamaStore(uri)
@@ -244,13 +253,9 @@ def profile_llama(store: Any, queries: list[str], top: int = 25) -> dict[str, An
     meaningful on a loaded machine; the profiler's own cost per call inflates the many small calls."""
     retriever = llama_retriever(store)
 
-    def run() -> None:  # each query's nodes are dropped, as an application's are, not kept for the round
-        for query in queries:
-            retriever.retrieve(query)
-
-    run()
+    each(retriever.retrieve, queries)
     profiler = cProfile.Profile()
-    profiler.runcall(run)
+    profiler.runcall(each, retriever.retrieve, queries)
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     n = len(queries)
     total = sum(entry[2] for entry in stats.values())
