@@ -101,6 +101,15 @@ def test_the_export_is_cached_and_reused(tiny_bert_path, onnx_cache, monkeypatch
     assert calls == [] and model.stat().st_mtime_ns == stamp
 
 
+def test_the_session_plans_no_memory_pattern_per_shape(tiny_bert_path, texts):
+    """Batches differ in shape; a pattern kept per shape made the arena grow with the corpus."""
+    encoder = ShapedEncoder.create(tiny_bert_path, backend="onnx")
+    options = encoder.backbone.onnx.session.get_session_options()
+    assert options.enable_mem_pattern is False
+    widths = {batch.input_ids.shape[1] for _, batch in encoder.backbone.iter_batches(texts, batch_size=8)}
+    assert len(widths) > 1  # the shapes a pattern would have been planned for
+
+
 def test_a_changed_model_gets_its_own_export(tiny_bert_path, tmp_path):
     import shutil
 

@@ -235,6 +235,10 @@ class OnnxHiddenStates:
         options = ort.SessionOptions()
         options.intra_op_num_threads = session_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # batches differ in shape (length-sorted, padded per batch): a memory pattern is planned and kept
+        # per shape, so with it the arena grew with the corpus (int8-per-channel, 600 -> 2,000 SciFact
+        # abstracts: 1,066 -> 1,202 MB resident; without it 850 -> 941 MB)
+        options.enable_mem_pattern = False
         providers = ["CPUExecutionProvider"]
         if use_cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
