@@ -46,11 +46,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--texts", type=int, help="encode: timed sentences (default: the mode's)")
     parser.add_argument("--rounds", type=int, help="encode: timed rounds (default: the mode's)")
     parser.add_argument("--quality-pairs", type=int, help="encode: STS-B test pairs scored (default: all 1,379)")
+    parser.add_argument(
+        "--join-abstracts", type=int, default=1, help="ingest: SciFact abstracts per document (long documents; default 1)"
+    )
+    parser.add_argument(
+        "--variants",
+        help="ingest: isotrope sides beside torch, comma-separated (default onnx,onnx-int8,onnx-int8-per-channel,fast)",
+    )
     parser.add_argument("--check", action="store_true", help="render: exit 1 when a committed table is stale")
     parser.set_defaults(mode="quick")
     args = parser.parse_args(argv)
     if args.topic not in ("render", "search") and args.data_dir is None:
         parser.error(f"{args.topic} needs --data-dir (the data root, e.g. ../shared/data)")
+    if args.variants:
+        from benchmarks.ingest import VARIANTS
+
+        unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+        if unknown:
+            parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     if args.data_dir is not None and not args.data_dir.is_dir():
         parser.error(f"--data-dir {args.data_dir} is not a folder")
     return args
@@ -84,7 +97,8 @@ def run_topic(args: argparse.Namespace) -> dict[str, Any]:
     if args.topic == "ingest":
         from benchmarks import ingest
 
-        return ingest.run(args.data_dir, quick=quick, repeat=2, threads=args.threads)
+        variants = tuple(args.variants.split(",")) if args.variants else tuple(ingest.VARIANTS)
+        return ingest.run(args.data_dir, quick=quick, repeat=2, threads=args.threads, join=args.join_abstracts, variants=variants)
     if args.topic == "search":
         from benchmarks import scale, search
 

@@ -170,21 +170,33 @@ def _reset_peak() -> bool:
 
 @dataclass
 class StageMemory:
-    """Peak RSS per named stage of one process (``with memory.stage("fit"): ...``)."""
+    """Peak RSS per named stage of one process (``with memory.stage("fit"): ...``).
+
+    A stage entered again (one per batch) keeps its largest peak, its first ``rss_before_mb``, its
+    last ``rss_after_mb`` and the number of entries; a stage inside another counts in both."""
 
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the peak seen so far by each open stage, innermost last (its VmHWM is reset by an inner stage)
+    _open: list[float] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         before = current_rss_mb()
+        if self._open:  # the enclosing stage's peak so far, before this stage resets VmHWM
+            self._open[-1] = max(self._open[-1], peak_rss_mb())
         resettable = _reset_peak()
+        self._open.append(0.0)
         try:
             yield
         finally:
-            peak = peak_rss_mb() if resettable else None
-            self.stages[name] = {"rss_before_mb": round(before, 1), "rss_after_mb": round(current_rss_mb(), 1)}
-            if peak is not None:
-                self.stages[name]["peak_rss_mb"] = round(peak, 1)
+            peak = max(self._open.pop(), peak_rss_mb())
+            if self._open:
+                self._open[-1] = max(self._open[-1], peak)
+            entry = self.stages.setdefault(name, {"rss_before_mb": round(before, 1), "entries": 0})
+            entry["rss_after_mb"] = round(current_rss_mb(), 1)
+            entry["entries"] += 1
+            if resettable:
+                entry["peak_rss_mb"] = round(max(entry.get("peak_rss_mb", 0.0), peak), 1)
 
 
 # -- machine ------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,13 @@ BATCH_SIZE = 32
 DIM = 384
 WARMUP_DOCS = 4
 SIZES = {"quick": 20, "full": None}  # documents of SciFact (None: the whole corpus)
+#: isotrope FAISS variants run beside the default (torch) side: the other backends and ``--model fast``
+VARIANTS: dict[str, list[str]] = {
+    "onnx": ["--backend", "onnx"],
+    "onnx-int8": ["--backend", "onnx-int8"],
+    "onnx-int8-per-channel": ["--backend", "onnx-int8-per-channel"],
+    "fast": ["--model", "fast"],
+}
 
 
 # -- the child process: one side ----------------------------------------------------
@@ -66,7 +75,7 @@ def ingest_isotrope(
             encoder = ShapedEncoder.load(options["encoder"])
         else:  # fitted by the pipeline
             encoder = ShapedEncoder.create(config, device=device, batch_size=batch_size)
-    with memory.stage("index"):  # load, chunk, fit on the sample, embed, write
+    with pipeline_stages(memory), memory.stage("index"):  # the whole of index_documents
         report = index_documents(
             corpus,
             f"{store}:{target}",
@@ -83,22 +92,67 @@ def ingest_isotrope(
     }
 
 
+#: the pipeline's steps whose peak RSS is measured: (owner module, attribute, stage name); reading and
+#: chunking run between them, lazily, and count in ``index`` only
+PIPELINE_STAGES = (
+    ("isotrope.ingest.plan:IngestPlan", "sample", "load+chunk+sample"),
+    ("isotrope.ingest.plan:Target", "fit", "fit (teacher pass, shaping fit)"),
+    ("isotrope.ingest.pipeline", "_embed", "embed"),
+    ("isotrope.ingest.plan:ChunkWriter", "add", "write"),
+    ("isotrope.ingest.plan:Target", "finish", "finish (index build, default search)"),
+)
+
+
+@contextmanager
+def pipeline_stages(memory: StageMemory) -> Iterator[None]:
+    """Measure each of :data:`PIPELINE_STAGES` as a stage of ``memory`` while the block runs."""
+    import importlib
+
+    restore = []
+    for owner_name, attribute, stage in PIPELINE_STAGES:
+        module_name, _, class_name = owner_name.partition(":")
+        owner = importlib.import_module(module_name)
+        owner = getattr(owner, class_name) if class_name else owner
+        original = getattr(owner, attribute)
+
+        def staged(*args: Any, _original: Any = original, _stage: str = stage, **kwargs: Any) -> Any:
+            with memory.stage(_stage):
+                return _original(*args, **kwargs)
+
+        setattr(owner, attribute, staged)
+        restore.append((owner, attribute, original))
+    try:
+        yield
+    finally:
+        for owner, attribute, original in restore:
+            setattr(owner, attribute, original)
+
+
 def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch_size: int) -> dict[str, Any]:
     import faiss
     from llama_index.core import Document, StorageContext, VectorStoreIndex
+    from llama_index.core.node_parser import SentenceSplitter
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
     from benchmarks.common import model_path
 
-    documents = [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
+    memory = StageMemory()
+    with memory.stage("load"):
+        documents = [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
     options: dict[str, Any] = {}
     if device != "cpu":
         import torch
 
         options["model_kwargs"] = {"dtype": torch.bfloat16}
-    embed_model = HuggingFaceEmbedding(
-        model_name=model_path(), max_length=MAX_SEQ_LENGTH, embed_batch_size=batch_size, device=device, normalize=True, **options
-    )
+    with memory.stage("encoder"):
+        embed_model = HuggingFaceEmbedding(
+            model_name=model_path(),
+            max_length=MAX_SEQ_LENGTH,
+            embed_batch_size=batch_size,
+            device=device,
+            normalize=True,
+            **options,
+        )
     if store == "faiss":
         from llama_index.vector_stores.faiss import FaissVectorStore
 
@@ -108,13 +162,17 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
 
         vector_store = LanceDBVectorStore(uri=str(target), table_name="chunks", mode="overwrite")
     storage = StorageContext.from_defaults(vector_store=vector_store)
-    VectorStoreIndex.from_documents(documents, storage_context=storage, embed_model=embed_model)
-    if store == "faiss":
-        storage.persist(persist_dir=str(target))
-        chunks = vector_store.client.ntotal
-    else:
-        chunks = vector_store.table.count_rows()
-    return {"documents": len(documents), "chunks": int(chunks)}
+    with memory.stage("chunk"):  # what from_documents runs first: the default SentenceSplitter
+        nodes = SentenceSplitter().get_nodes_from_documents(documents)
+    with memory.stage("embed+index"):
+        VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
+    with memory.stage("write"):
+        if store == "faiss":
+            storage.persist(persist_dir=str(target))
+            chunks = vector_store.client.ntotal
+        else:
+            chunks = vector_store.table.count_rows()
+    return {"documents": len(documents), "chunks": int(chunks), "memory_stages": memory.stages}
 
 
 def run_side(
@@ -165,9 +223,14 @@ def _child(args: Any) -> dict[str, Any]:
 
 
 # -- the parent: all sides ----------------------------------------------------------
-def write_corpus(data_dir: str | Path, path: Path, limit: int | None) -> int:
-    """The benchmark's input file: SciFact as JSON lines ``{"_id", "text"}`` (the first ``limit`` documents)."""
-    documents = scifact_documents(data_dir, limit)
+def write_corpus(data_dir: str | Path, path: Path, limit: int | None, join: int = 1) -> int:
+    """The benchmark's input file: SciFact as JSON lines ``{"_id", "text"}`` (the first ``limit`` abstracts),
+    ``join`` consecutive abstracts per document (long technical documents, many chunks each)."""
+    abstracts = scifact_documents(data_dir, limit)
+    documents = [
+        (abstracts[start][0], "\n\n".join(text for _, text in abstracts[start : start + join]))
+        for start in range(0, len(abstracts), max(join, 1))
+    ]
     with open(path, "w", encoding="utf-8") as handle:
         for doc_id, text in documents:
             handle.write(json.dumps({"_id": doc_id, "text": text}) + "\n")
@@ -221,14 +284,25 @@ def merge_runs(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(
-    data_dir: str | Path, *, quick: bool, repeat: int, threads: int, device: str = "cpu", batch_size: int = BATCH_SIZE
+    data_dir: str | Path,
+    *,
+    quick: bool,
+    repeat: int,
+    threads: int,
+    device: str = "cpu",
+    batch_size: int = BATCH_SIZE,
+    join: int = 1,
+    variants: tuple[str, ...] = tuple(VARIANTS),
 ) -> dict[str, Any]:
-    """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store."""
+    """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store, and
+    for each of ``variants`` (isotrope FAISS with another backend or ``--model fast``) against LlamaIndex FAISS.
+    ``join``: abstracts per document (see :func:`write_corpus`)."""
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
         corpus = Path(tmp) / "scifact.jsonl"
-        documents = write_corpus(data_dir, corpus, SIZES["quick" if quick else "full"])
+        documents = write_corpus(data_dir, corpus, SIZES["quick" if quick else "full"], join)
         results: dict[str, Any] = {
             "documents": documents,
+            "abstracts_per_document": join,
             "model": MODEL,
             "batch_size": batch_size,
             "max_seq_length": MAX_SEQ_LENGTH,
@@ -237,11 +311,14 @@ def run(
             "chunking": chunk_statistics(corpus),
             "sides": {},
         }
-        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        names = (*SIDES, *(f"isotrope-faiss:{variant}" for variant in variants))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for round_index in range(repeat):  # interleaved rounds, rotating order: a busy spell hits every side
-            shift = round_index % len(SIDES)
-            for side in SIDES[shift:] + SIDES[:shift]:
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                side, _, variant = name.partition(":")
                 args = [
+                    *VARIANTS.get(variant, []),
                     "--side",
                     side,
                     "--corpus",
@@ -253,16 +330,18 @@ def run(
                     "--batch-size",
                     str(batch_size),
                 ]
-                runs[side].append(run_child("benchmarks.ingest", args, threads))
-                logger.info("ingest %s round %d: %.1fs", side, round_index + 1, runs[side][-1]["median_s"])
-    results["sides"] = {side: merge_runs(entries) for side, entries in runs.items()}
+                runs[name].append(run_child("benchmarks.ingest", args, threads))
+                logger.info("ingest %s round %d: %.1fs", name, round_index + 1, runs[name][-1]["median_s"])
+    results["sides"] = {name: merge_runs(entries) for name, entries in runs.items()}
     sides = results["sides"]
-    for side, entry in sides.items():
-        entry["model_tokens_per_s"] = results["chunking"][side.split("-")[0]]["model_tokens"] / entry["median_s"]
+    for name, entry in sides.items():
+        entry["model_tokens_per_s"] = results["chunking"][name.split("-")[0]]["model_tokens"] / entry["median_s"]
     results["ratios"] = {}
-    for store in ("faiss", "lancedb"):
-        ours, theirs = sides[f"isotrope-{store}"], sides[f"llamaindex-{store}"]
-        results["ratios"][store] = {
+    pairs = {store: (f"isotrope-{store}", f"llamaindex-{store}") for store in ("faiss", "lancedb")}
+    pairs.update({f"faiss:{variant}": (f"isotrope-faiss:{variant}", "llamaindex-faiss") for variant in variants})
+    for key, (our_name, their_name) in pairs.items():
+        ours, theirs = sides[our_name], sides[their_name]
+        results["ratios"][key] = {
             "speedup": ratio(theirs["median_s"], ours["median_s"]),
             "peak_rss_ratio": ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"]),
             "token_throughput_ratio": ratio(ours["model_tokens_per_s"], theirs["model_tokens_per_s"]),

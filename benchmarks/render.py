@@ -133,7 +133,7 @@ def _padding(entry: dict[str, Any], side: str) -> str:
 def render_ingest(item: dict[str, Any]) -> str:
     chunking = item["chunking"]
     head = (
-        f"{item['documents']:,} SciFact documents, {item['model']}, batch size {item['batch_size']}, "
+        f"{item['documents']:,} SciFact documents ({item.get('abstracts_per_document', 1)} abstracts each), {item['model']}, batch size {item['batch_size']}, "
         f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
         f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n"
     )
@@ -167,7 +167,15 @@ def render_ingest(item: dict[str, Any]) -> str:
             for store, e in item["ratios"].items()
         ],
     )
-    return "\n\n".join([head + chunks, sides, ratios])
+    stages = table(
+        ["side", "stage", "peak RSS MB", "RSS before -> after MB"],
+        [
+            [name, stage, m.get("peak_rss_mb", "–"), f"{m['rss_before_mb']} -> {m['rss_after_mb']}"]
+            for name, e in item["sides"].items()
+            for stage, m in e.get("memory_stages", {}).items()
+        ],
+    )
+    return "\n\n".join([head + chunks, sides, ratios, stages])
 
 
 def render_shaping(item: dict[str, Any]) -> str:

@@ -107,6 +107,22 @@ def test_stage_memory_sees_each_stages_own_peak():
     assert small["peak_rss_mb"] - small["rss_before_mb"] < 30  # the first stage's peak was reset
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="per-stage peaks need Linux's clear_refs")
+def test_stage_memory_keeps_a_repeated_stages_largest_peak_and_the_outer_peak():
+    memory = StageMemory()
+    with memory.stage("outer"):
+        block = np.ones(64 * 2**20 // 8)  # 64 MiB touched before the inner stages reset VmHWM
+        del block
+        for size in (48, 0):
+            with memory.stage("batch"):
+                block = np.ones(size * 2**20 // 8)
+                del block
+    outer, batch = memory.stages["outer"], memory.stages["batch"]
+    assert batch["entries"] == 2 and outer["entries"] == 1
+    assert batch["peak_rss_mb"] - batch["rss_before_mb"] >= 44  # the first entry's, not the last's
+    assert outer["peak_rss_mb"] - outer["rss_before_mb"] >= 60  # seen before the inner resets
+
+
 def test_render_states_provenance_and_the_figures():
     text = render.render_topic(document())
     assert "`python -m benchmarks encode --quick --data-dir DATA`" in text
