@@ -144,13 +144,22 @@ def _status_mb(field: str) -> float | None:
     return None
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (VmHWM; ru_maxrss where /proc is missing)."""
+#: the process's peak before the last reset of VmHWM (StageMemory resets it per stage)
+_peak_before_reset_mb = 0.0
+
+
+def _hwm_mb() -> float:
+    """VmHWM: the peak since the last reset (ru_maxrss, the process's, where /proc is missing)."""
     value = _status_mb("VmHWM")
     if value is None:
         scale = 1024 * 1024 if sys.platform == "darwin" else 1024
         value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
     return value
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, across the resets of per-stage peaks."""
+    return max(_hwm_mb(), _peak_before_reset_mb)
 
 
 def current_rss_mb() -> float:
@@ -160,7 +169,10 @@ def current_rss_mb() -> float:
 
 
 def _reset_peak() -> bool:
-    """Reset this process's VmHWM to its current RSS (Linux: ``5`` to clear_refs); False where unsupported."""
+    """Reset this process's VmHWM to its current RSS (Linux: ``5`` to clear_refs), keeping the peak so far
+    for :func:`peak_rss_mb`; False where unsupported."""
+    global _peak_before_reset_mb
+    _peak_before_reset_mb = peak_rss_mb()
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -183,13 +195,13 @@ class StageMemory:
     def stage(self, name: str) -> Iterator[None]:
         before = current_rss_mb()
         if self._open:  # the enclosing stage's peak so far, before this stage resets VmHWM
-            self._open[-1] = max(self._open[-1], peak_rss_mb())
+            self._open[-1] = max(self._open[-1], _hwm_mb())
         resettable = _reset_peak()
         self._open.append(0.0)
         try:
             yield
         finally:
-            peak = max(self._open.pop(), peak_rss_mb())
+            peak = max(self._open.pop(), _hwm_mb())
             if self._open:
                 self._open[-1] = max(self._open[-1], peak)
             entry = self.stages.setdefault(name, {"rss_before_mb": round(before, 1), "entries": 0})

@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from benchmarks import harness, render
-from benchmarks.harness import REPO_ROOT, LoadedMachineError, StageMemory, alternate, check_load, measured, summarize
+from benchmarks.harness import (
+    REPO_ROOT,
+    LoadedMachineError,
+    StageMemory,
+    alternate,
+    check_load,
+    measured,
+    peak_rss_mb,
+    summarize,
+)
 
 ENCODE_RESULT = {
     "model": "all-MiniLM-L6-v2",
@@ -121,6 +130,7 @@ def test_stage_memory_keeps_a_repeated_stages_largest_peak_and_the_outer_peak():
     assert batch["entries"] == 2 and outer["entries"] == 1
     assert batch["peak_rss_mb"] - batch["rss_before_mb"] >= 44  # the first entry's, not the last's
     assert outer["peak_rss_mb"] - outer["rss_before_mb"] >= 60  # seen before the inner resets
+    assert peak_rss_mb() >= outer["peak_rss_mb"]  # the process's peak survives the stages' resets
 
 
 def test_render_states_provenance_and_the_figures():
