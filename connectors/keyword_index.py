@@ -1,0 +1,248 @@
+"""The FAISS store's keyword index: exact BM25 (:mod:`isotrope.lexical`'s formula) from a term x row
+count matrix (``scipy.sparse``) kept in memory, and in ``keyword.npz`` beside the store.
+
+A query scores the postings of its distinct terms only (numpy, vectorised), with the statistics of the
+live rows (N, each term's live document frequency, the average length) computed exactly at query time,
+so upserts and deletes never leave it approximate. Rows changed since the last merge sit in a small
+second matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in.
+
+The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
+compares it with the generation committed in SQLite and rebuilds the index from the stored texts when
+they differ (a kill -9 between the SQLite commit and the file's rename, or a store written before).
+Chosen by measurement (``benchmarks/keyword_engines.py``, docs/SCALING.md): tantivy ranks 35 of 200
+queries' top 10 differently at 1M passages (one-byte length norms), Lance's inverted index keeps
+deleted rows in its statistics, bm25s cannot update a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from scipy.sparse import csr_matrix, hstack
+
+from isotrope.lexical import B, K1
+
+from .faiss_index import fsync_dir
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "keyword.npz"
+#: rows changed since the last merge beyond which a change merges them into the large matrix
+MERGE_ROWS = 50_000
+
+
+class _Segment:
+    """Rows as a term x column count matrix over a shared vocabulary, with each column's key and length
+    (0: a dead column), columns in key order."""
+
+    def __init__(self, counts: csr_matrix, keys: np.ndarray, lengths: np.ndarray) -> None:
+        self.counts, self.keys, self.lengths = counts, keys, lengths.astype(np.float64)
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, Sequence[str]]], vocabulary: dict[str, int]) -> _Segment:
+        """The segment of ``(key, terms)`` rows with distinct keys (new terms added to ``vocabulary``)."""
+        rows = sorted(rows, key=lambda row: row[0])
+        lengths = np.fromiter((len(words) for _, words in rows), dtype=np.int64, count=len(rows))
+        terms = np.fromiter(
+            (vocabulary.setdefault(word, len(vocabulary)) for _, words in rows for word in words),
+            dtype=np.int64,
+            count=int(lengths.sum()),
+        )
+        columns = np.repeat(np.arange(len(rows)), lengths)
+        counts = csr_matrix((np.ones(len(terms), np.float32), (terms, columns)), shape=(len(vocabulary), len(rows)))
+        counts.sum_duplicates()
+        keys = np.fromiter((key for key, _ in rows), dtype=np.int64, count=len(rows))
+        return cls(counts, keys, lengths)
+
+    @classmethod
+    def joined(cls, segments: Sequence[_Segment], terms: int) -> _Segment:
+        """The live columns of ``segments`` (distinct keys) as one segment over ``terms`` vocabulary entries."""
+        parts = []
+        for segment in segments:
+            live = np.flatnonzero(segment.lengths > 0)
+            counts = segment.counts[:, live]
+            counts.resize((terms, len(live)))
+            parts.append((counts, segment.keys[live], segment.lengths[live]))
+        keys = np.concatenate([p[1] for p in parts])
+        order = np.argsort(keys, kind="stable")
+        counts = hstack([p[0] for p in parts], format="csr")[:, order]
+        return cls(counts.tocsr(), keys[order], np.concatenate([p[2] for p in parts])[order])
+
+    def postings(self, term: int) -> tuple[np.ndarray, np.ndarray]:
+        """The live columns holding ``term`` and its counts there."""
+        if term >= self.counts.shape[0]:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        start, end = self.counts.indptr[term], self.counts.indptr[term + 1]
+        columns, counts = self.counts.indices[start:end], self.counts.data[start:end]
+        keep = self.lengths[columns] > 0
+        return columns[keep], counts[keep]
+
+    def kill(self, keys: np.ndarray) -> None:
+        """Mark the columns of ``keys`` dead (keys absent are ignored)."""
+        at = np.searchsorted(self.keys, keys)
+        found = at < len(self.keys)
+        at = at[found]
+        self.lengths[at[self.keys[at] == keys[found]]] = 0.0
+
+
+class KeywordIndex:
+    """Exact BM25 over the rows given to ``upsert`` less those given to ``delete``; rows without terms
+    count in no statistic (as in LanceDB's index)."""
+
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation
+        self._vocabulary: dict[str, int] = {}
+        self._main = _Segment.of([], self._vocabulary)
+        self._pending: dict[int, list[str]] = {}  # key -> terms of the rows changed since the last merge
+        self._recent: _Segment | None = None  # the pending rows as a segment (made on use)
+
+    @classmethod
+    def build(cls, rows: Iterable[Sequence[tuple[int, Sequence[str]]]], generation: int) -> KeywordIndex:
+        """The index of batches of ``(key, terms)`` rows with distinct keys."""
+        index = cls(generation)
+        segments = [_Segment.of([row for row in batch if row[1]], index._vocabulary) for batch in rows]
+        index._main = _Segment.joined(segments or [index._main], len(index._vocabulary))
+        return index
+
+    # ------------------------------------------------------------------ writing
+
+    def upsert(self, rows: Iterable[tuple[int, Sequence[str]]]) -> None:
+        """Index each ``(key, analyzed terms)``, replacing what the key had."""
+        rows = [(int(key), list(terms)) for key, terms in rows]
+        if not rows:
+            return
+        self._main.kill(np.array([key for key, _ in rows], dtype=np.int64))
+        self._pending.update(rows)
+        self._changed()
+
+    def delete(self, keys: Iterable[int]) -> None:
+        """Drop the rows of ``keys`` (unknown keys are ignored)."""
+        gone = np.fromiter(keys, dtype=np.int64)
+        if not len(gone):
+            return
+        self._main.kill(gone)
+        for key in gone.tolist():
+            self._pending.pop(key, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._recent = None
+        if len(self._pending) > MERGE_ROWS:
+            self.merge()
+
+    def _pending_segment(self) -> _Segment:
+        if self._recent is None:
+            self._recent = _Segment.of([(k, t) for k, t in self._pending.items() if t], self._vocabulary)
+        return self._recent
+
+    def merge(self) -> None:
+        """Fold the pending rows into the large matrix, dropping dead columns."""
+        if not self._pending and (self._main.lengths > 0).all():
+            return
+        segments = [self._main, self._pending_segment()]
+        self._main = _Segment.joined(segments, len(self._vocabulary))
+        self._pending = {}
+        self._recent = None
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return sum(int((s.lengths > 0).sum()) for s in (self._main, self._pending_segment()))
+
+    def scores(self, terms: Sequence[str], keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``), restricted
+        to ``keys`` where given (the statistics stay those of all live rows); unordered."""
+        segments = (self._main, self._pending_segment())
+        n_docs = float(sum(int((s.lengths > 0).sum()) for s in segments))
+        wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
+        if n_docs == 0 or not wanted:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        average = sum(float(s.lengths.sum()) for s in segments) / n_docs
+        totals = [np.zeros(len(s.keys)) for s in segments]
+        for term in wanted:
+            parts = [segment.postings(term) for segment in segments]
+            df = sum(len(columns) for columns, _ in parts)
+            if df == 0:
+                continue
+            idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
+            for segment, total, (columns, counts) in zip(segments, totals, parts):
+                tf = counts.astype(np.float64)
+                total[columns] += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * segment.lengths[columns] / average))
+        matched = [np.flatnonzero(total) for total in totals]
+        found = np.concatenate([s.keys[m] for s, m in zip(segments, matched)])
+        scores = np.concatenate([t[m] for t, m in zip(totals, matched)])
+        if keys is not None:
+            keep = np.isin(found, keys)
+            found, scores = found[keep], scores[keep]
+        return found, scores
+
+    def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best ``(keys, scores)``, best first, ties by key."""
+        found, scores = self.scores(terms, keys)
+        if len(found) > k:
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
+            found, scores = found[tied], scores[tied]
+        order = np.lexsort((found, -scores))[:k]
+        return found[order], scores[order]
+
+    # ------------------------------------------------------------------ the file
+
+    def save(self, directory: Path) -> Path:
+        """Merge, then write the index under a temporary name (fsynced); the caller renames it into place
+        once SQLite has committed :attr:`generation`."""
+        self.merge()
+        tmp = directory / (FILE_NAME + ".tmp")
+        main = self._main
+        with open(tmp, "wb") as handle:
+            np.savez(
+                handle,
+                generation=np.int64(self.generation),
+                vocabulary=np.array(list(self._vocabulary), dtype=object).astype(str),
+                indptr=main.counts.indptr,
+                indices=main.counts.indices,
+                data=main.counts.data,
+                keys=main.keys,
+                lengths=main.lengths,
+            )
+            handle.flush()
+            os.fsync(handle.fileno())
+        return tmp
+
+    @staticmethod
+    def install(tmp: Path) -> None:
+        """Rename a saved index into place (after the SQLite commit)."""
+        os.replace(tmp, tmp.with_name(FILE_NAME))
+        fsync_dir(tmp.parent)
+
+    @staticmethod
+    def saved_generation(directory: Path) -> int | None:
+        """The generation of the index saved in ``directory`` (None: none readable), read alone."""
+        try:
+            with np.load(directory / FILE_NAME, allow_pickle=False) as saved:
+                return int(saved["generation"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @classmethod
+    def load(cls, directory: Path) -> KeywordIndex | None:
+        """The index saved in ``directory``; None if there is none or it cannot be read."""
+        path = directory / FILE_NAME
+        if not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                index = cls(int(saved["generation"]))
+                index._vocabulary = {term: i for i, term in enumerate(saved["vocabulary"].tolist())}
+                counts = csr_matrix(
+                    (saved["data"], saved["indices"], saved["indptr"]), shape=(len(index._vocabulary), len(saved["keys"]))
+                )
+                index._main = _Segment(counts, saved["keys"], saved["lengths"])
+        except (OSError, ValueError, KeyError) as error:
+            logger.warning("%s cannot be read (%s)", path, error)
+            return None
+        return index
