@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.lexical import B, K1, index_text, query_terms
+from isotrope.lexical import K1, B, index_text, query_terms
 
 from .scale import passages, query_texts, read_sentences
 

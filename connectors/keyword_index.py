@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.sparse import csr_matrix, hstack
 
-from isotrope.lexical import B, K1
+from isotrope.lexical import K1, B
 
 from .faiss_index import fsync_dir
 
@@ -112,11 +112,11 @@ class KeywordIndex:
 
     def upsert(self, rows: Iterable[tuple[int, Sequence[str]]]) -> None:
         """Index each ``(key, analyzed terms)``, replacing what the key had."""
-        rows = [(int(key), list(terms)) for key, terms in rows]
-        if not rows:
+        changed = {int(key): list(terms) for key, terms in rows}
+        if not changed:
             return
-        self._main.kill(np.array([key for key, _ in rows], dtype=np.int64))
-        self._pending.update(rows)
+        self._main.kill(np.fromiter(changed, dtype=np.int64, count=len(changed)))
+        self._pending.update(changed)
         self._changed()
 
     def delete(self, keys: Iterable[int]) -> None:

@@ -6,7 +6,6 @@ with the rows; and the collection, CLI, LlamaIndex and evaluation interfaces."""
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import numpy as np
 import pytest

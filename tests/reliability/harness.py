@@ -195,7 +195,15 @@ class Tally:
 
     @property
     def clean(self) -> bool:
-        return not (self.lost or self.duplicated or self.extra or self.mismatched_vectors or self.mismatched_keyword or self.unreadable or self.failures)
+        return not (
+            self.lost
+            or self.duplicated
+            or self.extra
+            or self.mismatched_vectors
+            or self.mismatched_keyword
+            or self.unreadable
+            or self.failures
+        )
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "failures"} | {"failures": self.failures[:5]}
