@@ -22,6 +22,7 @@ def assert_exact(index, rows):
         assert set(by_key) == {key for key, s in zip(keys, expected) if s > 0}, query
         np.testing.assert_allclose([by_key[k] for k in sorted(by_key)], [s for s in expected if s > 0], rtol=1e-9)
         top_keys, top_scores = index.top(query_terms(query), 5)
+        np.testing.assert_allclose(top_scores, [-s for s, _ in sorted((-s, k) for k, s in zip(keys, expected) if s > 0)[:5]])
         order = sorted((-s, k) for k, s in zip(keys, expected) if s > 0)[:5]  # ties by key
         assert top_keys.tolist() == [k for _, k in order], query
 
