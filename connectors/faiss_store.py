@@ -3,8 +3,9 @@
 Directory layout::
 
     store.sqlite   meta (format, dim, factory, metric, index digest, calibrated breadth), properties, and the
-                   rows with their FTS5 keyword index and metadata field counts (:mod:`.sqlite_rows`,
-                   :mod:`.sqlite_lexical`), all written in one transaction
+                   rows with their metadata field counts (:mod:`.sqlite_rows`), all written in one transaction
+    keyword.npz    the exact BM25 keyword index of the rows' texts, at SQLite's ``keyword_generation``
+                   (:mod:`.sqlite_lexical`, :mod:`.keyword_index`)
     index.faiss    the faiss index over the stored vectors, keyed by the rows' int64 keys (:mod:`.faiss_index`)
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
@@ -110,7 +111,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
     #: only the shaped vectors are kept (reshape needs a LanceDB store)
     stores_raw_vectors = False
     #: the full-text and vector queries of a hybrid search run one after the other (measured: side by side
-    #: on two cores they take longer, faiss's threads and FTS5's scoring compete)
+    #: on two cores they take longer, faiss's threads and the keyword scoring compete)
     concurrent_queries = False
     #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
     appends_new_ids = True
