@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -41,6 +42,16 @@ class _Segment:
 
     def __init__(self, counts: csr_matrix, keys: np.ndarray, lengths: np.ndarray) -> None:
         self.counts, self.keys, self.lengths = counts, keys, lengths.astype(np.float64)
+        self.alive = int((self.lengths > 0).sum())  # live columns
+        self.length_sum = float(self.lengths.sum())
+        self._norm: tuple[float, np.ndarray] | None = None  # (average length, each column's BM25 length norm)
+        self._local = threading.local()
+
+    def norm(self, average: float) -> np.ndarray:
+        """``k1 * (1 - b + b * dl / avgdl)`` of each column (kept until the average changes)."""
+        if self._norm is None or self._norm[0] != average:
+            self._norm = (average, K1 * (1 - B + B * self.lengths / average))
+        return self._norm[1]
 
     @classmethod
     def of(cls, rows: Sequence[tuple[int, Sequence[str]]], vocabulary: dict[str, int]) -> _Segment:
@@ -63,14 +74,28 @@ class _Segment:
         """The live columns of ``segments`` (distinct keys) as one segment over ``terms`` vocabulary entries."""
         parts = []
         for segment in segments:
-            live = np.flatnonzero(segment.lengths > 0)
-            counts = segment.counts[:, live]
-            counts.resize((terms, len(live)))
-            parts.append((counts, segment.keys[live], segment.lengths[live]))
+            if segment.alive == len(segment.keys):  # no copy where no column died
+                counts, keys, lengths = segment.counts, segment.keys, segment.lengths
+            else:
+                live = np.flatnonzero(segment.lengths > 0)
+                counts, keys, lengths = segment.counts[:, live], segment.keys[live], segment.lengths[live]
+            counts.resize((terms, len(keys)))
+            parts.append((counts, keys, lengths))
         keys = np.concatenate([p[1] for p in parts])
-        order = np.argsort(keys, kind="stable")
-        counts = hstack([p[0] for p in parts], format="csr")[:, order]
-        return cls(counts.tocsr(), keys[order], np.concatenate([p[2] for p in parts])[order])
+        counts = hstack([p[0] for p in parts], format="csr")
+        lengths = np.concatenate([p[2] for p in parts])
+        if (np.diff(keys) < 0).any():  # rows appended in key order (new rows) need no reordering
+            order = np.argsort(keys, kind="stable")
+            counts, keys, lengths = counts[:, order].tocsr(), keys[order], lengths[order]
+        return cls(counts, keys, lengths)
+
+    def buffer(self) -> np.ndarray:
+        """A zeroed float64 array with a slot per column, one per thread, reused by its queries (which zero
+        what they touch)."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = np.zeros(len(self.keys))
+        return buffer
 
     def postings(self, term: int) -> tuple[np.ndarray, np.ndarray]:
         """The live columns holding ``term`` and its counts there."""
@@ -78,6 +103,8 @@ class _Segment:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         start, end = self.counts.indptr[term], self.counts.indptr[term + 1]
         columns, counts = self.counts.indices[start:end], self.counts.data[start:end]
+        if self.alive == len(self.keys):
+            return columns, counts
         keep = self.lengths[columns] > 0
         return columns[keep], counts[keep]
 
@@ -86,7 +113,11 @@ class _Segment:
         at = np.searchsorted(self.keys, keys)
         found = at < len(self.keys)
         at = at[found]
-        self.lengths[at[self.keys[at] == keys[found]]] = 0.0
+        at = at[(self.keys[at] == keys[found]) & (self.lengths[at] > 0)]
+        self.alive -= len(at)
+        self.length_sum -= float(self.lengths[at].sum())
+        self.lengths[at] = 0.0
+        self._norm = None
 
 
 class KeywordIndex:
@@ -151,38 +182,64 @@ class KeywordIndex:
     # ------------------------------------------------------------------ reading
 
     def __len__(self) -> int:
-        return sum(int((s.lengths > 0).sum()) for s in (self._main, self._pending_segment()))
+        return self._main.alive + self._pending_segment().alive
 
     def scores(self, terms: Sequence[str], keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``), restricted
-        to ``keys`` where given (the statistics stay those of all live rows); unordered."""
-        segments = (self._main, self._pending_segment())
-        n_docs = float(sum(int((s.lengths > 0).sum()) for s in segments))
-        wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
-        if n_docs == 0 or not wanted:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        average = sum(float(s.lengths.sum()) for s in segments) / n_docs
-        totals = [np.zeros(len(s.keys)) for s in segments]
-        for term in wanted:
-            parts = [segment.postings(term) for segment in segments]
-            df = sum(len(columns) for columns, _ in parts)
-            if df == 0:
-                continue
-            idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
-            for segment, total, (columns, counts) in zip(segments, totals, parts):
-                tf = counts.astype(np.float64)
-                total[columns] += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * segment.lengths[columns] / average))
-        matched = [np.flatnonzero(total) for total in totals]
-        found = np.concatenate([s.keys[m] for s, m in zip(segments, matched)])
-        scores = np.concatenate([t[m] for t, m in zip(totals, matched)])
+        to ``keys`` where given (the statistics stay those of all live rows); each row once, unordered."""
+        found, scores, terms_matched = self._matches(terms)
+        if terms_matched > 1:  # a row holding several query terms is listed once per term
+            found, first = np.unique(found, return_index=True)
+            scores = scores[first]
         if keys is not None:
             keep = np.isin(found, keys)
             found, scores = found[keep], scores[keep]
         return found, scores
 
+    def _matches(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(keys, BM25, t)``: each posting of the ``t`` query terms found, with its row's whole score (a row
+        appears once per term it holds). Only the postings are touched: O(postings), not O(rows)."""
+        segments = [s for s in (self._main, self._pending_segment()) if len(s.keys)]
+        n_docs = float(sum(s.alive for s in segments))
+        wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
+        if n_docs == 0 or not wanted:
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0
+        average = sum(s.length_sum for s in segments) / n_docs
+        found, scores = [], []
+        for segment in segments:
+            norm, total = segment.norm(average), segment.buffer()
+            parts = [segment.postings(term) for term in wanted]
+            columns = []
+            for term, (cols, counts) in zip(wanted, parts):
+                df = sum(len(other.postings(term)[0]) for other in segments) if len(segments) > 1 else len(cols)
+                if len(cols) == 0:
+                    continue
+                idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
+                total[cols] += (idf * (K1 + 1)) * (counts / (counts + norm[cols]))
+                columns.append(cols)
+            if columns:
+                every = np.concatenate(columns)
+                found.append(segment.keys[every])
+                scores.append(total[every])
+                total[every] = 0.0  # the buffer is all zeros again
+        if not found:
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0
+        return np.concatenate(found), np.concatenate(scores), len(wanted)
+
     def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)``, best first, ties by key."""
-        found, scores = self.scores(terms, keys)
+        if keys is not None:
+            found, scores = self.scores(terms, keys)
+        else:
+            found, scores, terms_matched = self._matches(terms)
+            reach = k * max(terms_matched, 1)  # a row appears at most once per term: k distinct rows among these
+            if len(found) > reach:
+                kth = scores[np.argpartition(-scores, reach - 1)[reach - 1]]
+                kept = scores >= kth
+                found, scores = found[kept], scores[kept]
+            if terms_matched > 1:
+                found, first = np.unique(found, return_index=True)
+                scores = scores[first]
         if len(found) > k:
             kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
