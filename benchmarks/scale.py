@@ -573,6 +573,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
                     f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
                     f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |"
                 )
+    lines += [
+        "",
+        "| chunks | store | mode (cold: first queries after open) | p50 ms | p99 ms | bare keyword p50 ms | bare p99 ms |",
+        "|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        for kind, data in result["stores"].items():
+            modes = data["search"].get("text_modes", {})
+            bare = modes.get("keyword_bare")
+            for mode in ("keyword", "hybrid"):
+                if mode in modes:
+                    peer = f"{bare['p50_ms']:.2f} | {bare['p99_ms']:.2f}" if bare and mode == "keyword" else " | "
+                    lines.append(
+                        f"| {result['chunks']:,} | {kind} | {mode} | {modes[mode]['p50_ms']:.2f} | {modes[mode]['p99_ms']:.2f} | {peer} |"
+                    )
     return "\n".join(lines)
 
 
