@@ -253,7 +253,8 @@ class KeywordIndex:
         """Merge, then write the index under a temporary name (fsynced); the caller renames it into place
         once SQLite has committed :attr:`generation`."""
         self.merge()
-        tmp = directory / (FILE_NAME + ".tmp")
+        # a name of its own: threads of one process, or two readers rebuilding a lagging index, may save at once
+        tmp = directory / f"{FILE_NAME}.{os.getpid()}-{threading.get_ident()}.tmp"
         main = self._main
         with open(tmp, "wb") as handle:
             np.savez(
@@ -272,9 +273,14 @@ class KeywordIndex:
 
     @staticmethod
     def install(tmp: Path) -> None:
-        """Rename a saved index into place (after the SQLite commit)."""
+        """Rename a saved index into place (after the SQLite commit); drop temporary files that processes
+        killed while saving left behind."""
         os.replace(tmp, tmp.with_name(FILE_NAME))
         fsync_dir(tmp.parent)
+        for left in tmp.parent.glob(f"{FILE_NAME}.*.tmp"):
+            pid = left.name[len(FILE_NAME) + 1 :].split("-", 1)[0]
+            if pid.isdigit() and not _running(int(pid)):
+                left.unlink(missing_ok=True)
 
     @staticmethod
     def saved_generation(directory: Path) -> int | None:
@@ -303,3 +309,14 @@ class KeywordIndex:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
         return index
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,5 +1,7 @@
 """The FAISS store's keyword index against the float64 BM25 reference, through merges, saves and loads."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -53,3 +55,16 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
 def test_an_unreadable_file_is_none(tmp_path):
     (tmp_path / keyword_index.FILE_NAME).write_bytes(b"not a zip")
     assert KeywordIndex.load(tmp_path) is None and KeywordIndex.saved_generation(tmp_path) is None
+
+
+def test_saves_use_their_own_file_and_install_drops_leftovers_of_dead_processes(tmp_path):
+    index = KeywordIndex.build([[(1, ["a", "b"]), (2, ["b"])]], generation=1)
+    dead = tmp_path / f"{keyword_index.FILE_NAME}.999999999-1.tmp"  # no such pid
+    dead.write_bytes(b"half written")
+    alive = tmp_path / f"{keyword_index.FILE_NAME}.{os.getpid()}-0.tmp"  # a save in progress in this process
+    alive.write_bytes(b"in progress")
+    first, second = index.save(tmp_path), index.save(tmp_path)
+    assert first == second != alive  # one name per process and thread
+    KeywordIndex.install(first)
+    assert not dead.exists() and alive.exists()
+    assert KeywordIndex.saved_generation(tmp_path) == 1
