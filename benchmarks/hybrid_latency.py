@@ -15,8 +15,7 @@ scores weighted 0.3 / 0.7, as isotrope's default) over ``BM25Retriever`` (llama-
 bm25s in memory) and a vector retriever on the same store, ``DEFAULT_CANDIDATES`` each side, as isotrope fuses.
 ``--queries-only``: isotrope's query rows only, with the hybrid query's parts (its two legs at the candidate
 depth, its two completion lookups and the final hits' text) timed alone. ``--warmup N``: N other queries of
-the same distribution searched (hybrid) before the timed rows, as a serving process has (the FAISS store
-keeps its frequent terms' BM25 in memory once queries repeat them: ``isotrope.connectors.fts5_terms``).
+the same distribution searched (hybrid) before the timed rows, as a serving process has.
 
     python -m benchmarks.hybrid_latency [--chunks 100000] [--queries 200] [--queries-only] [--warmup N] [--out F.json]
 """

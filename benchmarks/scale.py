@@ -49,6 +49,8 @@ FIT_PASSAGES = 20_000
 FIRST_WINDOW = 3
 SLIDING_WINDOWS = (2, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 ADD_BATCH = 2048
+#: the search modes measured; keyword and hybrid cold, through Collection.search, beside the bare keyword engine
+MODES = "dense,keyword,hybrid"
 
 
 # -- passages -------------------------------------------------------------------------
@@ -259,6 +261,40 @@ def bare_refined(store: Any, factory: str, refine: int) -> tuple[Any, Callable[[
     return index, search
 
 
+def percentiles_ms(call: Callable[[str], Any], texts: list[str]) -> dict[str, float]:
+    times = []
+    for text in texts:
+        tick = time.perf_counter()
+        call(text)
+        times.append(1000 * (time.perf_counter() - tick))
+    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
+
+
+def text_modes(
+    uri: str, texts: list[str], modes: list[str], bare: Callable[[Any], Callable[[str], Any]] | None
+) -> dict[str, Any]:
+    """Keyword and hybrid ``Collection.search(text)`` cold (the first queries after open; hybrid encodes),
+    then the bare keyword engine (``bare(store)``: a call on one text) on the same texts."""
+    from isotrope.search import Collection
+
+    out: dict[str, Any] = {}
+    with Collection.open(uri) as collection:
+        for mode in (m for m in modes if m != "dense"):
+            name = "lexical" if mode == "keyword" else mode
+            out[mode] = percentiles_ms(lambda text, name=name: collection.search(text, k=K, mode=name), texts)
+        if bare is not None and "keyword" in modes:
+            out["keyword_bare"] = percentiles_ms(bare(collection.store), texts)
+    return out
+
+
+def faiss_keyword_bare(store: Any) -> Callable[[str], Any]:
+    """The FAISS store's keyword index alone (no hit rows read)."""
+    from isotrope.lexical import query_terms
+
+    index = store._keyword_index()
+    return lambda text: index.top(query_terms(text), K)
+
+
 def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     import faiss
     from llama_index.core.vector_stores.types import VectorStoreQuery
@@ -269,7 +305,8 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
 
     texts, queries = encoded_queries(args)
     path = Path(args.path)
-    result: dict[str, Any] = {"p50_ms_single_with_encode_auto": collection_p50_ms(f"faiss:{path}", texts, args.single)}
+    result: dict[str, Any] = {"text_modes": text_modes(f"faiss:{path}", texts, args.modes.split(","), faiss_keyword_bare)}
+    result["p50_ms_single_with_encode_auto"] = collection_p50_ms(f"faiss:{path}", texts, args.single)
     store = FaissStore(path)
     result["auto_index"] = store.index_info()
     key_of = dict(store._conn.execute("SELECT id, key FROM items"))
@@ -437,6 +474,7 @@ def run(
     types: dict[str, str] | None = None,
     chunk_tokens: int = 256,
     nprobe: int | None = None,
+    modes: str = MODES,
 ) -> dict[str, Any]:
     types = {**DEFAULT_TYPES, **(types or {})}
     result: dict[str, Any] = {
@@ -482,7 +520,11 @@ def run(
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
             logger.warning("%s: %s", kind, indexing)
             logger.warning("searching %s", kind)
-            search = run_child("benchmarks.scale", ["--child", f"search-{kind}", "--types", types[kind], *common], search_threads)
+            search = run_child(
+                "benchmarks.scale",
+                ["--child", f"search-{kind}", "--types", types[kind], "--modes", modes, *common],
+                search_threads,
+            )
             result["stores"][kind] = {"indexing": indexing, "search": search}
             out.write_text(json.dumps(result, indent=2))
     finally:
@@ -531,6 +573,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
                     f"{row['bare_p50_ms_single']:.2f} | {row['overhead_pct_single']:+.1f} | "
                     f"{row['overhead_pct_batch']:+.1f} | {'' if llama is None else f'{llama:.2f}'} |"
                 )
+    lines += [
+        "",
+        "| chunks | store | mode (cold: first queries after open) | p50 ms | p99 ms | bare keyword p50 ms | bare p99 ms |",
+        "|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        for kind, data in result["stores"].items():
+            modes = data["search"].get("text_modes", {})
+            bare = modes.get("keyword_bare")
+            for mode in ("keyword", "hybrid"):
+                if mode in modes:
+                    peer = f"{bare['p50_ms']:.2f} | {bare['p99_ms']:.2f}" if bare and mode == "keyword" else " | "
+                    lines.append(
+                        f"| {result['chunks']:,} | {kind} | {mode} | {modes[mode]['p50_ms']:.2f} | {modes[mode]['p99_ms']:.2f} | {peer} |"
+                    )
     return "\n".join(lines)
 
 
@@ -580,6 +637,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--child", choices=sorted(CHILDREN), required=True)
         for name in ("--data-dir", "--kind", "--path", "--types"):
             parser.add_argument(name)
+        parser.add_argument("--modes", default=MODES)
         parser.add_argument("--encoder", type=Path)
         for name in ("--chunks", "--queries", "--single", "--batch-repeats", "--chunk-tokens", "--nprobe"):
             parser.add_argument(name, type=int)
@@ -609,6 +667,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--faiss-types", default=DEFAULT_TYPES["faiss"], help="FAISS index types to search")
     parser.add_argument("--lancedb-types", default=DEFAULT_TYPES["lancedb"], help="LanceDB index types to search")
     parser.add_argument("--nprobe", type=int, help="FAISS IVF lists probed, instead of the calibrated breadth")
+    parser.add_argument("--modes", default=MODES, help="search modes measured (dense always runs): dense,keyword,hybrid")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     run(
@@ -627,6 +686,7 @@ def main(argv: list[str] | None = None) -> None:
         {"faiss": args.faiss_types, "lancedb": args.lancedb_types},
         args.chunk_tokens,
         args.nprobe,
+        args.modes,
     )
 
 

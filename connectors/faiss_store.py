@@ -3,8 +3,9 @@
 Directory layout::
 
     store.sqlite   meta (format, dim, factory, metric, index digest, calibrated breadth), properties, and the
-                   rows with their FTS5 keyword index and metadata field counts (:mod:`.sqlite_rows`,
-                   :mod:`.sqlite_lexical`), all written in one transaction
+                   rows with their metadata field counts (:mod:`.sqlite_rows`), all written in one transaction
+    keyword.npz    the exact BM25 keyword index of the rows' texts, at SQLite's ``keyword_generation``
+                   (:mod:`.sqlite_lexical`, :mod:`.keyword_index`)
     index.faiss    the faiss index over the stored vectors, keyed by the rows' int64 keys (:mod:`.faiss_index`)
 
 Because the vectors are in SQLite, the index can always be rebuilt: when it is missing,
@@ -31,7 +32,6 @@ from typing import Any
 import faiss
 import numpy as np
 
-from isotrope.lexical import index_text
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
     DEFAULT_METRIC,
@@ -65,7 +65,6 @@ from .faiss_index import (
     working_index,
     write_copy,
 )
-from .fts5_terms import TermScores
 from .sqlite_lexical import SqliteLexicalIndex
 from .sqlite_rows import CHUNK, DB_NAME, connect_db, create_db
 
@@ -112,7 +111,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
     #: only the shaped vectors are kept (reshape needs a LanceDB store)
     stores_raw_vectors = False
     #: the full-text and vector queries of a hybrid search run one after the other (measured: side by side
-    #: on two cores they take longer, faiss's threads and FTS5's scoring compete)
+    #: on two cores they take longer, faiss's threads and the keyword scoring compete)
     concurrent_queries = False
     #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
     appends_new_ids = True
@@ -154,7 +153,6 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
         self._conn = self._connect(dim, None if index is None else factory_of(index), metric, refine)
         self._reader: sqlite3.Connection | None = None  # the read-only connection of _db (opened on use)
-        self._term_scores = TermScores("items_fts")  # frequent terms' BM25, for unfiltered lexical reads
         self._has_fields_table = (
             self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metadata_fields'").fetchone() is not None
         )
@@ -351,9 +349,8 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             (text, dumps_metadata(meta), vector.tobytes(), i)
             for i, text, meta, vector in zip(batch.ids, batch.texts, batch.metadata, vectors)
         ]
-        terms = [index_text(text) for text in batch.texts]
+        self._keyword_index()  # loaded before the rows change: it follows them from here
         self._begin()
-        self._ensure_lexical_index()
         self._ensure_fields_table()
         self._conn.execute("SAVEPOINT isotrope_add")
         try:
@@ -370,10 +367,6 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
                 [row for row in rows if row[3] not in existing],
             )
             keys = self._keys(batch.ids)
-            self._delete_terms(list(existing.values()))
-            self._conn.executemany(
-                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)", [(keys[i], t) for i, t in zip(batch.ids, terms) if t]
-            )
             if existing and not can_remove(self._index):
                 self._index = self._refill()
             else:
@@ -381,9 +374,11 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
                     self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(existing.values(), dtype=np.int64)))
                 self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
                 self._train_if_due()
+            self._keyword_upsert([(keys[i], text) for i, text in zip(batch.ids, batch.texts)])
         except BaseException:
             self._conn.execute("ROLLBACK TO isotrope_add")
             self._index = self._rebuild()
+            self._keyword_discard()
             raise
         finally:
             self._conn.execute("RELEASE isotrope_add")
@@ -420,15 +415,15 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         keys = self._keys(as_ids(ids))
         if not keys:
             return
+        self._keyword_index()
         self._begin()
-        self._ensure_lexical_index()
         self._ensure_fields_table()
         removed: Counter[str] = Counter()
         removed.subtract(self._field_counts(list(keys.values())))
         self._update_fields(removed)
         for part in chunks(list(keys.values()), CHUNK):
             self._conn.execute(f"DELETE FROM items WHERE key IN ({','.join('?' * len(part))})", part)
-        self._delete_terms(list(keys.values()))
+        self._keyword_delete(list(keys.values()))
         if can_remove(self._index):
             self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(keys.values(), dtype=np.int64)))
         else:
@@ -449,8 +444,10 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
+        keyword = self._stage_keyword()
         if not self._dirty:
             self._conn.execute("COMMIT")
+            self._install_keyword(keyword)
             return
         tmp = write_copy(self._index, self.path / INDEX_NAME)
         self._begin()
@@ -459,6 +456,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         os.replace(tmp, self.path / INDEX_NAME)
         fsync_dir(self.path)
         self._dirty = False
+        self._install_keyword(keyword)
 
     # ------------------------------------------------------------------ index planning
 

@@ -1,122 +1,141 @@
-"""The keyword index of a store kept in SQLite: an FTS5 table of each row's text analyzed by
-:mod:`isotrope.lexical`, written in the rows' transaction and scored by FTS5's BM25; frequent terms'
-scores kept in memory (:mod:`.fts5_terms`)."""
+"""The keyword search of a store kept in SQLite: exact BM25 from a :class:`~.keyword_index.KeywordIndex`
+that follows the rows.
+
+SQLite stays the source of truth. Its ``meta`` row ``keyword_generation`` counts the commits that
+changed rows; ``keyword.npz`` records the generation it reflects. A store whose file is missing or lags
+(a kill -9 between the SQLite commit and the file's rename, another process's commit, a store written
+with the FTS5 index of before) rebuilds the index from the stored texts on first use, and logs it.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from isotrope.lexical import fts5_match, index_text, query_terms
+from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
-from isotrope.stores.filters import to_sqlite
-from isotrope.stores.rows import chunks
 
-from .fts5_terms import TermScores
-from .sqlite_rows import CHUNK, FTS_SCHEMA, READ_BATCH, SqliteRows
+from .keyword_index import KeywordIndex
+from .sqlite_rows import READ_BATCH, SqliteRows
 
 logger = logging.getLogger(__name__)
 
+_GENERATION = "SELECT value FROM meta WHERE key = 'keyword_generation'"
+
 
 class SqliteLexicalIndex(SqliteRows):
-    """Lexical search over the rows' FTS5 table ``items_fts`` (rowid = the row's key)."""
+    """Keyword search over the rows' texts; ``_keyword`` is loaded on first use and kept current by
+    ``_keyword_upsert`` / ``_keyword_delete`` (called inside the write transaction)."""
 
-    _term_scores: TermScores
+    _keyword: KeywordIndex | None = None
+    _keyword_changed: bool = False
 
-    def _delete_terms(self, keys: Sequence[int]) -> None:
-        for part in chunks(keys, CHUNK):
-            self._conn.execute(f"DELETE FROM items_fts WHERE rowid IN ({','.join('?' * len(part))})", part)
+    def _committed_generation(self) -> int:
+        row = self._db.execute(_GENERATION).fetchone()
+        return int(row[0]) if row else 0
 
     @property
     def has_lexical_index(self) -> bool:
-        """Whether the FTS5 table of lexical search exists (a store written before it had none: ``build_lexical_index``)."""
-        return self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_fts'").fetchone() is not None
+        """Whether the keyword index file reflects the last commit (else the first keyword search builds it)."""
+        if self._keyword_changed:
+            return True  # written at the commit
+        return KeywordIndex.saved_generation(self.path) == self._committed_generation()
 
-    def _ensure_lexical_index(self) -> None:
-        """Build the FTS5 table of a store written before it existed (inside the open transaction)."""
-        if self.has_lexical_index:
-            return
-        logger.warning("%s has no lexical index: building it from the %d stored texts", self.path, len(self))
-        self._conn.execute(FTS_SCHEMA)
-        cursor = self._conn.execute("SELECT key, text FROM items ORDER BY key")
-        while rows := cursor.fetchmany(READ_BATCH):
-            self._conn.executemany(
-                "INSERT INTO items_fts (rowid, terms) VALUES (?, ?)",
-                [(key, terms) for key, text in rows if (terms := index_text(text))],
+    def _keyword_index(self) -> KeywordIndex:
+        """The index of the rows as this handle sees them: reloaded or rebuilt when another commit moved on."""
+        index = self._keyword
+        if index is not None and (self._keyword_changed or index.generation == self._committed_generation()):
+            return index
+        generation = self._committed_generation()
+        index = KeywordIndex.load(self.path)
+        if index is None or index.generation != generation:
+            (logger.warning if generation or len(self) else logger.debug)(
+                "%s: the keyword index does not reflect commit %d; building it from the %d stored texts",
+                self.path,
+                generation,
+                len(self),
             )
+            index = KeywordIndex.build(self._analyzed_rows(), generation)
+            if not self._conn.in_transaction:  # it reflects the commit: kept for the next open
+                KeywordIndex.install(index.save(self.path))
+        self._keyword = index
+        return index
+
+    def _analyzed_rows(self) -> Iterator[list[tuple[int, list[str]]]]:
+        cursor = self._db.execute("SELECT key, text FROM items ORDER BY key")
+        while rows := cursor.fetchmany(READ_BATCH):
+            yield [(key, analyze(text)) for key, text in rows]
 
     def build_lexical_index(self) -> None:
-        """Build the lexical index if the store has none: committed now, or with the pending writes."""
-        if self.has_lexical_index:
-            return
-        if self._conn.in_transaction:
-            self._ensure_lexical_index()
-            return
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._ensure_lexical_index()
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+        """Build the keyword index now and write it (a store whose file is missing or lags)."""
+        if not self.has_lexical_index:
+            self._keyword_index()
+
+    def _keyword_upsert(self, rows: Sequence[tuple[int, str | None]]) -> None:
+        self._keyword_index().upsert((key, analyze(text)) for key, text in rows)
+        self._keyword_changed = True
+
+    def _keyword_delete(self, keys: Sequence[int]) -> None:
+        self._keyword_index().delete(keys)
+        self._keyword_changed = True
+
+    def _keyword_discard(self) -> None:
+        """After a rolled-back write: the index rebuilt from the rows the open transaction holds."""
+        if self._keyword_changed:
+            self._keyword = KeywordIndex.build(self._analyzed_rows(), self._committed_generation())
+
+    def _stage_keyword(self) -> Path | None:
+        """Inside the open transaction at commit: the next generation recorded and the index saved under a
+        temporary name, to rename with :meth:`_install_keyword` once SQLite has committed."""
+        if not self._keyword_changed or self._keyword is None:
+            return None
+        generation = self._committed_generation() + 1
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('keyword_generation', ?)", (str(generation),))
+        self._conn.execute("DROP TABLE IF EXISTS items_fts")  # the FTS5 index of stores written before
+        self._keyword.generation = generation
+        return self._keyword.save(self.path)
+
+    def _install_keyword(self, tmp: Path | None) -> None:
+        if tmp is not None:
+            KeywordIndex.install(tmp)
+            self._keyword_changed = False
+
+    def _allowed_keys(self, where: Mapping[str, Any] | None) -> np.ndarray | None:
+        if not where:
+            return None
+        from isotrope.stores.filters import to_sqlite
+
+        sql, params = to_sqlite(where)
+        return np.array([key for (key,) in self._db.execute(f"SELECT key FROM items WHERE {sql}", params)], dtype=np.int64)
 
     def lexical_search(
         self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
     ) -> list[list[Hit]]:
-        """The ``k`` best rows of each query text by FTS5's ``bm25()`` (negated: higher is better),
-        among rows matching ``where``. A store without the lexical index gets it built first. Outside a write
-        transaction an unfiltered query whose terms repeat is answered from their scores kept in memory
-        (:mod:`.fts5_terms`): the same rows and scores, without FTS5 scoring every match again."""
+        """The ``k`` best rows of each query text by BM25 (:mod:`isotrope.lexical`), among rows matching
+        ``where``; ties by insertion order."""
         k = check_k(k)
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of query strings, not a single string")
-        if not self.has_lexical_index:
-            self.build_lexical_index()
-        condition, params = "", []  # type: str, list[Any]
-        if where:
-            sql, params = to_sqlite(where)
-            condition = f" AND rowid IN (SELECT key FROM items WHERE {sql})"
-        query = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ?{condition} ORDER BY rank, rowid LIMIT ?"
+        index = self._keyword_index()
+        allowed = self._allowed_keys(where)
         out = []
-        db = self._db
         for text in texts:
-            terms = query_terms(text)
-            cached = self._term_scores.top(db, terms, k) if terms and not where and db is self._reader else None
-            if cached is not None:
-                keys, scores = cached
-            else:
-                found = db.execute(query, [fts5_match(terms), *params, k]).fetchall() if terms else []
-                keys = np.array([key for key, _ in found], dtype=np.int64)
-                scores = np.array([score for _, score in found], dtype=np.float64)
+            keys, scores = index.top(query_terms(text), k, allowed)
             out.append(self._hits(keys.reshape(1, -1), scores.reshape(1, -1), with_text)[0])
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Each query text's ``-bm25()`` of each of its ids (0 for a row sharing no term): the FTS5 query
-        restricted to those rows, with the whole index's statistics (or, as in ``lexical_search``, the sum
-        of the terms' scores kept in memory)."""
-        if not self.has_lexical_index:
-            self.build_lexical_index()
+        """Each query text's BM25 of each of its ids (0 for a row sharing no term), with the statistics
+        of all stored rows."""
+        index = self._keyword_index()
         out = []
-        db = self._db
         for text, wanted in zip(texts, ids):
             keys = self._keys(list(wanted))
-            scores = dict.fromkeys(wanted, 0.0)
-            terms = query_terms(text)
-            cached = (
-                self._term_scores.of(db, terms, np.array(list(keys.values()))) if terms and keys and db is self._reader else None
-            )
-            if cached is not None:
-                scores.update(zip(keys, cached.tolist()))
-            elif terms and keys:
-                id_of = {key: id_ for id_, key in keys.items()}
-                for part in chunks(list(id_of), CHUNK):
-                    # ``+rowid``: one full-text query filtered by SQLite, not one per rowid (4x slower at 200 rows)
-                    sql = f"SELECT rowid, -bm25(items_fts) FROM items_fts WHERE items_fts MATCH ? AND +rowid IN ({','.join('?' * len(part))})"
-                    for key, score in self._db.execute(sql, [fts5_match(terms), *part]):
-                        scores[id_of[key]] = score
-            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
+            found, scores = index.scores(query_terms(text), np.fromiter(keys.values(), dtype=np.int64, count=len(keys)))
+            by_key = dict(zip(found.tolist(), scores.tolist()))
+            out.append(np.array([by_key.get(keys.get(i, -1), 0.0) for i in wanted], dtype=np.float64))
         return out

@@ -3,10 +3,11 @@
     meta              the store's settings (key, value)
     properties        its persisted properties (key, value)
     items             one row per item: int64 key, string id, text, metadata JSON, float32 vector blob
-    items_fts         an FTS5 table of each item's analyzed text (rowid = key): the keyword index
-                      (:mod:`.sqlite_lexical`)
     metadata_fields   each top-level metadata key and how many rows have it (filters naming an unknown
                       field are refused in O(1))
+
+The keyword index lives beside it (``keyword.npz``, :mod:`.sqlite_lexical`), at ``meta``'s
+``keyword_generation``.
 
 All are written in the same transaction. :class:`SqliteRows` reads rows by id, by key and by filter.
 """
@@ -32,12 +33,9 @@ from .faiss_index import fsync_dir
 
 logger = logging.getLogger(__name__)
 
-#: the lexical index: isotrope.lexical's analyzed terms, split on spaces only (ascii tokenizer); a row
-#: without terms has no entry (it counts in no BM25 statistic, as in LanceDB)
-FTS_SCHEMA = "CREATE VIRTUAL TABLE IF NOT EXISTS items_fts USING fts5(terms, tokenize = 'ascii')"
 DB_NAME = "store.sqlite"
 CHUNK = 900  # SQLite variables per statement
-READ_BATCH = 65_536  # rows per batch read (vectors for the index, texts for the lexical index)
+READ_BATCH = 65_536  # rows per batch read (vectors for the index, texts for the keyword index)
 #: SQLite reads the database through a memory map up to this size: looking up the rows of the
 #: hits then costs no read() system call per page
 _MMAP_BYTES = 256 * 1024 * 1024
@@ -79,7 +77,6 @@ def create_db(db_path: Path, meta: dict[str, str]) -> None:
     conn = sqlite3.connect(tmp)
     try:
         conn.executescript(_SCHEMA)
-        conn.execute(FTS_SCHEMA)
         conn.execute(_FIELDS_SCHEMA)
         conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta.items())
         conn.commit()

@@ -6,13 +6,12 @@ with the rows; and the collection, CLI, LlamaIndex and evaluation interfaces."""
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import numpy as np
 import pytest
 
 from isotrope.fusion import best_per_group, convex_fusion, reciprocal_rank_fusion
-from isotrope.lexical import analyze, bm25_scores, fts5_match, query_terms
+from isotrope.lexical import analyze, bm25_scores, query_terms
 from isotrope.stores.base import Hit
 from isotrope.stores.filters import check_fields, matches
 from isotrope.stores.memory import MemoryStore
@@ -77,8 +76,6 @@ QUERIES = [
     "fox OR",
     "^rivers: col:bank",
 ]
-#: the IDF each engine uses (isotrope.lexical): LanceDB and the reference store Lucene's, FTS5 its own
-IDF = {"memory": "lucene", "faiss": "fts5", "lance": "lucene"}
 
 
 def make_texts(n, seed=0):
@@ -113,7 +110,7 @@ def assert_lexical_exact(kind, store, contents, where=None, queries=QUERIES):
     found = store.lexical_search(queries, K, where=where)
     assert len(found) == len(queries)
     for query, hits in zip(queries, found):
-        scores = bm25_scores(documents, query_terms(query), idf=IDF[kind])
+        scores = bm25_scores(documents, query_terms(query))
         allowed = [j for j, i in enumerate(ids) if scores[j] > 0 and matches(contents[i][1], where)]
         expected = sorted((scores[j] for j in allowed), reverse=True)[:K]
         assert len(hits) == len(expected), query
@@ -139,7 +136,6 @@ def test_analyzer_stems_folds_and_drops_stop_words():
     assert analyze("The Runners were RUNNING to the Café!") == ["runner", "were", "run", "cafe"]
     assert analyze("naïve x42 snake_case " + "y" * 41) == ["naiv", "x42", "snake", "case"]
     assert query_terms("fox foxes FOX the") == ["fox"]
-    assert fts5_match(['a"b', "c"]) == '"a""b" OR "c"'
 
 
 def test_bm25_reference_by_hand():
@@ -148,7 +144,6 @@ def test_bm25_reference_by_hand():
     idf_a = np.log1p((3 - 2 + 0.5) / (2 + 0.5))
     tf_norm = 2 * 2.2 / (2 + 1.2 * (0.25 + 0.75 * 3 / average))
     assert bm25_scores(documents, ["a"])[1] == pytest.approx(idf_a * tf_norm)
-    assert bm25_scores(documents, ["a"], idf="fts5")[1] == pytest.approx(1e-6 * tf_norm)  # ln(1.5/2.5) < 0: floored
     assert bm25_scores(documents, ["zzz"]).tolist() == [0, 0, 0]
 
 
@@ -192,18 +187,17 @@ def test_unknown_filter_fields_are_named_with_the_known_ones():
 # ----------------------------------------------------------------------------- building and committing the lexical index
 
 
-def test_faiss_store_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
+def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_path, caplog):
     store = open_store("faiss", tmp_path)
     contents = fill(store)
     store.close()
-    with sqlite3.connect(tmp_path / "faiss" / "store.sqlite") as conn:
-        conn.execute("DROP TABLE items_fts")
+    (tmp_path / "faiss" / "keyword.npz").unlink()  # a store written before, with the FTS5 index of then
     store = FaissStore(tmp_path / "faiss")
     assert not store.has_lexical_index
     assert_lexical_exact("faiss", store, contents)
-    assert store.has_lexical_index and "no lexical index: building it from the 120 stored texts" in caplog.text
+    assert store.has_lexical_index and "building it from the 120 stored texts" in caplog.text
     store.close()
-    assert FaissStore(tmp_path / "faiss").has_lexical_index  # committed
+    assert FaissStore(tmp_path / "faiss").has_lexical_index  # written
 
 
 def test_lance_table_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
@@ -243,8 +237,6 @@ def test_faiss_lexical_index_commits_with_the_rows(mode, tmp_path):
     store = FaissStore(tmp_path / "store")
     expected = {"a", "b"} if mode == "before-commit" else {"b", "c"}
     assert set(store.ids()) == expected
-    conn = store._conn
-    assert conn.execute("SELECT COUNT(*) FROM items_fts").fetchone()[0] == len(expected)
     assert {h.id for h in store.lexical_search(["quick fox lazy dog zygomorphic orchid"], 10)[0]} == expected
 
 
@@ -262,7 +254,6 @@ def test_faiss_failed_add_rolls_back_the_lexical_rows(tmp_path, monkeypatch):
     monkeypatch.undo()
     store.commit()
     assert store.ids() == ["a"]
-    assert store._conn.execute("SELECT COUNT(*) FROM items_fts").fetchone()[0] == 1
     assert [h.id for h in store.lexical_search(["fox"], 5)[0]] == ["a"]
 
 

@@ -1,8 +1,8 @@
-"""The one text analyzer behind every store's lexical (BM25) index, and the BM25 reference.
+"""The one text analyzer behind every store's lexical (BM25) index, and the BM25 both stores rank by.
 
-Both engines index the *output* of :func:`analyze` (space-joined terms) with a tokenizer
-that only splits on spaces, so SQLite FTS5 and LanceDB see the same terms for the same
-text and the same query:
+Both stores index the *output* of :func:`analyze` (space-joined terms) with a tokenizer that only
+splits on spaces, so the FAISS store's keyword index and LanceDB see the same terms for the same text
+and the same query:
 
 * Unicode NFKD, combining marks dropped (``café`` -> ``cafe``), lower case;
 * tokens are runs of letters and digits (as LanceDB's ``simple`` tokenizer); tokens longer
@@ -10,12 +10,15 @@ text and the same query:
 * English stop words removed: the 33-word Lucene/tantivy list LanceDB's English index uses;
 * the Snowball English stemmer (PyStemmer; the stemmer of LanceDB's English index and bm25s).
 
-A query is analyzed the same way; its distinct terms are OR-ed. Nothing a user types is
-query syntax: quotes, ``-``, ``*``, ``AND``, ``NEAR`` are punctuation or words.
+A query is analyzed the same way; its *distinct* terms are OR-ed (a repeated query term counts once:
+the stores are given the distinct terms, so no engine's handling of repeats matters). Nothing a user
+types is query syntax: quotes, ``-``, ``*``, ``AND``, ``NEAR`` are punctuation or words.
 
-The engines rank with BM25 (k1 = 1.2, b = 0.75) and differ only in the IDF: LanceDB uses
-Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``, FTS5 ``ln((N - n + 0.5) / (n + 0.5))``
-floored at 1e-6. :func:`bm25_scores` computes either, in float64, as the test reference.
+The one BM25 (Lucene's, LanceDB's native FTS), over the live rows that have terms (a deleted row, or
+one without terms, counts in no statistic): N rows, ``n_t`` of them holding term t, ``dl`` a row's
+analyzed-token count, ``avgdl`` their mean; ``idf_t = ln(1 + (N - n_t + 0.5) / (n_t + 0.5))``, k1 = 1.2,
+b = 0.75; score = sum over the query's distinct terms of ``idf_t * tf * (k1 + 1) / (tf + k1 * (1 - b +
+b * dl / avgdl))``. :func:`bm25_scores` computes it in float64 as the test reference.
 """
 
 from __future__ import annotations
@@ -106,19 +109,9 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(analyze(query)))
 
 
-def fts5_match(terms: Sequence[str]) -> str:
-    """An FTS5 MATCH expression OR-ing the terms, each a quoted string (never query syntax)."""
-    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
-def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str], idf: str = "lucene") -> np.ndarray:
-    """BM25 of each analyzed document for the distinct query ``terms`` (float64; 0 where none matches).
-
-    ``idf``: ``"lucene"`` (LanceDB, bm25s) or ``"fts5"`` (SQLite's ``bm25()``, floored at 1e-6).
-    Documents without terms count in neither N nor the average length (as in both engines).
-    """
-    if idf not in ("lucene", "fts5"):
-        raise ValueError(f"idf must be 'lucene' or 'fts5'; got {idf!r}")
+def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str]) -> np.ndarray:
+    """BM25 of each analyzed (live) document for the distinct query ``terms`` (float64; 0 where none matches).
+    Documents without terms count in neither N nor the average length."""
     scores = np.zeros(len(documents))
     lengths = np.array([len(d) for d in documents], dtype=np.float64)
     n_docs = int((lengths > 0).sum())
@@ -131,8 +124,7 @@ def bm25_scores(documents: Sequence[Sequence[str]], terms: Sequence[str], idf: s
         df = float((tf > 0).sum())
         if df == 0:
             continue
-        ratio = (n_docs - df + 0.5) / (df + 0.5)
-        weight = np.log1p(ratio) if idf == "lucene" else max(np.log(ratio), 1e-6)
+        weight = np.log1p((n_docs - df + 0.5) / (df + 0.5))
         scores += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * lengths / average))
     return scores
 

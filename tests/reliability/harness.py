@@ -80,6 +80,10 @@ def write_table(path: Path, dim: int = 16) -> str:
     return str(path)
 
 
+#: keyword queries a snapshot records (words of the corpus: several rows match each)
+KEYWORD_QUERIES = ["the cat runs", "dog house river", "3 7", " ".join(WORDS[:6])]
+
+
 def write_corpus(folder: Path, n_files: int = 40, per_file: int = 12) -> Path:
     """``n_files`` .jsonl files of ``per_file`` distinct sentences each (one chunk per record)."""
     rng = random.Random(0)
@@ -131,7 +135,8 @@ def kill_at(seconds: float, *args: str) -> bool:
 
 
 def snapshot(uri: str) -> dict:
-    """Ids (with repeats), vectors by id and fingerprint of a store, read as a user would open it."""
+    """Ids (with repeats), vectors by id, fingerprint and keyword top 10 (ids, BM25) of a store, read as a user
+    would open it."""
     with Collection.open(uri) as collection:
         ids = collection.store.ids()
         unique = sorted(set(ids))
@@ -139,7 +144,21 @@ def snapshot(uri: str) -> dict:
         hits = collection.search("the cat runs", k=3)
         if not hits:
             raise ValueError("search found nothing")
-        return {"ids": ids, "vectors": dict(zip(unique, vectors)), "fingerprint": collection.encoder.fingerprint}
+        keyword = [[(h.id, round(h.score, 6)) for h in row] for row in collection.store.lexical_search(KEYWORD_QUERIES, 10)]
+        return {
+            "ids": ids,
+            "vectors": dict(zip(unique, vectors)),
+            "fingerprint": collection.encoder.fingerprint,
+            "keyword": keyword,
+        }
+
+
+def same_top(found: list[tuple[str, float]], expected: list[tuple[str, float]]) -> bool:
+    """The same scores, and the same ids above the last score (rows tied with it may differ)."""
+    if [score for _, score in found] != [score for _, score in expected]:
+        return False
+    last = expected[-1][1] if expected else 0.0
+    return {i for i, score in found if score > last} == {i for i, score in expected if score > last}
 
 
 @dataclass
@@ -152,6 +171,7 @@ class Tally:
     duplicated: int = 0
     extra: int = 0
     mismatched_vectors: int = 0
+    mismatched_keyword: int = 0  # keyword queries whose top 10 (ids, scores) differ from the clean store's
     unreadable: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -171,10 +191,19 @@ class Tally:
         for chunk_id in ids & set(clean["ids"]):
             if not np.allclose(got["vectors"][chunk_id], clean["vectors"][chunk_id], atol=atol):
                 self.mismatched_vectors += 1
+        self.mismatched_keyword += sum(not same_top(a, b) for a, b in zip(got["keyword"], clean["keyword"]))
 
     @property
     def clean(self) -> bool:
-        return not (self.lost or self.duplicated or self.extra or self.mismatched_vectors or self.unreadable or self.failures)
+        return not (
+            self.lost
+            or self.duplicated
+            or self.extra
+            or self.mismatched_vectors
+            or self.mismatched_keyword
+            or self.unreadable
+            or self.failures
+        )
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "failures"} | {"failures": self.failures[:5]}

@@ -1,0 +1,322 @@
+"""The FAISS store's keyword index: exact BM25 (:mod:`isotrope.lexical`'s formula) from a term x row
+count matrix (``scipy.sparse``) kept in memory, and in ``keyword.npz`` beside the store.
+
+A query scores the postings of its distinct terms only (numpy, vectorised), with the statistics of the
+live rows (N, each term's live document frequency, the average length) computed exactly at query time,
+so upserts and deletes never leave it approximate. Rows changed since the last merge sit in a small
+second matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in.
+
+The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
+compares it with the generation committed in SQLite and rebuilds the index from the stored texts when
+they differ (a kill -9 between the SQLite commit and the file's rename, or a store written before).
+Chosen by measurement (``benchmarks/keyword_engines.py``, docs/SCALING.md): tantivy ranks 35 of 200
+queries' top 10 differently at 1M passages (one-byte length norms), Lance's inverted index keeps
+deleted rows in its statistics, bm25s cannot update a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from scipy.sparse import csr_matrix, hstack
+
+from isotrope.lexical import K1, B
+
+from .faiss_index import fsync_dir
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "keyword.npz"
+#: rows changed since the last merge beyond which a change merges them into the large matrix
+MERGE_ROWS = 50_000
+
+
+class _Segment:
+    """Rows as a term x column count matrix over a shared vocabulary, with each column's key and length
+    (0: a dead column), columns in key order."""
+
+    def __init__(self, counts: csr_matrix, keys: np.ndarray, lengths: np.ndarray) -> None:
+        self.counts, self.keys, self.lengths = counts, keys, lengths.astype(np.float64)
+        self.alive = int((self.lengths > 0).sum())  # live columns
+        self.length_sum = float(self.lengths.sum())
+        self._norm: tuple[float, np.ndarray] | None = None  # (average length, each column's BM25 length norm)
+        self._local = threading.local()
+
+    def norm(self, average: float) -> np.ndarray:
+        """``k1 * (1 - b + b * dl / avgdl)`` of each column (kept until the average changes)."""
+        if self._norm is None or self._norm[0] != average:
+            self._norm = (average, K1 * (1 - B + B * self.lengths / average))
+        return self._norm[1]
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, Sequence[str]]], vocabulary: dict[str, int]) -> _Segment:
+        """The segment of ``(key, terms)`` rows with distinct keys (new terms added to ``vocabulary``)."""
+        rows = sorted(rows, key=lambda row: row[0])
+        lengths = np.fromiter((len(words) for _, words in rows), dtype=np.int64, count=len(rows))
+        terms = np.fromiter(
+            (vocabulary.setdefault(word, len(vocabulary)) for _, words in rows for word in words),
+            dtype=np.int64,
+            count=int(lengths.sum()),
+        )
+        columns = np.repeat(np.arange(len(rows)), lengths)
+        counts = csr_matrix((np.ones(len(terms), np.float32), (terms, columns)), shape=(len(vocabulary), len(rows)))
+        counts.sum_duplicates()
+        keys = np.fromiter((key for key, _ in rows), dtype=np.int64, count=len(rows))
+        return cls(counts, keys, lengths)
+
+    @classmethod
+    def joined(cls, segments: Sequence[_Segment], terms: int) -> _Segment:
+        """The live columns of ``segments`` (distinct keys) as one segment over ``terms`` vocabulary entries."""
+        parts = []
+        for segment in segments:
+            if segment.alive == len(segment.keys):  # no copy where no column died
+                counts, keys, lengths = segment.counts, segment.keys, segment.lengths
+            else:
+                live = np.flatnonzero(segment.lengths > 0)
+                counts, keys, lengths = segment.counts[:, live], segment.keys[live], segment.lengths[live]
+            counts.resize((terms, len(keys)))
+            parts.append((counts, keys, lengths))
+        keys = np.concatenate([p[1] for p in parts])
+        counts = hstack([p[0] for p in parts], format="csr")
+        lengths = np.concatenate([p[2] for p in parts])
+        if (np.diff(keys) < 0).any():  # rows appended in key order (new rows) need no reordering
+            order = np.argsort(keys, kind="stable")
+            counts, keys, lengths = counts[:, order].tocsr(), keys[order], lengths[order]
+        return cls(counts, keys, lengths)
+
+    def buffer(self) -> np.ndarray:
+        """A zeroed float64 array with a slot per column, one per thread, reused by its queries (which zero
+        what they touch)."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = np.zeros(len(self.keys))
+        return buffer
+
+    def postings(self, term: int) -> tuple[np.ndarray, np.ndarray]:
+        """The live columns holding ``term`` and its counts there."""
+        if term >= self.counts.shape[0]:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        start, end = self.counts.indptr[term], self.counts.indptr[term + 1]
+        columns, counts = self.counts.indices[start:end], self.counts.data[start:end]
+        if self.alive == len(self.keys):
+            return columns, counts
+        keep = self.lengths[columns] > 0
+        return columns[keep], counts[keep]
+
+    def kill(self, keys: np.ndarray) -> None:
+        """Mark the columns of ``keys`` dead (keys absent are ignored)."""
+        at = np.searchsorted(self.keys, keys)
+        found = at < len(self.keys)
+        at = at[found]
+        at = at[(self.keys[at] == keys[found]) & (self.lengths[at] > 0)]
+        self.alive -= len(at)
+        self.length_sum -= float(self.lengths[at].sum())
+        self.lengths[at] = 0.0
+        self._norm = None
+
+
+class KeywordIndex:
+    """Exact BM25 over the rows given to ``upsert`` less those given to ``delete``; rows without terms
+    count in no statistic (as in LanceDB's index)."""
+
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation
+        self._vocabulary: dict[str, int] = {}
+        self._main = _Segment.of([], self._vocabulary)
+        self._pending: dict[int, list[str]] = {}  # key -> terms of the rows changed since the last merge
+        self._recent: _Segment | None = None  # the pending rows as a segment (made on use)
+
+    @classmethod
+    def build(cls, rows: Iterable[Sequence[tuple[int, Sequence[str]]]], generation: int) -> KeywordIndex:
+        """The index of batches of ``(key, terms)`` rows with distinct keys."""
+        index = cls(generation)
+        segments = [_Segment.of([row for row in batch if row[1]], index._vocabulary) for batch in rows]
+        index._main = _Segment.joined(segments or [index._main], len(index._vocabulary))
+        return index
+
+    # ------------------------------------------------------------------ writing
+
+    def upsert(self, rows: Iterable[tuple[int, Sequence[str]]]) -> None:
+        """Index each ``(key, analyzed terms)``, replacing what the key had."""
+        changed = {int(key): list(terms) for key, terms in rows}
+        if not changed:
+            return
+        self._main.kill(np.fromiter(changed, dtype=np.int64, count=len(changed)))
+        self._pending.update(changed)
+        self._changed()
+
+    def delete(self, keys: Iterable[int]) -> None:
+        """Drop the rows of ``keys`` (unknown keys are ignored)."""
+        gone = np.fromiter(keys, dtype=np.int64)
+        if not len(gone):
+            return
+        self._main.kill(gone)
+        for key in gone.tolist():
+            self._pending.pop(key, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._recent = None
+        if len(self._pending) > MERGE_ROWS:
+            self.merge()
+
+    def _pending_segment(self) -> _Segment:
+        if self._recent is None:
+            self._recent = _Segment.of([(k, t) for k, t in self._pending.items() if t], self._vocabulary)
+        return self._recent
+
+    def merge(self) -> None:
+        """Fold the pending rows into the large matrix, dropping dead columns."""
+        if not self._pending and (self._main.lengths > 0).all():
+            return
+        segments = [self._main, self._pending_segment()]
+        self._main = _Segment.joined(segments, len(self._vocabulary))
+        self._pending = {}
+        self._recent = None
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return self._main.alive + self._pending_segment().alive
+
+    def scores(self, terms: Sequence[str], keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``), restricted
+        to ``keys`` where given (the statistics stay those of all live rows); each row once, unordered."""
+        found, scores, terms_matched = self._matches(terms)
+        if terms_matched > 1:  # a row holding several query terms is listed once per term
+            found, first = np.unique(found, return_index=True)
+            scores = scores[first]
+        if keys is not None:
+            keep = np.isin(found, keys)
+            found, scores = found[keep], scores[keep]
+        return found, scores
+
+    def _matches(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(keys, BM25, t)``: each posting of the ``t`` query terms found, with its row's whole score (a row
+        appears once per term it holds). Only the postings are touched: O(postings), not O(rows)."""
+        segments = [s for s in (self._main, self._pending_segment()) if len(s.keys)]
+        n_docs = float(sum(s.alive for s in segments))
+        wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
+        if n_docs == 0 or not wanted:
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0
+        average = sum(s.length_sum for s in segments) / n_docs
+        found, scores = [], []
+        for segment in segments:
+            norm, total = segment.norm(average), segment.buffer()
+            parts = [segment.postings(term) for term in wanted]
+            columns = []
+            for term, (cols, counts) in zip(wanted, parts):
+                df = sum(len(other.postings(term)[0]) for other in segments) if len(segments) > 1 else len(cols)
+                if len(cols) == 0:
+                    continue
+                idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
+                total[cols] += (idf * (K1 + 1)) * (counts / (counts + norm[cols]))
+                columns.append(cols)
+            if columns:
+                every = np.concatenate(columns)
+                found.append(segment.keys[every])
+                scores.append(total[every])
+                total[every] = 0.0  # the buffer is all zeros again
+        if not found:
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0
+        return np.concatenate(found), np.concatenate(scores), len(wanted)
+
+    def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best ``(keys, scores)``, best first, ties by key."""
+        if keys is not None:
+            found, scores = self.scores(terms, keys)
+        else:
+            found, scores, terms_matched = self._matches(terms)
+            reach = k * max(terms_matched, 1)  # a row appears at most once per term: k distinct rows among these
+            if len(found) > reach:
+                kth = scores[np.argpartition(-scores, reach - 1)[reach - 1]]
+                kept = scores >= kth
+                found, scores = found[kept], scores[kept]
+            if terms_matched > 1:
+                found, first = np.unique(found, return_index=True)
+                scores = scores[first]
+        if len(found) > k:
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
+            found, scores = found[tied], scores[tied]
+        order = np.lexsort((found, -scores))[:k]
+        return found[order], scores[order]
+
+    # ------------------------------------------------------------------ the file
+
+    def save(self, directory: Path) -> Path:
+        """Merge, then write the index under a temporary name (fsynced); the caller renames it into place
+        once SQLite has committed :attr:`generation`."""
+        self.merge()
+        # a name of its own: threads of one process, or two readers rebuilding a lagging index, may save at once
+        tmp = directory / f"{FILE_NAME}.{os.getpid()}-{threading.get_ident()}.tmp"
+        main = self._main
+        with open(tmp, "wb") as handle:
+            np.savez(
+                handle,
+                generation=np.int64(self.generation),
+                vocabulary=np.array(list(self._vocabulary), dtype=object).astype(str),
+                indptr=main.counts.indptr,
+                indices=main.counts.indices,
+                data=main.counts.data,
+                keys=main.keys,
+                lengths=main.lengths,
+            )
+            handle.flush()
+            os.fsync(handle.fileno())
+        return tmp
+
+    @staticmethod
+    def install(tmp: Path) -> None:
+        """Rename a saved index into place (after the SQLite commit); drop temporary files that processes
+        killed while saving left behind."""
+        os.replace(tmp, tmp.with_name(FILE_NAME))
+        fsync_dir(tmp.parent)
+        for left in tmp.parent.glob(f"{FILE_NAME}.*.tmp"):
+            pid = left.name[len(FILE_NAME) + 1 :].split("-", 1)[0]
+            if pid.isdigit() and not _running(int(pid)):
+                left.unlink(missing_ok=True)
+
+    @staticmethod
+    def saved_generation(directory: Path) -> int | None:
+        """The generation of the index saved in ``directory`` (None: none readable), read alone."""
+        try:
+            with np.load(directory / FILE_NAME, allow_pickle=False) as saved:
+                return int(saved["generation"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @classmethod
+    def load(cls, directory: Path) -> KeywordIndex | None:
+        """The index saved in ``directory``; None if there is none or it cannot be read."""
+        path = directory / FILE_NAME
+        if not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                index = cls(int(saved["generation"]))
+                index._vocabulary = {term: i for i, term in enumerate(saved["vocabulary"].tolist())}
+                counts = csr_matrix(
+                    (saved["data"], saved["indices"], saved["indptr"]), shape=(len(index._vocabulary), len(saved["keys"]))
+                )
+                index._main = _Segment(counts, saved["keys"], saved["lengths"])
+        except (OSError, ValueError, KeyError) as error:
+            logger.warning("%s cannot be read (%s)", path, error)
+            return None
+        return index
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
