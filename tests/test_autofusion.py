@@ -17,10 +17,13 @@ from isotrope.autofusion import (
     ndcg_gain,
     pseudo_query_ranks,
     stored_default,
+    unlearned_chunks,
 )
+from isotrope.distill import text_key
 from isotrope.encoder import ShapedEncoder
 from isotrope.fusion import convex_fusion
 from isotrope.lexical import K1, B, analyze, bm25_matrix, bm25_scores
+from isotrope.pseudo_queries import build_pseudo_queries
 from isotrope.search import Collection
 from isotrope.stores.base import Hit
 from test_cli import run_cli
@@ -131,6 +134,23 @@ def test_fit_default_search_is_deterministic_and_reports_its_evidence(encoder) -
     best_side = max(("dense", "lexical"), key=scores.get)
     assert first["mode"] in ("hybrid", best_side)
     assert (first["alpha"] is None) == (first["mode"] != "hybrid")
+
+
+def test_pseudo_queries_come_from_the_chunks_a_fast_fit_held_aside(encoder, monkeypatch) -> None:
+    texts = _texts(400)
+    vectors = encoder.encode(texts)
+    held = set(range(0, 400, 4))
+    monkeypatch.setitem(
+        encoder.metadata, "distill", {"held_aside_chunks": [text_key(texts[i]) for i in sorted(held)] + ["0" * 12]}
+    )
+    assert unlearned_chunks(texts, encoder) == sorted(held)
+    choice = fit_default_search(texts, vectors, encoder, "cosine")
+    assert choice["query_chunks"] == "100 held aside from the fast fit" and choice["proxy"] == "passage"
+    made = build_pseudo_queries(texts, 600, "passage", sources=sorted(held))
+    assert len(made) == choice["pseudo_queries"] and {q.target for q in made} <= held
+    monkeypatch.setitem(encoder.metadata, "distill", {"held_aside_chunks": [text_key(texts[i]) for i in range(40)]})
+    assert unlearned_chunks(texts, encoder) is None  # too few to cut pseudo-queries from: every chunk
+    assert fit_default_search(texts, vectors, encoder, "cosine")["query_chunks"] == "every sampled chunk"
 
 
 def test_too_little_text_keeps_dense_and_says_why(encoder) -> None:

@@ -229,6 +229,32 @@ def test_pseudo_query_rows_join_the_fit_and_respect_the_held_aside_chunks(teache
     assert rows_report["validation"]["mrr@10"]["0.1"] != report["validation"]["mrr@10"]["0.1"]
 
 
+def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_them(teacher, inputs, monkeypatch):
+    """The store's default-search calibration cuts pseudo-queries from the held-aside chunks: the final table
+    must not have learned their sentences (their own chunk rows stay in)."""
+    texts = paragraphs(220, seed=2)
+    seen: dict[str, Any] = {}
+    passes, solves = distill.teacher_pass, distill.solve_table
+
+    def recording_pass(teacher, sample, holdout, show_progress=False):
+        seen["held"] = [sample[i] for i in sorted(holdout.tolist())]
+        return passes(teacher, sample, holdout, show_progress)
+
+    def recording_solve(bags, *args, **kwargs):
+        seen["rows"] = bags.shape[0]
+        return solves(bags, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "teacher_pass", recording_pass)
+    monkeypatch.setattr(distill, "solve_table", recording_solve)
+    agreements = iter([0.5, 0.6])  # the fit agrees better than the unfitted table: it is kept
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
+    _, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0)
+    assert report["fitted"] is True and len(seen["held"]) == report["held_aside"] == 66
+    assert set(report["held_aside_chunks"]) == {distill.text_key(t) for t in seen["held"]}
+    held_rows = len(distill.query_rows(seen["held"], teacher, 1.0)[1])
+    assert held_rows > 0 and seen["rows"] == 220 + report["query_rows"] - held_rows  # the last solve: the final fit
+
+
 def test_token_bags_match_a_dense_count():
     special = np.array([0, 2])
     bags = token_bags([[1, 1, 3, 0], [2], [4, 5, 5, 5]], 6, special).toarray()

@@ -33,7 +33,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,16 +90,35 @@ def pseudo_query_ranks(dense: np.ndarray, lexical: np.ndarray, targets: Sequence
     return out
 
 
-def _queries(texts: Sequence[str], n_queries: int, seed: int) -> tuple[list[PseudoQuery], str]:
-    queries = build_pseudo_queries(texts, n_queries, DEFAULT_PROXY, seed=seed)
-    if len(queries) >= min(MIN_QUERIES * 2, max(MIN_QUERIES, len(texts) // 10)):
+def _queries(
+    texts: Sequence[str], n_queries: int, seed: int, sources: Collection[int] | None = None
+) -> tuple[list[PseudoQuery], str]:
+    pool = len(texts) if sources is None else len(sources)
+    queries = build_pseudo_queries(texts, n_queries, DEFAULT_PROXY, seed=seed, sources=sources)
+    if len(queries) >= min(MIN_QUERIES * 2, max(MIN_QUERIES, pool // 10)):
         return queries, DEFAULT_PROXY
-    queries = build_pseudo_queries(texts, n_queries, FALLBACK_PROXY, seed=seed)
+    queries = build_pseudo_queries(texts, n_queries, FALLBACK_PROXY, seed=seed, sources=sources)
     if len(queries) < MIN_QUERIES:
         raise ValueError(
             f"calibrating the default search needs more text: {len(texts)} chunks gave {len(queries)} pseudo-queries"
         )
     return queries, FALLBACK_PROXY
+
+
+def unlearned_chunks(texts: Sequence[str], encoder: ShapedEncoder) -> list[int] | None:
+    """Indices of ``texts`` whose sentences a ``--model fast`` table was not fitted to map to them (the chunks
+    its fit held aside, :func:`isotrope.distill.distill_table`), when enough are sampled to cut pseudo-queries
+    from; else None (every text). Its pseudo-query rows taught the table each fit chunk's own sentences, which
+    would flatter dense on pseudo-queries cut from those chunks."""
+    from isotrope.distill import text_key
+
+    held = set(encoder.metadata.get("distill", {}).get("held_aside_chunks", ()))
+    sources = [i for i, text in enumerate(texts) if text_key(text) in held] if held else []
+    if len(sources) < MIN_QUERIES * 2:
+        if held:
+            logger.info("default search: %d of the fast fit's held-aside chunks sampled; cutting from every chunk", len(sources))
+        return None
+    return sources
 
 
 def fit_default_search(
@@ -116,8 +135,9 @@ def fit_default_search(
     the stored chunks, ``vectors`` their stored vectors); the choice with its evidence and rule."""
     started, started_cpu = time.perf_counter(), time.process_time()
     texts = list(texts)
+    sources = unlearned_chunks(texts, encoder)
     try:
-        queries, proxy = _queries(texts, n_queries, seed)
+        queries, proxy = _queries(texts, n_queries, seed, sources)
     except ValueError as error:
         logger.info("default search: %s; keeping %s", error, UNCALIBRATED_MODE)
         return {
@@ -149,6 +169,7 @@ def fit_default_search(
             "proxy": proxy,
             "pseudo_queries": len(queries),
             "sample_chunks": len(texts),
+            "query_chunks": "every sampled chunk" if sources is None else f"{len(sources)} held aside from the fast fit",
             "store_chunks": size,
             "candidates": candidates,
             "seed": seed,

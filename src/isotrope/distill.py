@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -300,6 +301,11 @@ def query_rows(
     return bags.multiply(scale[:, None]).tocsr(), np.asarray(parents, dtype=np.int64), scale
 
 
+def text_key(text: str) -> str:
+    """A short stable key of a chunk's text (the held-aside chunks are named by it in the report)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=6).hexdigest()
+
+
 def held_aside_count(n_chunks: int) -> int:
     """Chunks held aside to choose the fit: a tenth, at least 200 (at most 30 %) and at most 1,000;
     none below 100 chunks."""
@@ -353,6 +359,7 @@ def distill_table(
     )
     extra = query_rows(sample[:n_chunks], teacher, query_weight) if query_weight > 0 else None
     passed = teacher_pass(teacher, sample, np.flatnonzero(held), show_progress)
+    texts_sampled = sample[:n_chunks]
     del teacher, sample
     _return_freed_memory()  # the transformer's weights and activations go before the tables are built and solved
     report: dict[str, Any] = {
@@ -442,7 +449,16 @@ def distill_table(
     logger.info("fast: %s", report["reason"])
     best_table = tables[chosen]
     del prior, table, tables  # from here only best_table is needed
+    # the held-aside chunks' pseudo-query rows stay out of the final fit too: their sentences are then queries the
+    # table never learned, for the store's default-search calibration (isotrope.autofusion)
+    final_rows = np.flatnonzero(~held | (np.arange(len(held)) < len(parents)))
+    report["held_aside_chunks"] = [text_key(texts_sampled[i]) for i in held_chunks]
     final = solve_table(
-        passed.bags, passed.vectors, final_prior, relative * lambda_scale(passed.bags), iterations, start=best_table
+        passed.bags[final_rows],
+        passed.vectors[final_rows],
+        final_prior,
+        relative * lambda_scale(passed.bags[final_rows]),
+        iterations,
+        start=best_table,
     )
     return final.astype(np.float32, copy=False), report

@@ -6,7 +6,7 @@ decide with."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,12 +88,15 @@ DEFAULT_PROXY = "passage"
 FALLBACK_PROXY = "masked"
 
 
-def build_pseudo_queries(texts: Sequence[str], n_queries: int, proxy: str = DEFAULT_PROXY, seed: int = 0) -> list[PseudoQuery]:
-    """At most ``n_queries`` pseudo-queries, at most one per text, from texts drawn in a seeded order."""
+def build_pseudo_queries(
+    texts: Sequence[str], n_queries: int, proxy: str = DEFAULT_PROXY, seed: int = 0, sources: Collection[int] | None = None
+) -> list[PseudoQuery]:
+    """At most ``n_queries`` pseudo-queries, at most one per text, from texts drawn in a seeded order
+    (only from the indices ``sources``, when given)."""
     if proxy not in PROXIES:
         raise ValueError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
     rng = random.Random(seed)
-    order = list(range(len(texts)))
+    order = list(range(len(texts))) if sources is None else sorted(set(sources))
     rng.shuffle(order)
     queries: list[PseudoQuery] = []
     for index in order:
