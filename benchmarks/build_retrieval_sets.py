@@ -15,6 +15,9 @@
 * ``scifact-lower``: SciFact's test queries and qrels over its corpus written as some public collections
   are, in lower case with ``" . "`` between sentences (issue 31: text where a sentence splitter that needs
   capitals finds one sentence per document).
+* ``scifact-questions``: SciFact's corpus with questions written here as a user would ask them
+  (``benchmarks/questions/scifact_questions.tsv``: each written from one abstract, which is its one
+  relevant document; other abstracts may answer it too, so the scores are a lower bound).
 
     .venv/bin/python benchmarks/build_retrieval_sets.py --data-dir ../shared/data --out .cache/isotrope/sets \
         --scifact-sizes 500 1000 2000
@@ -131,6 +134,23 @@ def lower_cased(folder: Path) -> tuple[dict, dict, dict]:
     return corpus, dataset.queries, dataset.qrels
 
 
+QUESTIONS = Path(__file__).parent / "questions" / "scifact_questions.tsv"
+
+
+def questions(folder: Path, path: Path = QUESTIONS) -> tuple[dict, dict, dict]:
+    """SciFact's corpus with our own questions (``path``: id, the abstract each was written from, question)."""
+    dataset = load_beir(folder, "test")
+    queries, qrels = {}, {}
+    with open(path) as rows:
+        next(rows)
+        for line in rows:
+            query_id, doc_id, text = line.rstrip("\n").split("\t")
+            if doc_id not in dataset.corpus:
+                raise ValueError(f"{path}: {query_id} is judged to {doc_id}, which is not in {folder}")
+            queries[query_id], qrels[query_id] = text, {doc_id: 1}
+    return dataset.corpus, queries, qrels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -149,6 +169,7 @@ def main() -> None:
     sick = [load_sick(args.data_dir, split) for split in ("train", "trial", "test")]
     write_beir(args.out / "sick-para", *paraphrase(sick, 4.5, args.docs, args.queries, args.seed))
     write_beir(args.out / "scifact-lower", *lower_cased(args.data_dir / "retrieval/scifact"))
+    write_beir(args.out / "scifact-questions", *questions(args.data_dir / "retrieval/scifact"))
 
 
 if __name__ == "__main__":

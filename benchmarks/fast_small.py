@@ -12,6 +12,7 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
   teacher vector) that the default adds;
 * ``fit-always``: the fit the proxy ranks best, even when its interval does not clear the margin;
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
+* ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
 * ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
 
 Results are written after every cell, so a long run keeps what it finished.
@@ -42,6 +43,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-query-rows": {"query_weight": 0.0},
     "fit-always": {"margin": -100.0},
     **{f"lam-{lam:g}": {"lambdas": (lam,), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
+    **{f"query-weight-{weight:g}": {"query_weight": weight} for weight in (0.3, 3.0)},
 }
 
 

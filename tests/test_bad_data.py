@@ -40,6 +40,7 @@ def test_retrieval_eval_skips_and_counts_empty_documents_and_queries(tiny_glove_
     # q0 and q2 find their documents first; q1 and q3 are judged against empty documents, which cannot be
     # retrieved; q4 is empty: those three score 0. Mean MRR@10 over the 5 judged queries = 2/5.
     assert result["scores"]["mrr@10"] == pytest.approx(40.0)
+    assert result["scores"]["hit@1"] == pytest.approx(40.0)  # the same two of five first
 
 
 def test_an_empty_query_says_so(tiny_glove_path, tmp_path):

@@ -393,5 +393,6 @@ def test_eval_retrieval_through_the_stores(tiny_glove_path, tmp_path):
     for kind in ("faiss", "lancedb"):
         # q0..q2 find their document by a shared stem, first; q3 shares no term: reciprocal rank 0
         assert result["scores"][kind]["lexical"]["mrr@10"] == 75.0
+        assert result["scores"][kind]["lexical"]["hit@1"] == 75.0  # three of four first
         assert set(result["scores"][kind]) == {"dense", "lexical", "hybrid"}
     assert result["scores"]["faiss"]["dense"] == result["scores"]["lancedb"]["dense"]

@@ -75,7 +75,7 @@ def run_retrieval(
     fusion: str = "convex",
     **_: Any,
 ) -> dict:
-    """nDCG@10, recall@100, MRR@10 (x100) by exact search on the qrels ``split`` (default test);
+    """nDCG@10, recall@100, MRR@10 and hit@1 (x100) by exact search on the qrels ``split`` (default test);
     ``fit_corpus="corpus"`` fits on the BEIR corpus.
 
     With ``modes`` (dense, lexical, hybrid) the corpus is indexed into a temporary store of each
@@ -110,8 +110,9 @@ def run_retrieval(
             "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha},
             **({"default_search": chosen} if chosen else {}),
         }
-    result = eval_retrieval(encode_function(encoder), dataset, k_values=(10, 100))
+    result = eval_retrieval(encode_function(encoder), dataset, k_values=(1, 10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
+    scores["hit@1"] = round(result["mrr@1"], 2)  # a relevant document first
     return {
         "scores": scores,
         **fit_report(encoder, fitted_on),

@@ -90,6 +90,7 @@ def scores_of(run: dict[str, dict[str, float]], dataset: BeirDataset) -> dict[st
         "ndcg@10": round(100.0 * ndcg_at_k(run, dataset.qrels, 10), 2),
         "recall@100": round(100.0 * recall_at_k(run, dataset.qrels, 100), 2),
         "mrr@10": round(100.0 * mrr_at_k(run, dataset.qrels, 10), 2),
+        "hit@1": round(100.0 * mrr_at_k(run, dataset.qrels, 1), 2),  # a relevant document first
     }
 
 
