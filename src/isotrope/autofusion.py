@@ -3,7 +3,8 @@
 Evidence. Pseudo-queries are made from a seeded sample of the stored chunks by ``--shape auto``'s
 proxies (:mod:`isotrope.autoshape`): a sentence cut out of a chunk must find the rest of that chunk
 (``passage``), or, where chunks are single sentences, a masked part of a chunk must find the chunk
-(``masked``). Each pseudo-query searches the sample, its own chunk replaced by the rest, by exact
+(``masked``); with ``--model fast``, only from the chunks its fit held aside (:func:`unlearned_chunks`).
+Each pseudo-query searches the sample, its own chunk replaced by the rest, by exact
 dense scores (the stored vectors, the store's metric), by BM25 (:func:`isotrope.lexical.bm25_matrix`,
 the stores' analyzer and Lucene IDF) and by the shipped convex fusion at every weight of
 :data:`ALPHAS` (z-scores over the union of each side's top candidates, as :mod:`isotrope.fusion`;
