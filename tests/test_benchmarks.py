@@ -182,3 +182,20 @@ def test_a_scifact_subset_keeps_every_judged_abstract_and_a_seeded_sample_of_the
     assert scifact_subset(tmp_path / "full", 10, seed=1)[0] != kept
     with pytest.raises(ValueError, match="at least the 3 judged"):
         scifact_subset(tmp_path / "full", 2, seed=0)
+
+
+def test_the_question_set_pairs_our_questions_with_the_corpus_and_checks_every_judgement(tmp_path):
+    from benchmarks.build_retrieval_sets import QUESTIONS, questions, write_beir
+
+    corpus = {f"d{i}": {"title": f"t{i}", "text": f"abstract {i}"} for i in range(5)}
+    write_beir(tmp_path / "full", corpus, {"q1": "a claim"}, {"q1": {"d1": 1}})
+    table = tmp_path / "questions.tsv"
+    table.write_text("query-id\tcorpus-id\tquestion\nx1\td3\twhat is in abstract three?\nx2\td0\tand zero?\n")
+    kept, queries, qrels = questions(tmp_path / "full", table)
+    assert kept == corpus and queries == {"x1": "what is in abstract three?", "x2": "and zero?"}
+    assert qrels == {"x1": {"d3": 1}, "x2": {"d0": 1}}
+    table.write_text("query-id\tcorpus-id\tquestion\nx1\td9\tnowhere?\n")
+    with pytest.raises(ValueError, match="x1 is judged to d9"):
+        questions(tmp_path / "full", table)
+    rows = QUESTIONS.read_text().splitlines()[1:]  # the committed set: unique ids, one judgement each
+    assert len(rows) >= 40 and len({row.split("\t")[0] for row in rows}) == len(rows)
