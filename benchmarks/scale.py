@@ -411,7 +411,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
                     store._table.drop_index(index.name)
             store._vector_index = False
         else:
-            plan = index_plan.lancedb_index_for(max(n, index_plan.EXACT_BELOW), store.dim)
+            plan = index_plan.lancedb_ivf_pq_for(max(n, index_plan.EXACT_BELOW), store.dim)
             config = IvfPq(distance_type=distance, **plan) if name == "ivf_pq" else HnswSq(distance_type=distance)
             store.create_index(config)
             store.calibrate()

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-from lancedb.index import HnswSq, IvfPq
 
 from isotrope.stores import index_plan
 from isotrope.stores.base import Hit, as_vectors
@@ -21,12 +20,14 @@ from .lance_rows import LanceRows, to_numpy
 logger = logging.getLogger(__name__)
 
 LANCE_DISTANCE = {"ip": "dot", "cosine": "cosine", "l2": "l2"}
-INDEX_TYPES = {"ivf_pq": IvfPq, "hnsw_sq": HnswSq}
+#: the index types ``index`` names, as ``lancedb.index`` config classes (imported when an index is built)
+INDEX_TYPES = {"ivf_pq": "IvfPq", "hnsw_sq": "HnswSq"}
 #: delta segments of the vector index (one per commit that adds rows to it) merged into one from this many on
 _MAX_INDEX_SEGMENTS = 4
 #: the index asked for ("auto" or an index type) and the search breadth calibrated when it was built
 META_INDEX = "isotrope.index"
 META_NPROBES = "isotrope.nprobes"
+META_EF = "isotrope.ef"
 _META_RECALL = "isotrope.calibrated_recall"
 _META_PARAMS = "isotrope.index_params"
 
@@ -38,6 +39,7 @@ class LanceVectorIndex(LanceRows):
     index: str
     threshold: int | None
     nprobe: int
+    ef: int | None
     refine: int | None
     _deferring: bool
     _indexed_rows: int
@@ -54,8 +56,7 @@ class LanceVectorIndex(LanceRows):
         Looked up once and remembered until this store changes the table's indexes or version.
         """
         if self._vector_index is False:
-            found = next((i for i in self._table.list_indices() if "vector" in i.columns), None)
-            self._vector_index = None if found is None else found.index_type
+            self._vector_index = next((kind for _, kind, columns in self._indices() if "vector" in columns), None)
         return cast("str | None", self._vector_index)  # never True: only False ("not looked up") or the found type
 
     @contextmanager
@@ -95,19 +96,27 @@ class LanceVectorIndex(LanceRows):
             self._vector_index = False
 
     def _planned_config(self) -> Any:
+        import lancedb.index
+
         distance = LANCE_DISTANCE[self.metric]
         if self.index != AUTO:
-            return INDEX_TYPES.get(self.index, IvfPq)(distance_type=distance)
+            return getattr(lancedb.index, INDEX_TYPES.get(self.index, "IvfPq"))(distance_type=distance)
         plan = index_plan.lancedb_index_for(max(len(self), index_plan.EXACT_BELOW), self.dim)
         assert plan is not None  # at EXACT_BELOW rows or more the plan is an index, never exact search
-        return IvfPq(distance_type=distance, **plan)
+        return getattr(lancedb.index, INDEX_TYPES[plan.pop("type")])(distance_type=distance, **plan)
 
     def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
-        """Set ``nprobe`` to the smallest breadth reaching ``target`` recall@10 against exact search
-        (:func:`index_plan.calibrate_breadth`), saved in the table's metadata; the settings chosen."""
+        """Set the search breadth (``ef`` of an HNSW index, else ``nprobe``) to the smallest reaching
+        ``target`` recall@10 against exact search (:func:`index_plan.calibrate_breadth`), saved in the
+        table's metadata; the settings chosen."""
         if self.vector_index is None:
             return {}
-        dataset = self._table.to_lance()
+        graph = "Hnsw" in self.vector_index
+        knob = "ef" if graph else "nprobe"
+        ladder: tuple[int, ...] = index_plan.EF_LADDER if graph else index_plan.NPROBE_LADDER
+        if graph:  # a search's ef is at least the candidates it refines (10 x refine for 10 hits)
+            ladder = tuple(v for v in ladder if v >= index_plan.CALIBRATION_K * max(self.refine or 1, 1)) or ladder[-1:]
+        dataset = self._dataset()
         # id -> row position in the scan, the key of the exact search
         positions = {id_: row for row, id_ in enumerate(dataset.to_table(columns=["id"]).column("id").to_pylist())}
 
@@ -127,31 +136,29 @@ class LanceVectorIndex(LanceRows):
             return sources, to_numpy(rows.column("vector"), self.dim, rows.column("id"), "vector")
 
         def search(q: np.ndarray, k: int, value: int) -> list[list[int]]:
-            self.nprobe = value
+            setattr(self, knob, value)
             return [[positions[h.id] for h in hits] for hits in self.search(q, k)]
 
         q = None if queries is None else as_vectors(queries, self.dim, "queries")
         keys = np.arange(len(positions), dtype=np.int64)
-        value, reached = index_plan.calibrate_breadth(
-            index_plan.NPROBE_LADDER, keys, sample, batches, search, self.metric, target, q
-        )
-        self.nprobe = value
-        logger.info("table %r: nprobe=%d reaches recall@10 %.3f", self.table_name, value, reached)
-        self._set_meta({META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"})
-        return {"nprobe": str(value), "calibrated_recall": f"{reached:.4f}"}
+        value, reached = index_plan.calibrate_breadth(ladder, keys, sample, batches, search, self.metric, target, q)
+        setattr(self, knob, value)
+        logger.info("table %r: %s=%d reaches recall@10 %.3f", self.table_name, knob, value, reached)
+        self._set_meta({META_EF if graph else META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"})
+        return {knob: str(value), "calibrated_recall": f"{reached:.4f}"}
 
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
-        meta = {k.decode(): v.decode() for k, v in (self._table.schema.metadata or {}).items()}
+        meta = {k.decode(): v.decode() for k, v in (self._schema.metadata or {}).items()}
         info: dict[str, Any] = {"index": self.index, "index_built": self.vector_index or "exact"}
         if self.vector_index is not None:
             info.update(json.loads(meta.get(_META_PARAMS, "{}")))
-            info.update(nprobe=self.nprobe, refine=self.refine)
+            info.update(nprobe=self.nprobe, refine=self.refine, **({"ef": self.ef} if self.ef else {}))
             if _META_RECALL in meta:
                 info["calibrated_recall_at_10"] = float(meta[_META_RECALL])
         return info
 
-    def create_index(self, config: IvfPq | HnswSq | Any | None = None) -> None:
+    def create_index(self, config: Any = None) -> None:
         """Build (or rebuild) the ANN index on ``vector``.
 
         ``config`` is a ``lancedb.index`` config (``IvfPq``, ``HnswSq``, ...) whose distance type
@@ -172,7 +179,11 @@ class LanceVectorIndex(LanceRows):
             for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
             if isinstance(getattr(config, name, None), int)
         }
-        self._set_meta({_META_PARAMS: json.dumps(params)})
+        meta = {_META_PARAMS: json.dumps(params)}
+        if "Hnsw" in (self.vector_index or "") and "num_partitions" in params:
+            self.nprobe = params["num_partitions"]  # every graph searched: ef alone sets the breadth
+            meta[META_NPROBES] = str(self.nprobe)
+        self._set_meta(meta)
         if self.index == AUTO:
             self.calibrate()
 

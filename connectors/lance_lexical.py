@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from lance.query import FullTextOperator, MatchQuery
-from lancedb.index import FTS
 
 from isotrope.lexical import index_text, query_terms
 from isotrope.stores.base import Hit, check_k
@@ -48,10 +47,10 @@ class LanceLexicalIndex(LanceRows):
     @property
     def has_lexical_index(self) -> bool:
         """Whether the terms column and its full-text index exist (a store written before them has neither)."""
-        return TERMS in self._table.schema.names and any(TERMS in i.columns for i in self._table.list_indices())
+        return TERMS in self._schema.names and any(TERMS in columns for _, _, columns in self._indices())
 
     def _lexical_exact(self) -> bool:
-        meta = self._table.schema.metadata or {}
+        meta = self._schema.metadata or {}
         return meta.get(_META_LEXICAL.encode()) == str(self.version).encode()
 
     def _note_write(self, stale: bool = False) -> None:
@@ -65,14 +64,14 @@ class LanceLexicalIndex(LanceRows):
 
     def _ensure_terms_column(self) -> None:
         """Add and fill the ``terms`` column of a table written before it existed (one new version)."""
-        if TERMS in self._table.schema.names:
+        if TERMS in self._schema.names:
             return
         logger.warning("table %r in %s has no lexical terms: analyzing its %d texts", self.table_name, self.path, len(self))
         self._table.add_columns(pa.field(TERMS, pa.string()))
         schema = pa.schema([pa.field("id", pa.string()), pa.field(TERMS, pa.string())])
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for batch in self._table.to_lance().to_batches(columns=["id", "text"], batch_size=4096):
+            for batch in self._dataset().to_batches(columns=["id", "text"], batch_size=4096):
                 terms = [index_text(text) for text in batch.column("text").to_pylist()]
                 yield pa.RecordBatch.from_arrays([batch.column("id"), pa.array(terms, pa.string())], schema=schema)
 
@@ -88,6 +87,8 @@ class LanceLexicalIndex(LanceRows):
             self._table.to_lance().optimize.optimize_indices(index_names=[name])
             self._table.checkout_latest()
         else:
+            from lancedb.index import FTS
+
             self._table.create_index(TERMS, config=FTS(**_FTS_CONFIG), replace=True)
         self._vector_index = False
         self._table.to_lance().update_schema_metadata({_META_LEXICAL: str(self.version + 1)})

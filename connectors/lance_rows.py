@@ -65,7 +65,9 @@ class LanceRows:
     table_name: str
     dim: int
     raw_dim: int | None
-    _table: Any
+    _storage_options: dict[str, str] | None
+    _db: Any
+    _lancedb_table: Any
     _lance: Any
     _row_ids: dict[str, int]
     _row_ids_version: int
@@ -74,18 +76,34 @@ class LanceRows:
     _lexical_state: str | None
     _vector_index: str | bool | None
 
+    @property
+    def _table(self) -> Any:
+        """The LanceDB table, opened on first use: writes and index builds go through it; reads do not
+        (``import lancedb`` costs three times ``import lance``: a cold search opens the dataset alone)."""
+        if self._lancedb_table is None:
+            import lancedb
+
+            if self._db is None:
+                self._db = lancedb.connect(self.path, storage_options=self._storage_options)
+            self._lancedb_table = self._db.open_table(self.table_name)
+        return self._lancedb_table
+
+    @property
+    def _schema(self) -> pa.Schema:
+        return self._dataset().schema
+
     def __len__(self) -> int:
-        return self._table.count_rows()
+        return int(self._dataset().count_rows())
 
     @property
     def version(self) -> int:
         """The table's current Lance version."""
-        return int(self._table.version)
+        return int(self._dataset().version)
 
     @property
     def properties(self) -> dict[str, str]:
         """The persisted ``dict[str, str]`` kept in the table's schema metadata (the encoder's fingerprint, index settings)."""
-        meta = self._table.schema.metadata or {}
+        meta = self._schema.metadata or {}
         prefix = PROPERTY.encode()
         return {k[len(prefix) :].decode(): v.decode() for k, v in meta.items() if k.startswith(prefix)}
 
@@ -93,10 +111,17 @@ class LanceRows:
         self._table.to_lance().update_schema_metadata(values)
         self._table.checkout_latest()
 
+    def _indices(self) -> list[tuple[str, str, list[str]]]:
+        """``(name, type, columns)`` of the table's indexes, types as LanceDB names them ("IvfPq", "IvfHnswSq", "Inverted")."""
+        return [
+            (i.name, "".join(part.capitalize() for part in i.index_type.split("_")), i.field_names)
+            for i in self._dataset().describe_indices()
+        ]
+
     def _remember_rows(self, table: pa.Table) -> None:
         """Keep the row id of each id a search without text returned: its caller looks some of them up
         (hybrid search: vectors, BM25 scores, the final hits' text), and takes the rows directly."""
-        version = self._table.version
+        version = self.version
         if version != self._row_ids_version or len(self._row_ids) > _ROW_IDS_KEPT:
             self._row_ids, self._row_ids_version = {}, version
         self._row_ids.update(zip(table.column("id").to_pylist(), table.column("_rowid").to_pylist()))
@@ -104,20 +129,30 @@ class LanceRows:
     def _remembered(self, ids: Sequence[str]) -> list[int] | None:
         """The row ids of ``ids`` remembered from reads of the current table version; None unless all are."""
         row_ids = [self._row_ids.get(i) for i in ids]
-        if not ids or None in row_ids or self._table.version != self._row_ids_version:
+        if not ids or None in row_ids or self.version != self._row_ids_version:
             return None
         return cast(list[int], row_ids)
 
     def _dataset(self) -> Any:
-        """The pylance dataset of the table's current version. Queries and takes go through it rather than
-        LanceDB's query builder (same engine, same plan): at 100,000 rows a single vector query, a full-text
-        query and a take of 10 rows cost 1.5 to 3 times less. Kept between reads with its index caches."""
-        version = self._table.version
-        if self._lance is None:
-            self._lance = self._table.to_lance()
-        elif self._lance.version != version:
-            self._lance = self._lance.checkout_version(version)
+        """The pylance dataset of the table's current version (the LanceDB table's, once opened). Reads go
+        through it rather than LanceDB's query builder (same engine, same plan): at 100,000 rows a single
+        vector query, a full-text query and a take of 10 rows cost 1.5 to 3 times less. Kept between reads
+        with its index caches."""
+        if self._lancedb_table is not None:
+            version = self._lancedb_table.version
+            if self._lance is None:
+                self._lance = self._lancedb_table.to_lance()
+            elif self._lance.version != version:
+                self._lance = self._lance.checkout_version(version)
+        elif self._lance is None:
+            import lance
+
+            self._lance = lance.dataset(self._table_uri(), storage_options=self._storage_options)
         return self._lance
+
+    def _table_uri(self) -> str:
+        """Where LanceDB keeps the table: ``<database>/<table>.lance``."""
+        return f"{str(self.path).rstrip('/')}/{self.table_name}.lance"
 
     def _read_rows(self, ids: Sequence[str], columns: list[str]) -> pa.Table:
         """``id`` and ``columns`` of the stored rows among distinct ``ids``, in any order: taken by their
@@ -150,7 +185,7 @@ class LanceRows:
         """The field set this process keeps (mutable): read or scanned if not known yet (or, with
         ``exact``, when deletes or updates may have made it a superset)."""
         if self._fields is None or (exact and not self._fields_exact):
-            meta = self._table.schema.metadata or {}
+            meta = self._schema.metadata or {}
             saved = meta.get(_META_FIELDS.encode())
             if saved is not None and meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode():
                 self._fields = set(json.loads(saved))
@@ -162,7 +197,7 @@ class LanceRows:
     def _scan_fields(self) -> set[str]:
         """The metadata keys of the stored rows, from one scan of the metadata column."""
         fields: set[str] = set()
-        for batch in self._table.to_lance().to_batches(columns=["metadata"], batch_size=65_536):
+        for batch in self._dataset().to_batches(columns=["metadata"], batch_size=65_536):
             for value in set(batch.column("metadata").to_pylist()):
                 fields.update(load_metadata(value))
         return fields
@@ -174,7 +209,7 @@ class LanceRows:
             return
         if not self._fields_exact:
             self._known_fields(exact=True)
-        meta = self._table.schema.metadata or {}
+        meta = self._schema.metadata or {}
         if (
             meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode()
             and meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode()
@@ -238,7 +273,7 @@ class LanceRows:
         """Yield ``(ids, raw_vectors)`` batches over the whole table (a consistent snapshot)."""
         if self.raw_dim is None:
             raise ValueError(f"table {self.table_name!r} has no raw_vector column")
-        for batch in self._table.to_lance().to_batches(columns=["id", "raw_vector"], batch_size=batch_size):
+        for batch in self._dataset().to_batches(columns=["id", "raw_vector"], batch_size=batch_size):
             if batch.num_rows:
                 ids = batch.column("id")
                 yield ids.to_pylist(), to_numpy(batch.column("raw_vector"), self.raw_dim, ids, "raw_vector")

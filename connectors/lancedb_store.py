@@ -31,7 +31,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import lancedb
 import numpy as np
 import pyarrow as pa
 
@@ -53,7 +52,7 @@ from isotrope.stores.filters import to_lance
 from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
 from isotrope.stores.rows import chunks, dumps_metadata
 
-from .lance_index import INDEX_TYPES, LANCE_DISTANCE, META_INDEX, META_NPROBES, LanceVectorIndex
+from .lance_index import INDEX_TYPES, LANCE_DISTANCE, META_EF, META_INDEX, META_NPROBES, LanceVectorIndex
 from .lance_lexical import TERMS, LanceLexicalIndex
 from .lance_rows import ID_CHUNK, PROPERTY, id_filter, read_args, vector_array
 
@@ -162,15 +161,15 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
         self._lance = None  # the pylance dataset reads go through (see _dataset)
+        self._storage_options = storage_options
+        self._db = self._lancedb_table = None  # LanceDB's connection and table, opened for writes (see _table)
         if isinstance(self.path, Path) and self.path.exists() and not self.path.is_dir():
             raise StoreFormatError(f"{self.path} is a file, not a LanceDB directory")
-        self._db = lancedb.connect(self.path, storage_options=storage_options)
-        if table in _table_names(self._db):
-            self._table = self._db.open_table(table)
+        if self._exists():
             self._check_existing(dim, metric, raw_dim)
         else:
-            self._table = self._create(dim, metric, raw_dim)
-        schema = self._table.schema
+            self._lancedb_table = self._create(dim, metric, raw_dim)
+        schema = self._schema
         self.dim = schema.field("vector").type.list_size
         self.raw_dim = schema.field("raw_vector").type.list_size if "raw_vector" in schema.names else None
         #: whether ``add`` takes ``raw_vectors`` (the table has a ``raw_vector`` column)
@@ -186,6 +185,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         if index is not None and stored.get(META_INDEX, "ivf_pq") != index:
             self._set_meta({META_INDEX: index})
         self.nprobe = check_count("nprobe", nprobe) or int(stored.get(META_NPROBES, 20))
+        self.ef = self.ef or (int(stored[META_EF]) if META_EF in stored else None)
         self._indexed_rows = 0
 
     @staticmethod
@@ -195,6 +195,15 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             raise ValueError(f"unknown index {index!r}; expected one of {', '.join([AUTO, FLAT, *INDEX_TYPES])}")
 
     # ------------------------------------------------------------------ opening
+
+    def _exists(self) -> bool:
+        """Whether the table exists: a local one is looked for on disk (no ``import lancedb``), a URI's asked of LanceDB."""
+        if isinstance(self.path, Path):
+            return (self.path / f"{self.table_name}.lance" / "_versions").is_dir()
+        import lancedb
+
+        self._db = lancedb.connect(self.path, storage_options=self._storage_options)
+        return self.table_name in _table_names(self._db)
 
     def _create(self, dim: int | None, metric: str | None, raw_dim: int | None) -> Any:
         if isinstance(self.path, Path) and self.path.is_dir() and any(self.path.iterdir()) and not any(self.path.glob("*.lance")):
@@ -214,10 +223,14 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         if raw_dim is not None:
             fields.append(pa.field("raw_vector", pa.list_(pa.float32(), int(raw_dim))))
         metadata = {_META_FORMAT: FORMAT_VERSION, _META_METRIC: check_metric(metric or DEFAULT_METRIC)}
+        if self._db is None:
+            import lancedb
+
+            self._db = lancedb.connect(self.path, storage_options=self._storage_options)
         return self._db.create_table(self.table_name, schema=pa.schema(fields, metadata=metadata))
 
     def _check_existing(self, dim: int | None, metric: str | None, raw_dim: int | None) -> None:
-        schema = self._table.schema
+        schema = self._schema
         where = f"table {self.table_name!r} in {self.path}"
         meta = schema.metadata or {}
         if meta.get(_META_FORMAT.encode()) != FORMAT_VERSION.encode():
@@ -280,7 +293,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         elif self.raw_dim is not None:
             columns["raw_vector"] = pa.nulls(len(batch.ids), pa.list_(pa.float32(), self.raw_dim))
         fields = self._known_fields()  # before the write: while the saved set describes the table
-        appended = new_ids or self._table.count_rows() == 0
+        appended = new_ids or len(self) == 0
         if appended:
             self._table.add(pa.table(columns), on_bad_vectors="null")  # vectors are validated: only null raw vectors
         else:
@@ -364,7 +377,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
-        self._table = None
+        self._lancedb_table = None
         self._db = None
         self._lance = None
 
@@ -386,8 +399,8 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         if self.refine:
             # candidate lists (no text) re-rank as many rows as a 10-hit search does, at least their own k
             settings["refine_factor"] = self.refine if with_text else max(1, self.refine * 10 // k)
-        if self.ef:
-            settings["ef"] = self.ef
+        if self.ef:  # an HNSW search finds at least the candidates it hands the refinement (Lance requires it)
+            settings["ef"] = max(self.ef, k * settings.get("refine_factor", 1))
         return settings
 
     def _vector_query(self, queries: np.ndarray, k: int, where: Mapping[str, Any] | None, with_text: bool) -> pa.Table:

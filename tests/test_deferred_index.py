@@ -82,6 +82,6 @@ def test_lancedb_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
         assert store.vector_index is None
     store.commit()
     info = store.index_info()
-    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000**0.5)
+    assert info["index_built"] == "IvfHnswSq" and info["num_partitions"] == 1
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()

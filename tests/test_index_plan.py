@@ -56,7 +56,10 @@ def test_rules_follow_the_count():
     assert index_plan.nlist_for(100_000) == 1024 and index_plan.nlist_for(10) == 64
     assert index_plan.nlist_for(9000) == 128  # 4 sqrt(n) = 379, but 39 training points per list allow 230
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW - 1, 384) is None
-    assert index_plan.lancedb_index_for(1_000_000, 384) == {"num_partitions": 1000, "num_sub_vectors": 48}
+    assert index_plan.lancedb_ivf_pq_for(1_000_000, 384) == {"num_partitions": 1000, "num_sub_vectors": 48}
+    plan = index_plan.lancedb_index_for(1_000_000, 384)
+    assert plan == {"type": "hnsw_sq", "num_partitions": 4, **index_plan.HNSW_BUILD}  # 262,144 rows a graph
+    assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW, 384)["num_partitions"] == 1
 
 
 def test_exact_neighbours_matches_a_full_sort():
@@ -196,16 +199,17 @@ def test_lancedb_auto_builds_a_calibrated_index_and_optimize_keeps_rows(tmp_path
     assert store.vector_index is None
     fill(store, data[1500:], batch=1500, first=1500)
     info = store.index_info()
-    assert info["index_built"] == "IvfPq" and info["num_partitions"] == round(3000**0.5)
+    assert info["index_built"] == "IvfHnswSq" and info["num_partitions"] == 1 and info["nprobe"] == 1
+    assert info["ef"] in index_plan.EF_LADDER
     assert info["calibrated_recall_at_10"] >= index_plan.TARGET_RECALL
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()
-    reopened = LanceDBStore(tmp_path / "db", nprobe=1)  # the override wins over the saved breadth
-    assert reopened.index == "auto" and reopened.nprobe == 1
+    reopened = LanceDBStore(tmp_path / "db", ef=16)  # the override wins over the saved breadth
+    assert reopened.index == "auto" and reopened.ef == 16
     reopened.delete(["3"])
     reopened.optimize()
     assert sorted(reopened.ids(), key=int) == [str(i) for i in range(3000) if i != 3]
-    assert reopened.index_info()["index_built"] == "IvfPq"
+    assert reopened.index_info()["index_built"] == "IvfHnswSq"
     reopened.close()
 
 
