@@ -376,6 +376,49 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- child: search LanceDB --------------------------------------------------------------
+def lancedb_keyword_bare(store: Any) -> Callable[[str], Any]:
+    """LanceDB's own full-text query on the store's table: ``table.search(terms, query_type="fts")`` over
+    the analyzed ``terms`` column (its index splits on spaces), the hit rows read as the store reads them."""
+    from isotrope.connectors.lance_lexical import TERMS
+    from isotrope.lexical import query_terms
+
+    table = store._table
+    return lambda text: (
+        table.search(" ".join(query_terms(text)), query_type="fts", fts_columns=TERMS)
+        .limit(K)
+        .select(["id", "text", "metadata"])
+        .to_arrow()
+    )
+
+
+def lancedb_hybrid_bare(path: Path, encoder_dir: Path) -> Callable[[str], Any]:
+    """LanceDB's own hybrid query (``query_type="hybrid"``, its default RRF reranker) on the store's table,
+    the query encoded as the store's hybrid search encodes it, with the store's vector search settings."""
+    from isotrope.connectors.lance_index import LANCE_DISTANCE
+    from isotrope.connectors.lance_lexical import TERMS
+    from isotrope.connectors.lancedb_store import LanceDBStore
+    from isotrope.encoder import ShapedEncoder
+    from isotrope.lexical import query_terms
+
+    store, encoder = LanceDBStore(path), ShapedEncoder.load(encoder_dir)
+    table, settings = store._table, store._index_settings(K, True)
+
+    def search(text: str) -> Any:
+        query = (
+            table.search(query_type="hybrid", vector_column_name="vector", fts_columns=TERMS)
+            .vector(encoder.encode([text], kind="query")[0])
+            .text(" ".join(query_terms(text)))
+            .distance_type(LANCE_DISTANCE[store.metric])
+            .limit(K)
+            .select(["id", "text", "metadata"])
+        )
+        for name, value in settings.items():
+            query = getattr(query, name)(value)
+        return query.to_arrow()
+
+    return search
+
+
 def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     import faiss
     import lancedb
@@ -387,7 +430,11 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
 
     texts, queries = encoded_queries(args)
     path = Path(args.path)
-    result: dict[str, Any] = {"p50_ms_single_with_encode_auto": collection_p50_ms(f"lancedb:{path}", texts, args.single)}
+    modes = args.modes.split(",")
+    result: dict[str, Any] = {"text_modes": text_modes(f"lancedb:{path}", texts, modes, lancedb_keyword_bare)}
+    if "hybrid" in modes:
+        result["text_modes"]["hybrid_bare"] = percentiles_ms(lancedb_hybrid_bare(path, args.encoder), texts)
+    result["p50_ms_single_with_encode_auto"] = collection_p50_ms(f"lancedb:{path}", texts, args.single)
     store = LanceDBStore(path)
     result["auto_index"] = store.index_info()
     ids: list[str] = []
