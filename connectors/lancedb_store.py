@@ -100,12 +100,14 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     metric: "ip" (default for a new table; LanceDB's "dot"), "cosine" or "l2"; read from an existing table.
     index: the ANN index built automatically: "ivf_pq", "hnsw_sq", "flat" (none: exact search) or "auto"
-        (exact below :data:`index_plan.EXACT_BELOW` rows, then IVF_PQ sized from the count and rebuilt as
-        the table grows, nprobe calibrated: :mod:`isotrope.stores.index_plan`); default: the one the table
+        (exact below :data:`index_plan.EXACT_BELOW` rows, then IVF_HNSW_SQ sized from the count and rebuilt
+        as the table grows, ef calibrated: :mod:`isotrope.stores.index_plan`); default: the one the table
         was created with, else "ivf_pq". Given for an existing table, it replaces the recorded one.
     threshold: rows at which the ANN index is built (default 50,000; "auto": the plan's size).
     nprobe / refine / ef: search-time settings used once an ANN index exists (LanceDB's ``nprobes``,
-        ``refine_factor``, ``ef``; default nprobe: the calibrated one of an auto index, else 20; refine 10).
+        ``refine_factor``, ``ef``; default nprobe: the calibrated one of an auto IVF_PQ index, every
+        partition of an auto IVF_HNSW_SQ one, else 20; ef: the calibrated one, searched as at least k x
+        refine; refine 10).
         ``refine`` re-ranks that many times k candidates by exact distance; a search without text (hybrid's
         candidate lists) re-ranks ``max(1, refine * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
     storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,

@@ -184,14 +184,15 @@ encoder = ShapedEncoder.load(sys.argv[1])
 vectors = encoder.encode(["the cat sees a small bird"], kind="query")
 with Collection.open(sys.argv[2]) as collection:
     hits = collection.search("the cat sees a small bird", k=3)
-heavy = sorted(name for name in ("torch", "transformers", "sklearn") if name in sys.modules)
+heavy = sorted(name for name in ("torch", "transformers", "sklearn", "lancedb") if name in sys.modules)
 print(len(hits), vectors.shape[1], heavy)
 """
 
 
 @pytest.mark.parametrize("kind", ["faiss", pytest.param("lancedb", marks=pytest.mark.slow)])
 def test_loading_and_searching_a_folded_encoder_imports_no_torch(tiny_static, tmp_path, kind):
-    """In a fresh process: load, encode and search import neither torch nor transformers (nor scikit-learn)."""
+    """In a fresh process: load, encode and search import neither torch nor transformers (nor scikit-learn,
+    nor lancedb: a LanceDB store is read through pylance alone)."""
     pytest.importorskip(kind)
     from isotrope.ingest.pipeline import index_documents
 
