@@ -49,7 +49,7 @@ FIT_PASSAGES = 20_000
 FIRST_WINDOW = 3
 SLIDING_WINDOWS = (2, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 ADD_BATCH = 2048
-#: the search modes measured; keyword and hybrid cold, through Collection.search, beside the bare keyword engine
+#: the search modes measured cold through Collection.search (dense, keyword, hybrid), beside the bare keyword engine
 MODES = "dense,keyword,hybrid"
 
 
@@ -192,15 +192,16 @@ def encoded_queries(args: argparse.Namespace) -> tuple[list[str], np.ndarray]:
 
 
 def collection_p50_ms(uri: str, texts: list[str], count: int, **store_options: Any) -> float:
-    """Single-query p50 of ``Collection.search(text)``: encoding included."""
+    """Single-query p50 of dense ``Collection.search(text, mode="dense")``: encoding included (a store's
+    default search may be hybrid)."""
     from isotrope.search import Collection
 
     with Collection.open(uri, **store_options) as collection:
-        collection.search(texts[0], k=K)
+        collection.search(texts[0], k=K, mode="dense")
         times = []
         for i in range(count):
             tick = time.perf_counter()
-            collection.search(texts[i % len(texts)], k=K)
+            collection.search(texts[i % len(texts)], k=K, mode="dense")
             times.append(time.perf_counter() - tick)
     return 1000 * float(np.median(times))
 
@@ -273,13 +274,14 @@ def percentiles_ms(call: Callable[[str], Any], texts: list[str]) -> dict[str, fl
 def text_modes(
     uri: str, texts: list[str], modes: list[str], bare: Callable[[Any], Callable[[str], Any]] | None
 ) -> dict[str, Any]:
-    """Keyword and hybrid ``Collection.search(text)`` cold (the first queries after open; hybrid encodes),
-    then the bare keyword engine (``bare(store)``: a call on one text) on the same texts."""
+    """Dense, keyword and hybrid ``Collection.search(text, mode=...)`` cold (the first queries after open;
+    dense and hybrid encode), then the bare keyword engine (``bare(store)``: a call on one text) on the same
+    texts."""
     from isotrope.search import Collection
 
     out: dict[str, Any] = {}
     with Collection.open(uri) as collection:
-        for mode in (m for m in modes if m != "dense"):
+        for mode in modes:
             name = "lexical" if mode == "keyword" else mode
             out[mode] = percentiles_ms(lambda text, name=name: collection.search(text, k=K, mode=name), texts)
         if bare is not None and "keyword" in modes:
@@ -404,14 +406,12 @@ def lancedb_hybrid_bare(path: Path, encoder_dir: Path) -> Callable[[str], Any]:
     table, settings = store._table, store._index_settings(K, True)
 
     def search(text: str) -> Any:
-        query = (
-            table.search(query_type="hybrid", vector_column_name="vector", fts_columns=TERMS)
-            .vector(encoder.encode([text], kind="query")[0])
-            .text(" ".join(query_terms(text)))
-            .distance_type(LANCE_DISTANCE[store.metric])
-            .limit(K)
-            .select(["id", "text", "metadata"])
-        )
+        vector, terms = encoder.encode([text], kind="query")[0], " ".join(query_terms(text))
+        if not terms:  # LanceDB refuses a hybrid query without text: a query of stop words searches by vector
+            query = table.search(vector, vector_column_name="vector")
+        else:
+            query = table.search(query_type="hybrid", vector_column_name="vector", fts_columns=TERMS).vector(vector).text(terms)
+        query = query.distance_type(LANCE_DISTANCE[store.metric]).limit(K).select(["id", "text", "metadata"])
         for name, value in settings.items():
             query = getattr(query, name)(value)
         return query.to_arrow()
@@ -629,7 +629,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         for kind, data in result["stores"].items():
             modes = data["search"].get("text_modes", {})
             bare = modes.get("keyword_bare")
-            for mode in ("keyword", "hybrid"):
+            for mode in ("dense", "keyword", "hybrid"):
                 if mode in modes:
                     peer = f"{bare['p50_ms']:.2f} | {bare['p99_ms']:.2f}" if bare and mode == "keyword" else " | "
                     lines.append(
