@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_and_write
-from benchmarks.harness import alternate, set_threads
+from benchmarks.harness import REPO_ROOT, alternate, set_threads
 from isotrope.encoder import ShapedEncoder, default_shape
 from isotrope.evaluate.data import BeirDataset, load_beir
 from isotrope.evaluate.store_retrieval import beir_documents, eval_through_store, scores_of
@@ -267,7 +267,7 @@ def profile_llama(store: Any, queries: list[str], top: int = 25) -> dict[str, An
         owners[owner][0] += calls / n
         owners[owner][1] += self_time
         if not owner.startswith(("shared", "C built-ins")):
-            where = filename.split("site-packages/")[-1].split("/work/")[-1]
+            where = filename.split("site-packages/")[-1].removeprefix(f"{REPO_ROOT}/")
             functions.append((self_time, f"{where}:{line}({name})", calls / n))
     functions.sort(reverse=True)
     share = lambda seconds: round(100 * seconds / total, 1)  # noqa: E731

@@ -10,7 +10,7 @@ Also measured: an upsert/delete of 1,000 rows, then the agreement again (tantivy
 deleted rows in their statistics until segments merge). Timings are only meaningful on an idle
 machine::
 
-    python -m benchmarks.keyword_engines --chunks 1000000 --data-dir /work/shared/data --out results/keyword_engines_1m.json
+    python -m benchmarks.keyword_engines --chunks 1000000 --data-dir ../shared/data --out benchmarks/results/keyword_engines_1m.json
 """
 
 from __future__ import annotations
