@@ -205,17 +205,17 @@ class KeywordIndex:
         if n_docs == 0 or not wanted:
             return np.empty(0, np.int64), np.empty(0, np.float64), 0
         average = sum(s.length_sum for s in segments) / n_docs
+        postings = [[segment.postings(term) for term in wanted] for segment in segments]  # each read once
+        df = np.array([sum(len(parts[t][0]) for parts in postings) for t in range(len(wanted))], dtype=np.float64)
+        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
         found, scores = [], []
-        for segment in segments:
+        for segment, parts in zip(segments, postings):
             norm, total = segment.norm(average), segment.buffer()
-            parts = [segment.postings(term) for term in wanted]
             columns = []
-            for term, (cols, counts) in zip(wanted, parts):
-                df = sum(len(other.postings(term)[0]) for other in segments) if len(segments) > 1 else len(cols)
+            for term_idf, (cols, counts) in zip(idf, parts):
                 if len(cols) == 0:
                     continue
-                idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
-                total[cols] += (idf * (K1 + 1)) * (counts / (counts + norm[cols]))
+                total[cols] += (term_idf * (K1 + 1)) * (counts / (counts + norm[cols]))
                 columns.append(cols)
             if columns:
                 every = np.concatenate(columns)
