@@ -191,7 +191,8 @@ class LanceVectorIndex(LanceRows):
         """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``);
         an auto table also gets the index its size calls for, rebuilt and recalibrated."""
         self._vector_index = False
-        self._table.optimize()
+        with self._rows_kept():
+            self._table.optimize()
         self._vector_index = False
         if self.index == AUTO and len(self) >= index_plan.EXACT_BELOW:
             self.create_index()

@@ -17,13 +17,11 @@ from isotrope.stores.base import Hit, check_k
 from isotrope.stores.filters import to_lance
 from isotrope.stores.rows import chunks
 
-from .lance_rows import ID_CHUNK, LanceRows, read_args
+from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, read_args
 
 logger = logging.getLogger(__name__)
 
 TERMS = "terms"
-#: the table version at which the full-text index was last made exact
-_META_LEXICAL = "isotrope.lexical_index_version"
 #: the analysis is isotrope.lexical's: the index only splits the analyzed terms on spaces
 _FTS_CONFIG = {
     "base_tokenizer": "whitespace",
@@ -50,13 +48,14 @@ class LanceLexicalIndex(LanceRows):
         return TERMS in self._schema.names and any(TERMS in columns for _, _, columns in self._indices())
 
     def _lexical_exact(self) -> bool:
+        """Whether the full-text index exists and covers exactly the table's rows."""
         meta = self._schema.metadata or {}
-        return meta.get(_META_LEXICAL.encode()) == str(self.version).encode()
+        return self.has_lexical_index and meta.get(META_LEXICAL_ROWS.encode()) == self.rows_signature().encode()
 
     def _note_write(self, stale: bool = False) -> None:
         """Before a write: remember whether the full-text index was exact, and whether it now needs a rebuild."""
         if self._lexical_state is None:
-            self._lexical_state = "exact" if self.has_lexical_index and self._lexical_exact() else "stale"
+            self._lexical_state = "exact" if self._lexical_exact() else "stale"
         if stale:
             self._lexical_state = "stale"
         elif self._lexical_state == "exact":
@@ -91,13 +90,12 @@ class LanceLexicalIndex(LanceRows):
 
             self._table.create_index(TERMS, config=FTS(**_FTS_CONFIG), replace=True)
         self._vector_index = False
-        self._table.to_lance().update_schema_metadata({_META_LEXICAL: str(self.version + 1)})
-        self._table.checkout_latest()
+        self._set_meta({META_LEXICAL_ROWS: self.rows_signature()})
         self._lexical_state = "exact"
 
     def build_lexical_index(self) -> None:
         """Build the full-text index if it is missing or out of date (a store written before it existed)."""
-        if not self.has_lexical_index or not self._lexical_exact():
+        if not self._lexical_exact():
             self._lexical_state = "stale"
             self._refresh_lexical_index()
 

@@ -1,12 +1,14 @@
 """A LanceDB store's rows: reading them by id (by remembered Lance row id where it can), by filter and in
 batches; the table's schema metadata (``isotrope.*`` keys: properties, settings); the set of metadata field
-names kept there, stamped with the table version it describes. :class:`LanceRows` is the base of the store's
+names kept there, stamped with the rows it describes. :class:`LanceRows` is the base of the store's
 keyword index (:mod:`.lance_lexical`), vector index (:mod:`.lance_index`) and the store itself."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,9 +23,11 @@ PROPERTY = "isotrope.property."
 ID_CHUNK = 1000
 #: ids whose Lance row id a store remembers from its reads (then it forgets them all and starts again)
 _ROW_IDS_KEPT = 100_000
-#: the metadata field names (a JSON list) and the table version they describe
+#: the metadata field names (a JSON list) and the rows they describe (:meth:`LanceRows.rows_signature`)
 _META_FIELDS = "isotrope.metadata_fields"
-_META_FIELDS_VERSION = "isotrope.metadata_fields_version"
+_META_FIELDS_ROWS = "isotrope.metadata_fields_rows"
+#: the rows the full-text index was last made exact over
+META_LEXICAL_ROWS = "isotrope.lexical_index_rows"
 
 
 def id_filter(ids: Sequence[str]) -> str:
@@ -99,6 +103,23 @@ class LanceRows:
     def version(self) -> int:
         """The table's current Lance version."""
         return int(self._dataset().version)
+
+    def rows_signature(self) -> str:
+        """The table's rows, as an index or a field set describing them sees them: each fragment and its
+        deleted rows (metadata writes leave it as it is; appends, deletes, updates and compaction change it)."""
+        fragments = (f.metadata for f in self._dataset().get_fragments())
+        return hashlib.sha256(",".join(f"{f.id}:{f.num_deletions}" for f in fragments).encode()).hexdigest()
+
+    @contextmanager
+    def _rows_kept(self) -> Iterator[None]:
+        """Around a rewrite that keeps every row as it is (compaction): the field set and the full-text
+        index that described the rows before describe them after (Lance remaps its indexes)."""
+        before = self.rows_signature().encode()
+        yield
+        meta = self._schema.metadata or {}
+        current = [key for key in (_META_FIELDS_ROWS, META_LEXICAL_ROWS) if meta.get(key.encode()) == before]
+        if current:
+            self._set_meta(dict.fromkeys(current, self.rows_signature()))
 
     @property
     def properties(self) -> dict[str, str]:
@@ -187,7 +208,7 @@ class LanceRows:
         if self._fields is None or (exact and not self._fields_exact):
             meta = self._schema.metadata or {}
             saved = meta.get(_META_FIELDS.encode())
-            if saved is not None and meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode():
+            if saved is not None and meta.get(_META_FIELDS_ROWS.encode()) == self.rows_signature().encode():
                 self._fields = set(json.loads(saved))
             else:
                 self._fields = self._scan_fields()
@@ -203,7 +224,7 @@ class LanceRows:
         return fields
 
     def _save_fields(self) -> None:
-        """Save the field set (exact: rescanned after deletes and updates) stamped with the version it
+        """Save the field set (exact: rescanned after deletes and updates) stamped with the rows it
         describes, unless the saved one is current; a table this process has not written is left alone."""
         if self._fields is None or self._lexical_state is None:
             return
@@ -211,12 +232,11 @@ class LanceRows:
             self._known_fields(exact=True)
         meta = self._schema.metadata or {}
         if (
-            meta.get(_META_FIELDS_VERSION.encode()) == str(self.version).encode()
+            meta.get(_META_FIELDS_ROWS.encode()) == self.rows_signature().encode()
             and meta.get(_META_FIELDS.encode()) == json.dumps(sorted(self._fields)).encode()
         ):
             return
-        # one schema-metadata update is one new version: the stamp names it
-        self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_VERSION: str(self.version + 1)})
+        self._set_meta({_META_FIELDS: json.dumps(sorted(self._fields)), _META_FIELDS_ROWS: self.rows_signature()})
 
     def _rows_filter(self, ids: Sequence[str]) -> str:
         """A filter keeping the rows of ``ids``: by remembered row id (no scan of the id column) where it can."""

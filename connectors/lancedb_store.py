@@ -370,10 +370,13 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             self._vector_index = False
 
     def commit(self) -> None:
-        """Every write is already a committed Lance version; bring the full-text index up to date
-        and build the ANN index if it is now due (not inside :meth:`deferred_index`)."""
+        """Every write is already a committed Lance version; bring the full-text index up to date (also
+        when a writer was interrupted before it did) and build the ANN index if it is now due (not inside
+        :meth:`deferred_index`)."""
         self._maybe_index()
-        if self._lexical_state is not None and self._lexical_state != "exact":
+        if self._lexical_state is None and len(self) and not self._lexical_exact():
+            self._lexical_state = "stale"  # left behind by a writer interrupted before its commit
+        if self._lexical_state not in (None, "exact"):
             self._refresh_lexical_index()
         self._save_fields()
 

@@ -201,3 +201,25 @@ def test_index_calibrates_a_new_store_and_calibrate_refits_it(monkeypatch, capsy
     assert json.loads(out)[PROPERTY]["ndcg@10"] == info["ndcg@10"]  # same chunks, same seed
     code, out, err = run_cli(monkeypatch, capsys, "calibrate", uri)
     assert code != 0 and "--default-search" in err
+
+
+def test_index_chooses_the_default_search_of_a_store_without_one_and_keeps_a_chosen_one(tmp_path, encoder) -> None:
+    from isotrope.ingest.loaders import Document
+    from isotrope.ingest.pipeline import index_documents
+
+    documents = [Document(source=f"d{i}.txt", text=text) for i, text in enumerate(_texts(300, seed=5))]
+    uri = f"faiss:{tmp_path / 'store'}"
+    # a store whose first run stopped before the choice: the run that completes it makes the choice
+    index_documents(documents[:200], uri, encoder=encoder, default_search=False, show_progress=False)
+    with Collection.open(uri) as collection:
+        assert stored_default(collection.store.properties)[2] is None
+    report = index_documents(documents[:200], uri, encoder=encoder, show_progress=False)
+    assert report.added == 0 and "default_search" in report.seconds
+    with Collection.open(uri) as collection:
+        chosen = collection.store.properties[PROPERTY]
+        assert json.loads(chosen)["store_chunks"] == 200
+    # a later run adding documents keeps the store's choice (`isotrope calibrate --default-search` refits it)
+    report = index_documents(documents, uri, encoder=encoder, show_progress=False)
+    assert report.added > 0 and "default_search" not in report.seconds
+    with Collection.open(uri) as collection:
+        assert collection.store.properties[PROPERTY] == chosen

@@ -87,3 +87,63 @@ def test_faiss_new_ids_with_a_stored_id_fails_and_changes_nothing(tmp_path):
     assert after[0] == before[0] and len(store) == 20
     np.testing.assert_array_equal(after[1], before[1])
     assert len(store.search(np.ones((1, DIM)), 30)[0]) == 20
+
+
+def test_lance_adds_appended_rows_to_the_full_text_index_after_metadata_writes(tmp_path, monkeypatch):
+    """Metadata-only writes (properties, a calibration) keep the full-text index exact: the next writer
+    adds its rows to the index rather than rebuilding it (a rebuild costs minutes at a million rows)."""
+    store = open_store("lancedb", tmp_path)
+    store.add(*batch(0, 40, 1))
+    store.commit()
+    store.set_properties(note="calibrated")
+    store.commit()
+    store.close()
+    rebuilds = []
+    refresh = LanceDBStore._refresh_lexical_index
+
+    def spy(self):
+        rebuilds.append(self._lexical_state)
+        return refresh(self)
+
+    monkeypatch.setattr(LanceDBStore, "_refresh_lexical_index", spy)
+    again = LanceDBStore(tmp_path / "lancedb", index="flat")
+    again.commit()  # nothing written, the index exact: nothing to do
+    again.add(*batch(40, 10, 2, word="gamma"), new_ids=True)
+    again.commit()
+    assert rebuilds == ["appended"]
+    assert {h.id for h in again.lexical_search(["gamma"], 50)[0]} == {f"r{i}" for i in range(40, 50)}
+
+
+def test_lance_compaction_keeps_the_full_text_index_exact_and_appendable(tmp_path, monkeypatch):
+    from test_hybrid import assert_lexical_exact
+
+    store = open_store("lancedb", tmp_path)
+    contents = {}
+    for start in range(0, 60, 12):  # five fragments
+        ids, vectors, texts, meta = batch(start, 12, start, word=f"w{start % 24}")
+        store.add(ids, vectors, texts, meta, new_ids=True)
+        store.commit()
+        contents.update({i: (t, m) for i, t, m in zip(ids, texts, meta)})
+    gone = [f"r{i}" for i in range(0, 60, 4)]
+    store.delete(gone)
+    store.commit()
+    for i in gone:
+        del contents[i]
+    queries = ["w0 text", "w12 r13", "text", "w0 w12 r50"]
+    fragments = len(store._dataset().get_fragments())
+    store.optimize()
+    assert len(store._dataset().get_fragments()) < fragments  # compacted
+    assert_lexical_exact("lancedb", store, contents, queries=queries)
+    store.close()
+    store = LanceDBStore(tmp_path / "lancedb", index="flat")  # the next writer
+    rebuilds = []
+    refresh = LanceDBStore._refresh_lexical_index
+    monkeypatch.setattr(
+        LanceDBStore, "_refresh_lexical_index", lambda self: rebuilds.append(self._lexical_state) or refresh(self)
+    )
+    ids, vectors, texts, meta = batch(60, 6, 9, word="w0")
+    store.add(ids, vectors, texts, meta, new_ids=True)
+    store.commit()
+    contents.update({i: (t, m) for i, t, m in zip(ids, texts, meta)})
+    assert rebuilds == ["appended"]
+    assert_lexical_exact("lancedb", store, contents, queries=queries)

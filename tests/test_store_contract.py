@@ -281,6 +281,25 @@ def test_upsert_delete_and_reopen_keep_the_lexical_index_exact(kind, tmp_path):
     assert_lexical_exact(kind, store, contents)
 
 
+def test_a_writer_killed_before_its_commit_leaves_the_next_commit_exact(kind, tmp_path):
+    if kind == "memory":
+        pytest.skip("nothing of a memory store outlives its process")
+    store = open_store(kind, tmp_path)
+    corpus = Corpus(n=120)
+    corpus.write(store)
+    contents = corpus.contents()
+    store.add(["n1", "n2"], make_vectors(2, seed=6), ["zygomorphic orchid", "quick orchid rivers"])
+    store.close()  # as a kill leaves it: no commit (LanceDB keeps the rows, FAISS what it committed)
+    again = open_existing(kind, tmp_path)
+    if again.contains(["n1", "n2"]):
+        contents.update({"n1": ("zygomorphic orchid", {}), "n2": ("quick orchid rivers", {})})
+    again.commit()  # the next writer's commit, with nothing of its own to write
+    assert_lexical_exact(kind, again, contents, queries=[*QUERIES, "orchid"])
+    again.set_properties(note="metadata only")
+    again.commit()
+    assert_lexical_exact(kind, again, contents, queries=[*QUERIES, "orchid"])
+
+
 def test_count_and_iteration(kind, tmp_path):
     corpus = Corpus()
     store = open_store(kind, tmp_path)

@@ -11,8 +11,9 @@ An engine (the local loop, :func:`isotrope.ingest.pipeline.run_local`, or Ray,
 4. :meth:`Target.create`: the store, with the fitted encoder saved beside it;
 5. write: :meth:`Target.resume_from` gives the stored ids (chunks already there are skipped, so an
    interrupted run resumes), a :class:`ChunkWriter` adds the rest in batches and commits;
-6. :meth:`Target.finish`: ``sync`` deletes, the last commit; a new store's default search is chosen
-   from its own chunks (:meth:`~isotrope.search.Collection.fit_default_search`).
+6. :meth:`Target.finish`: ``sync`` deletes, the last commit; a store without a default search (a new
+   one, or one whose first run was interrupted) gets it chosen from its own chunks
+   (:meth:`~isotrope.search.Collection.fit_default_search`).
 
 Chunk ids are stable (source + position + content): re-running skips unchanged chunks, upserts
 changed documents and, after an interruption, writes no duplicates.
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 from tqdm.auto import tqdm
 
+from isotrope.autofusion import stored_default
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder, default_shape, shape_value
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
@@ -100,7 +102,7 @@ class IngestPlan:
     commit_every: int = 4096
     sync: bool = False
     show_progress: bool = True
-    #: choose a new store's default search from its chunks once written (:mod:`isotrope.autofusion`)
+    #: choose the default search of a store without one from its chunks once written (:mod:`isotrope.autofusion`)
     default_search: bool = True
 
     def __post_init__(self) -> None:
@@ -185,7 +187,7 @@ class IngestPlan:
         encoder = self.encoder or ShapedEncoder.create(config.replace(shape="none") if auto else config)
         built = self.encoder is None
         needs_fit = auto or (encoder.needs_corpus and (built or not encoder.is_fitted()))
-        return Target(self, encoder, None, needs_fit, config if auto else None, new_store=True)
+        return Target(self, encoder, None, needs_fit, config if auto else None)
 
 
 @dataclass
@@ -200,8 +202,6 @@ class Target:
     needs_fit: bool = False
     #: ``shape="auto"``: the recipe :func:`~isotrope.autoshape.choose_shape` builds candidates from
     auto_config: EncoderConfig | None = None
-    #: the store is created by this run (its default search is calibrated when it finishes)
-    new_store: bool = False
 
     def fitted_on(self, n_texts: int) -> str:
         """How the encoder's metadata names the fit sample."""
@@ -247,8 +247,9 @@ class Target:
 
     def finish(self, existing: set[str], produced: set[str], documents: set[str], report: IngestReport) -> None:
         """Delete stored chunks no longer produced (all with ``sync``, else those of re-read
-        ``documents``), then commit."""
-        store = self.create().store
+        ``documents``), then commit; then choose the default search of a store without one."""
+        collection = self.create()
+        store = collection.store
         stale = existing - produced
         if stale and not self.plan.sync:
             hits = store.get(sorted(stale))
@@ -257,9 +258,9 @@ class Target:
             store.delete(sorted(stale))
         report.deleted = len(stale)
         store.commit()
-        if self.new_store and self.plan.default_search and len(store):
+        if self.plan.default_search and len(store) and stored_default(store.properties)[2] is None:
             tick = time.perf_counter()
-            self.create().fit_default_search()
+            collection.fit_default_search()
             report.seconds["default_search"] = time.perf_counter() - tick
 
 
