@@ -13,14 +13,15 @@ Table columns::
 
 The metric and the store's properties live in the table's schema metadata (keys ``isotrope.*``),
 as does the set of metadata field names (filters naming another field are refused without a
-scan), stamped with the table version it describes: a set written before a later write (a
-process killed before ``commit()``) is not trusted, and the metadata column is scanned once.
-Every Lance write (add, delete, property update) commits a new table version atomically, so a
-process killed mid-write leaves the previous version readable, and ``commit()`` has no data to
-flush: it brings the full-text index up to date (new rows added to it; rebuilt after deletes
-or updates, so BM25 statistics stay exact) and creates the ANN index once the table is large
-enough. Between a write and its commit the new rows are still found by full-text search
-(LanceDB scans unindexed rows), with statistics of the previous commit.
+scan), stamped with the rows it describes (each fragment and its deleted rows): a set written
+before a later write (a process killed before ``commit()``) is not trusted, and the metadata
+column is scanned once. Every Lance write (add, delete, property update) commits a new table
+version atomically, so a process killed mid-write leaves the previous version readable, and
+``commit()`` has no data to flush: it brings the full-text index up to date (new rows added to
+it; rebuilt after deletes or updates, so BM25 statistics stay exact; rebuilt by the next
+writer's commit when a writer was killed before its own) and creates the ANN index once the
+table is large enough. Between a write and its commit the new rows are still found by
+full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
 """
 
 from __future__ import annotations
