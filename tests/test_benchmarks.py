@@ -120,17 +120,18 @@ def test_stage_memory_sees_each_stages_own_peak():
 def test_stage_memory_keeps_a_repeated_stages_largest_peak_and_the_outer_peak():
     memory = StageMemory()
     with memory.stage("outer"):
-        block = np.ones(64 * 2**20 // 8)  # 64 MiB touched before the inner stages reset VmHWM
+        block = np.ones(256 * 2**20 // 8)  # 256 MiB touched before the inner stages reset VmHWM
         del block
-        for size in (48, 0):
+        for size in (160, 0):
             with memory.stage("batch"):
                 block = np.ones(size * 2**20 // 8)
                 del block
     outer, batch = memory.stages["outer"], memory.stages["batch"]
     assert batch["entries"] == 2 and outer["entries"] == 1
-    assert batch["peak_rss_mb"] - batch["rss_before_mb"] >= 44  # the first entry's, not the last's
-    assert outer["peak_rss_mb"] - outer["rss_before_mb"] >= 60  # seen before the inner resets
-    assert peak_rss_mb() >= outer["peak_rss_mb"]  # the process's peak survives the stages' resets
+    # margins of tens of MB: the allocator may hand back other freed memory between the readings
+    assert batch["peak_rss_mb"] - batch["rss_before_mb"] >= 120  # the first entry's, not the last's
+    assert outer["peak_rss_mb"] - outer["rss_before_mb"] >= 200  # seen before the inner resets
+    assert round(peak_rss_mb(), 1) >= outer["peak_rss_mb"]  # the process's peak survives the stages' resets (stages round to 0.1 MB)
 
 
 def test_render_states_provenance_and_the_figures():
