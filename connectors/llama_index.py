@@ -32,12 +32,13 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding, mean_agg
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.instrumentation import Dispatcher, NullEventHandler, NullSpanHandler, get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
@@ -119,6 +120,26 @@ class _EncoderHooks(ABC):
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+
+def _instrumentation_listens() -> bool:
+    """Whether an event or span handler other than LlamaIndex's null ones is reachable from the dispatcher that
+    ``BaseEmbedding.get_query_embedding`` reports to (its own, or one it propagates to, up to the root)."""
+    dispatcher: Dispatcher | None = get_dispatcher(BaseEmbedding.__module__)
+    while dispatcher is not None:
+        if any(type(handler) is not NullEventHandler for handler in dispatcher.event_handlers):
+            return True
+        if any(type(handler) is not NullSpanHandler for handler in dispatcher.span_handlers):
+            return True
+        dispatcher = dispatcher.parent if dispatcher.propagate else None
+    return False
+
+
+def _aggregate(embeddings: list[Embedding], agg_fn: Callable[..., Embedding] | None) -> Embedding:
+    """``agg_fn`` (LlamaIndex's ``mean_agg`` by default) of the query embeddings; one embedding is its own mean."""
+    if agg_fn is None and len(embeddings) == 1:
+        return embeddings[0]
+    return (agg_fn or mean_agg)(embeddings)
 
 
 class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
@@ -211,6 +232,36 @@ class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
                         )
                     self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
         return self._encoder
+
+    # -- queries --------------------------------------------------------------------
+    def _observed(self, method: str) -> bool:
+        """Whether ``BaseEmbedding``'s query embedding ``method`` would do more than call the hook: consult a cache
+        or a rate limiter, send its events, callbacks and span to a handler, or be a subclass's override."""
+        defined_by = next(cls for cls in type(self).__mro__ if method in cls.__dict__)
+        return bool(
+            self.embeddings_cache is not None
+            or self.rate_limiter is not None
+            or self.callback_manager.handlers
+            or defined_by is not BaseEmbedding
+            or _instrumentation_listens()
+        )
+
+    def get_agg_embedding_from_queries(self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None) -> Embedding:
+        """The aggregate (mean) embedding of ``queries``: what a retriever searches with (one query, or HyDE's
+        ``custom_embedding_strs``). Equal to LlamaIndex's own; when nothing observes the embedding calls (no
+        cache, rate limiter, callback handler or instrumentation handler), the hook is called directly,
+        without ``get_query_embedding``'s span, events and callbacks that no one would see."""
+        if self._observed("get_query_embedding"):
+            return super().get_agg_embedding_from_queries(queries, agg_fn)
+        return _aggregate([self._get_query_embedding(query) for query in queries], agg_fn)
+
+    async def aget_agg_embedding_from_queries(
+        self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None
+    ) -> Embedding:
+        """:meth:`get_agg_embedding_from_queries` for async retrievers."""
+        if self._observed("aget_query_embedding"):
+            return await super().aget_agg_embedding_from_queries(queries, agg_fn)
+        return _aggregate([await self._aget_query_embedding(query) for query in queries], agg_fn)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the fields only; the encoder (torch weights) is reloaded from its folder."""
