@@ -27,6 +27,7 @@ above are kept in the node but not as filterable columns.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -361,10 +362,19 @@ def _is_scalar(value: Any) -> bool:
 
 def _node(hit: Hit) -> BaseNode:
     """The node of a stored row: rebuilt from LlamaIndex's own format, or (a row written by ``isotrope index``
-    or another framework) a ``TextNode`` of the row's id, text and metadata."""
-    if NODE_CONTENT_KEY in hit.metadata:
+    or another framework) a ``TextNode`` of the row's id, text and metadata.
+
+    A ``TextNode`` (what LlamaIndex's node parsers make) is rebuilt as ``metadata_dict_to_node`` does
+    (``TextNode.from_json``, then its text set), with the text given to the constructor instead of assigned
+    afterwards: the same node, validated once rather than twice."""
+    if NODE_CONTENT_KEY not in hit.metadata:
+        return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
+    if hit.text is None or hit.metadata.get(NODE_TYPE_KEY) != TextNode.class_name():
         return metadata_dict_to_node(hit.metadata, hit.text)
-    return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
+    fields = json.loads(hit.metadata[NODE_CONTENT_KEY])
+    fields.pop("class_name", None)
+    fields["text"] = hit.text
+    return TextNode(**fields)
 
 
 _MODES: dict[VectorStoreQueryMode, str | None] = {
@@ -540,8 +550,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         self._collection.store.commit()
         if persist_path is None:
             return
-        import json
-
         import fsspec
 
         fs = fs or fsspec.filesystem("file")
@@ -564,8 +572,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             context = StorageContext.from_defaults(vector_store=store, persist_dir=DIR)
             index = load_index_from_storage(context, embed_model=store.embed_model)
         """
-        import json
-
         path = _pointer_path(os.path.join(os.fspath(persist_dir), f"{namespace}__vector_store.json"))
         try:
             with open(path) as handle:
@@ -594,9 +600,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             raise ValueError(
                 f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, not {query.mode.value!r}"
             )
+        collection = self._collection
         mode, alpha = _MODES[query.mode], query.alpha if query.mode == VectorStoreQueryMode.HYBRID else None
         if mode is None:  # an embedding without its text can only be searched densely
-            mode, alpha, _ = self._collection.default_search() if query.query_str else ("dense", None, None)
+            mode, alpha, _ = collection.default_search() if query.query_str else ("dense", None, None)
         if mode != "dense" and not query.query_str:
             raise ValueError(f"query mode {query.mode.value!r} needs query_str")
         vector = None
@@ -604,20 +611,20 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             if query.query_embedding is not None:
                 vector = np.asarray(query.query_embedding, dtype=np.float32)
             elif query.query_str:
-                vector = self._collection.encoder.encode([query.query_str], kind="query")[0]
+                vector = collection.encoder.encode([query.query_str], kind="query")[0]
             else:
                 raise ValueError("the query has neither query_embedding nor query_str")
             vector = vector[None, :]
         user_where = to_where(query.filters)
         if user_where:
-            check_fields(user_where, self._collection.store.metadata_fields())
+            check_fields(user_where, collection.store.metadata_fields())
         where = _all_of(
             user_where,
             _in(REF_DOC_ID_KEY, query.doc_ids or None),  # an empty list is "no restriction" here:
             _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
         hits = search_store(
-            self._collection.store,
+            collection.store,
             [query.query_str or ""],
             vector,
             query.similarity_top_k,

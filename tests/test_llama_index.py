@@ -32,7 +32,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.node_parser import SentenceSplitter
-from llama_index.core.schema import MetadataMode, NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
+from llama_index.core.schema import IndexNode, MetadataMode, NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
 from llama_index.core.storage.kvstore import SimpleKVStore
 from llama_index.core.vector_stores.types import (
     FilterCondition,
@@ -42,7 +42,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQuery,
     VectorStoreQueryMode,
 )
-from llama_index.core.vector_stores.utils import build_metadata_filter_fn
+from llama_index.core.vector_stores.utils import build_metadata_filter_fn, metadata_dict_to_node
 
 from conftest import make_sentences
 from isotrope.backbones import make_backbone
@@ -674,6 +674,34 @@ def test_query_embeddings_keep_the_cache_callbacks_and_overrides(embedding: Isot
     counting = Counting(embedding.encoder_path)
     counting.get_agg_embedding_from_queries([query])
     assert counting.calls == 1
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_nodes_come_back_as_llama_index_rebuilds_them(kind: str, embedding: IsotropeEmbedding, tmp_path: Path) -> None:
+    nodes: list[Any] = chunk_nodes(2, 3)
+    nodes[0].excluded_llm_metadata_keys = ["lang"]
+    nodes[0].metadata_template, nodes[0].text_template = "{key}={value}", "{metadata_str}\n--\n{content}"
+    nodes[1].start_char_idx, nodes[1].end_char_idx = 5, 60
+    nodes[1].relationships[NodeRelationship.NEXT] = nodes[2].as_related_node_info()
+    nodes += [
+        Document(text="a whole document about dogs", id_="doc-x", metadata={"topic": "dogs"}),
+        IndexNode(text="an index node about cats", index_id="elsewhere", id_="index-x"),
+    ]
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    store.add(embedded(nodes, embedding))
+    ids = [node.node_id for node in nodes]
+    # the reference: LlamaIndex's own rebuild of each stored row
+    expected = {row.id: metadata_dict_to_node(row.metadata, row.text) for row in store.client.get(ids)}
+    query = VectorStoreQuery(query_embedding=embedding.get_query_embedding("a dog"), similarity_top_k=len(nodes))
+    for rebuilt in (store.get_nodes(node_ids=ids), store.query(query).nodes or []):
+        assert sorted(node.node_id for node in rebuilt) == sorted(ids)
+        for node in rebuilt:
+            assert type(node) is type(expected[node.node_id])
+            assert node.model_dump() == expected[node.node_id].model_dump()
+            assert node.hash == expected[node.node_id].hash
+    for original in nodes[:6]:  # TextNodes come back whole, but for the embedding the store keeps apart
+        assert expected[original.node_id].model_dump() == original.model_copy(update={"embedding": None}).model_dump()
+    store.close()
 
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
