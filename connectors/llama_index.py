@@ -27,6 +27,7 @@ above are kept in the node but not as filterable columns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -136,6 +137,12 @@ def _instrumentation_listens() -> bool:
     return False
 
 
+@functools.cache
+def _overrides(cls: type[BaseEmbedding], method: str) -> bool:
+    """Whether ``cls`` or a base class below ``BaseEmbedding`` defines ``method`` again."""
+    return next(base for base in cls.__mro__ if method in base.__dict__) is not BaseEmbedding
+
+
 def _aggregate(embeddings: list[Embedding], agg_fn: Callable[..., Embedding] | None) -> Embedding:
     """``agg_fn`` (LlamaIndex's ``mean_agg`` by default) of the query embeddings; one embedding is its own mean."""
     if agg_fn is None and len(embeddings) == 1:
@@ -222,28 +229,29 @@ class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
     @property
     def encoder(self) -> ShapedEncoder:
         """The fitted encoder, loaded from ``encoder_path`` on first use (once per process)."""
-        if self._encoder is None:
+        encoder = self._encoder  # read once: a private attribute goes through pydantic's __getattr__
+        if encoder is None:
             with _LOAD_LOCK:
-                if self._encoder is None:
+                encoder = self._encoder
+                if encoder is None:
                     saved = read_spec(self.encoder_path)["fingerprint"]
                     if saved != self.fingerprint:
                         raise EncoderMismatchError(
                             f"{self.encoder_path} now holds encoder {saved}, not {self.fingerprint}: "
                             "the folder was replaced after this embedding was created"
                         )
-                    self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
-        return self._encoder
+                    encoder = self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
+        return encoder
 
     # -- queries --------------------------------------------------------------------
     def _observed(self, method: str) -> bool:
         """Whether ``BaseEmbedding``'s query embedding ``method`` would do more than call the hook: consult a cache
         or a rate limiter, send its events, callbacks and span to a handler, or be a subclass's override."""
-        defined_by = next(cls for cls in type(self).__mro__ if method in cls.__dict__)
         return bool(
             self.embeddings_cache is not None
             or self.rate_limiter is not None
             or self.callback_manager.handlers
-            or defined_by is not BaseEmbedding
+            or _overrides(type(self), method)
             or _instrumentation_listens()
         )
 
