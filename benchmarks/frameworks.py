@@ -21,7 +21,8 @@ of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex re
 rounds within each group holding the store, :func:`benchmarks.harness.alternate`), and each framework's
 overhead in percent (target <= 10 %), against the first ``Collection`` and against ``Collection.search`` on
 the framework's own handle. ``--profile N``: where the LlamaIndex retriever's time goes on a store of N
-chunks (cProfile: calls and self time per query by owner and by function, file:line).
+chunks (cProfile: every profiled microsecond per query given to the work shared with ``Collection.search``,
+isotrope's adapter or llama-index-core, with the library code each called; the top functions, file:line).
 
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 [--kind faiss|lancedb] [--out F.json]
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 --timing 100000 --queries 300 --skip-quality

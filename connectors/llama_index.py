@@ -408,9 +408,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     (:mod:`isotrope.stores.options`), e.g. ``index="HNSW32"``
     or ``metric="cosine"``.
     ``is_embedding_query`` (LlamaIndex's own field, default True): False lets retrievers pass the query text
-    without embedding it, and the store encodes it with its own encoder: the same vector, without
-    LlamaIndex's embedding span, events and callbacks, but a query's ``custom_embedding_strs`` (HyDE) are
-    then not used; an ``embedding`` the caller puts in the ``QueryBundle`` still is.
+    without embedding it, and the store encodes it with its own encoder: the same vector, without its round
+    trip through a list, but a query's ``custom_embedding_strs`` (HyDE) are then not used; an ``embedding`` the
+    caller puts in the ``QueryBundle`` still is. (With True, :class:`IsotropeEmbedding` already skips
+    LlamaIndex's embedding span, events and callbacks when no handler would see them.)
     """
 
     stores_text: bool = True
