@@ -15,9 +15,9 @@ its retriever's top 10:
   (exact search: no vector index). ``--kind faiss`` does not apply to it; it is always LanceDB.
 
 Timing (``--timing N``, an idle machine only): a ``--kind`` store of N chunks (SciFact abstracts repeated
-under new ids) built once through ``Collection.add``; then, on that one store, the median seconds per query
-(each answer dropped, as an application does)
-of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
+under new ids) built once through ``Collection.add`` (``--rows llama_index``: through LlamaIndex's
+``IsotropeVectorStore.add``, each row keeping its node in LlamaIndex's format); then, on that one store, the
+median seconds per query (each answer dropped, as an application does) of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
 rounds within each group holding the store, :func:`benchmarks.harness.alternate`), and each framework's
 overhead in percent (target <= 10 %), against the first ``Collection`` and against ``Collection.search`` on
 the framework's own handle. ``--profile N``: where the LlamaIndex retriever's time goes on a store of N
@@ -147,12 +147,36 @@ def each(search: Callable[[str], Any], queries: list[str]) -> None:
         search(query)
 
 
-def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int) -> None:
-    """A store of ``size`` chunks (SciFact abstracts repeated under new ids), written through ``Collection.add``."""
+def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int, rows: str = "isotrope") -> None:
+    """A store of ``size`` chunks (SciFact abstracts repeated under new ids). ``rows="isotrope"``: written through
+    ``Collection.add``, as ``isotrope index`` writes them; ``"llama_index"``: ``TextNode``s with their source
+    document, embedded by ``IsotropeEmbedding`` and written by LlamaIndex's ``IsotropeVectorStore.add``, as an
+    ingestion pipeline writes them (each row keeps the node in LlamaIndex's format, rebuilt on every hit)."""
     ids, texts = beir_documents(dataset)
+    parts = [range(start, min(start + 4096, size)) for start in range(0, size, 4096)]
+    if rows == "llama_index":
+        from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+
+        from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
+
+        with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-encoder-") as tmp:
+            embedding = IsotropeEmbedding.from_encoder(encoder, Path(tmp) / "encoder")
+            store = IsotropeVectorStore(uri, embed_model=embedding, store_options={"metric": "cosine"}, autocommit=False)
+            for part in parts:
+                source = [RelatedNodeInfo(node_id=ids[i % len(ids)]) for i in part]
+                nodes = [
+                    TextNode(
+                        id_=f"{ids[i % len(ids)]}-{i}", text=texts[i % len(texts)], relationships={NodeRelationship.SOURCE: doc}
+                    )
+                    for i, doc in zip(part, source)
+                ]
+                store.add(embedding(nodes))
+            store.persist()
+            store.collection.optimize()
+            store.close()
+        return
     with Collection.create(uri, encoder, metric="cosine") as collection:
-        for start in range(0, size, 4096):
-            part = range(start, min(start + 4096, size))
+        for part in parts:
             collection.add([f"{ids[i % len(ids)]}-{i}" for i in part], [texts[i % len(texts)] for i in part], commit=False)
         collection.commit()
         collection.optimize()
@@ -175,14 +199,16 @@ def llama_sides(store: Any, queries: list[str]) -> dict[str, Callable[[], Any]]:
     }
 
 
-def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int) -> dict[str, Any]:
+def timing(
+    encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int, rows: str
+) -> dict[str, Any]:
     from isotrope.connectors.langchain import IsotropeVectorStore as LangChainStore
     from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
 
     queries = list(dataset.queries.values())[:n_queries]
     with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-timing-") as tmp:
         uri = f"{kind}:{Path(tmp) / 'store'}"
-        build_timing_store(encoder, dataset, uri, size)
+        build_timing_store(encoder, dataset, uri, size, rows)
         sides = {}
         with Collection.open(uri) as collection:
             sides.update(alternate({"collection": lambda: each(lambda q: collection.search(q, k=K), queries)}, repeat))
@@ -205,6 +231,7 @@ def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n
     }
     return {
         "chunks": size,
+        "rows": rows,
         "queries": len(queries),
         "repeat": repeat,
         "ms_per_query": {name: round(1000 * value, 3) for name, value in per_query.items()},
@@ -345,15 +372,15 @@ def profile_llama(store: Any, queries: list[str], top: int = 25) -> dict[str, An
     }
 
 
-def profile(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int) -> dict[str, Any]:
+def profile(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, rows: str) -> dict[str, Any]:
     from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
 
     with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-profile-") as tmp:
         uri = f"{kind}:{Path(tmp) / 'store'}"
-        build_timing_store(encoder, dataset, uri, size)
+        build_timing_store(encoder, dataset, uri, size, rows)
         store = LlamaStore(uri)
         try:
-            return {"chunks": size, **profile_llama(store, list(dataset.queries.values())[:n_queries])}
+            return {"chunks": size, "rows": rows, **profile_llama(store, list(dataset.queries.values())[:n_queries])}
         finally:
             store.close()
 
@@ -368,6 +395,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300, help="queries per timed round")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per side")
     parser.add_argument("--profile", type=int, metavar="N", help="profile the LlamaIndex retriever on a store of N chunks")
+    parser.add_argument(
+        "--rows",
+        choices=("isotrope", "llama_index"),
+        default="isotrope",
+        help="how the timing or profile store is written: Collection.add, or LlamaIndex's IsotropeVectorStore.add",
+    )
     parser.add_argument("--skip-quality", action="store_true", help="the timing or profile only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the JSON result here")
@@ -383,9 +416,9 @@ def main() -> None:
     if not args.skip_quality:
         result["quality"] = quality(encoder, dataset, args.kind)
     if args.timing:
-        result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat)
+        result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat, args.rows)
     if args.profile:
-        result["llama_index_profile"] = profile(encoder, dataset, args.kind, args.profile, args.queries)
+        result["llama_index_profile"] = profile(encoder, dataset, args.kind, args.profile, args.queries, args.rows)
     print_and_write(result, args.out)
 
 
