@@ -15,13 +15,14 @@ its retriever's top 10:
   (exact search: no vector index). ``--kind faiss`` does not apply to it; it is always LanceDB.
 
 Timing (``--timing N``, an idle machine only): a ``--kind`` store of N chunks (SciFact abstracts repeated
-under new ids) built once through ``Collection.add``; then, on that one store, the median seconds per query
-(each answer dropped, as an application does)
-of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
+under new ids) built once through ``Collection.add`` (``--rows llama_index``: through LlamaIndex's
+``IsotropeVectorStore.add``, each row keeping its node in LlamaIndex's format); then, on that one store, the
+median seconds per query (each answer dropped, as an application does) of ``Collection.search(q, k=10)``, the LangChain retriever and the LlamaIndex retriever (interleaved
 rounds within each group holding the store, :func:`benchmarks.harness.alternate`), and each framework's
 overhead in percent (target <= 10 %), against the first ``Collection`` and against ``Collection.search`` on
 the framework's own handle. ``--profile N``: where the LlamaIndex retriever's time goes on a store of N
-chunks (cProfile: calls and self time per query by owner and by function, file:line).
+chunks (cProfile: every profiled microsecond per query given to the work shared with ``Collection.search``,
+isotrope's adapter or llama-index-core, with the library code each called; the top functions, file:line).
 
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 [--kind faiss|lancedb] [--out F.json]
     python -m benchmarks.frameworks --model static:all-MiniLM-L6-v2 --timing 100000 --queries 300 --skip-quality
@@ -146,12 +147,36 @@ def each(search: Callable[[str], Any], queries: list[str]) -> None:
         search(query)
 
 
-def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int) -> None:
-    """A store of ``size`` chunks (SciFact abstracts repeated under new ids), written through ``Collection.add``."""
+def build_timing_store(encoder: ShapedEncoder, dataset: BeirDataset, uri: str, size: int, rows: str = "isotrope") -> None:
+    """A store of ``size`` chunks (SciFact abstracts repeated under new ids). ``rows="isotrope"``: written through
+    ``Collection.add``, as ``isotrope index`` writes them; ``"llama_index"``: ``TextNode``s with their source
+    document, embedded by ``IsotropeEmbedding`` and written by LlamaIndex's ``IsotropeVectorStore.add``, as an
+    ingestion pipeline writes them (each row keeps the node in LlamaIndex's format, rebuilt on every hit)."""
     ids, texts = beir_documents(dataset)
+    parts = [range(start, min(start + 4096, size)) for start in range(0, size, 4096)]
+    if rows == "llama_index":
+        from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+
+        from isotrope.connectors.llama_index import IsotropeEmbedding, IsotropeVectorStore
+
+        with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-encoder-") as tmp:
+            embedding = IsotropeEmbedding.from_encoder(encoder, Path(tmp) / "encoder")
+            store = IsotropeVectorStore(uri, embed_model=embedding, store_options={"metric": "cosine"}, autocommit=False)
+            for part in parts:
+                source = [RelatedNodeInfo(node_id=ids[i % len(ids)]) for i in part]
+                nodes = [
+                    TextNode(
+                        id_=f"{ids[i % len(ids)]}-{i}", text=texts[i % len(texts)], relationships={NodeRelationship.SOURCE: doc}
+                    )
+                    for i, doc in zip(part, source)
+                ]
+                store.add(embedding(nodes))
+            store.persist()
+            store.collection.optimize()
+            store.close()
+        return
     with Collection.create(uri, encoder, metric="cosine") as collection:
-        for start in range(0, size, 4096):
-            part = range(start, min(start + 4096, size))
+        for part in parts:
             collection.add([f"{ids[i % len(ids)]}-{i}" for i in part], [texts[i % len(texts)] for i in part], commit=False)
         collection.commit()
         collection.optimize()
@@ -174,14 +199,16 @@ def llama_sides(store: Any, queries: list[str]) -> dict[str, Callable[[], Any]]:
     }
 
 
-def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int) -> dict[str, Any]:
+def timing(
+    encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, repeat: int, rows: str
+) -> dict[str, Any]:
     from isotrope.connectors.langchain import IsotropeVectorStore as LangChainStore
     from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
 
     queries = list(dataset.queries.values())[:n_queries]
     with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-timing-") as tmp:
         uri = f"{kind}:{Path(tmp) / 'store'}"
-        build_timing_store(encoder, dataset, uri, size)
+        build_timing_store(encoder, dataset, uri, size, rows)
         sides = {}
         with Collection.open(uri) as collection:
             sides.update(alternate({"collection": lambda: each(lambda q: collection.search(q, k=K), queries)}, repeat))
@@ -204,6 +231,7 @@ def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n
     }
     return {
         "chunks": size,
+        "rows": rows,
         "queries": len(queries),
         "repeat": repeat,
         "ms_per_query": {name: round(1000 * value, 3) for name, value in per_query.items()},
@@ -217,7 +245,7 @@ def timing(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n
     }
 
 
-#: where a profiled function's self time goes: the work Collection.search does too, or each framework layer
+#: code that does the work Collection.search does too (the query's encoding, the store search)
 _SHARED = (
     "/src/isotrope/",
     "_store.py",
@@ -231,74 +259,128 @@ _SHARED = (
     "threadpoolctl",
     "torch/",
 )
+SHARED = "shared with Collection.search (encode, store search)"
+ADAPTER = "isotrope's LlamaIndex adapter (connectors/llama_index.py)"
+LLAMA_INDEX = "llama-index-core (retriever, schema, callbacks, instrumentation)"
+LOOP = "benchmark loop"
+
+Function = tuple[str, int, str]  # cProfile's (file, line, name)
 
 
-def _owner(filename: str) -> str:
+def _owner(filename: str) -> str | None:
+    """Who owns code in ``filename``; None for code that works for its caller (the standard library, pydantic,
+    numpy, wrapt, C built-ins), whose time goes to whoever called it."""
     if filename.endswith("connectors/llama_index.py"):
-        return "isotrope.connectors.llama_index"
-    if filename == "~":
-        return "C built-ins (faiss and tokenizer calls, and any caller's)"
+        return ADAPTER
+    if filename.endswith("benchmarks/frameworks.py"):
+        return LOOP
     if any(part in filename for part in _SHARED):
-        return "shared with Collection.search (encode, store search)"
-    for package in ("llama_index_instrumentation", "llama_index", "pydantic", "wrapt", "numpy"):
-        if f"site-packages/{package}" in filename:
-            return package
-    return "python stdlib (inspect, uuid, contextvars, copy, logging, ...)"
+        return SHARED
+    if "site-packages/llama_index" in filename:  # llama_index.core and llama_index_instrumentation
+        return LLAMA_INDEX
+    return None
+
+
+def _anchors(stats: dict[Function, Any]) -> Callable[[Function], dict[Function, float]]:
+    """For each function, the owned functions its time goes to, as weights summing to 1: itself when it is owned,
+    else its callers' anchors weighted by the time each call edge carried (cProfile's per-caller cumulative time);
+    a recursive cycle of unowned code goes to the owned code that entered it. Empty when no owned code is found."""
+    memo: dict[tuple[Function, frozenset[Function]], dict[Function, float]] = {}
+
+    def anchors(func: Function, visiting: frozenset[Function] = frozenset()) -> dict[Function, float]:
+        if _owner(func[0]) is not None or func not in stats:
+            return {func: 1.0}
+        key = (func, visiting)
+        if key not in memo:
+            inner = visiting | {func}
+            out: dict[Function, float] = {}
+            for caller, edge in stats[func][4].items():
+                if caller not in inner:
+                    for anchor, weight in anchors(caller, inner).items():
+                        out[anchor] = out.get(anchor, 0.0) + weight * edge[3]
+            total = sum(out.values())
+            memo[key] = {anchor: weight / total for anchor, weight in out.items()} if total > 0 else {}
+        return memo[key]
+
+    return anchors
+
+
+def attribute(stats: dict[Function, Any]) -> dict[Function, float]:
+    """Every profiled second, given to an owned function: its own self time, plus the self time of the unowned code
+    it called (split between callers by the self time each call edge carried, then up by cumulative time)."""
+    anchors = _anchors(stats)
+    seconds: dict[Function, float] = {}
+    for func, (_, _, self_time, _, callers) in stats.items():
+        if _owner(func[0]) is not None or not callers:
+            seconds[func] = seconds.get(func, 0.0) + self_time
+            continue
+        for caller, edge in callers.items():
+            for anchor, weight in (anchors(caller) or {func: 1.0}).items():
+                seconds[anchor] = seconds.get(anchor, 0.0) + edge[2] * weight
+    return seconds
 
 
 def profile_llama(store: Any, queries: list[str], top: int = 25) -> dict[str, Any]:
-    """Where the LlamaIndex retriever's time goes, from cProfile's counts and self times over ``queries``
-    (after one untimed pass): per query, the calls and profiled microseconds of each owner (see
-    :func:`_owner`) and of the ``top`` functions outside the shared work, each as file:line. Shares are
-    meaningful on a loaded machine; the profiler's own cost per call inflates the many small calls."""
+    """Where the LlamaIndex retriever's time goes, from cProfile over ``queries`` (after one untimed pass): every
+    profiled microsecond per query, given to its owner (:func:`_owner`: the work ``Collection.search`` does too,
+    isotrope's adapter, llama-index-core) with the unowned library code each called (:func:`attribute`), and the
+    ``top`` owned functions outside the shared work, each as file:line with what it called. Shares are meaningful
+    on a loaded machine; the profiler's own cost per call inflates the many small calls."""
     retriever = llama_retriever(store)
 
     each(retriever.retrieve, queries)
     profiler = cProfile.Profile()
     profiler.runcall(each, retriever.retrieve, queries)
-    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    stats: dict[Function, Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     n = len(queries)
-    total = sum(entry[2] for entry in stats.values())
-    owners: dict[str, list[float]] = {}
-    functions = []
-    for (filename, line, name), (_, calls, self_time, _, _) in stats.items():
-        owner = _owner(filename)
-        owners.setdefault(owner, [0.0, 0.0])
-        owners[owner][0] += calls / n
-        owners[owner][1] += self_time
-        if not owner.startswith(("shared", "C built-ins")):
-            where = filename.split("site-packages/")[-1].removeprefix(f"{REPO_ROOT}/")
-            functions.append((self_time, f"{where}:{line}({name})", calls / n))
-    functions.sort(reverse=True)
+    seconds = attribute(stats)
+    total = sum(seconds.values())
+    owners: dict[str, float] = {}
+    for func, spent in seconds.items():
+        owner = _owner(func[0]) or "unattributed"
+        owners[owner] = owners.get(owner, 0.0) + spent
+    adapter_calls_into_llama_index = sum(
+        edge[3]
+        for func, entry in stats.items()
+        if _owner(func[0]) == LLAMA_INDEX
+        for caller, edge in entry[4].items()
+        if _owner(caller[0]) == ADAPTER
+    )
+    functions = sorted(
+        ((spent, func) for func, spent in seconds.items() if _owner(func[0]) in (ADAPTER, LLAMA_INDEX)), reverse=True
+    )
+    us = lambda seconds: round(1e6 * seconds / n, 1)  # noqa: E731
     share = lambda seconds: round(100 * seconds / total, 1)  # noqa: E731
     return {
         "queries": n,
-        "profiled_us_per_query": round(1e6 * total / n, 1),
+        "profiled_us_per_query": us(total),
         "by_owner": {
-            owner: {"calls_per_query": round(calls, 1), "profiled_us_per_query": round(1e6 * t / n, 1), "share_percent": share(t)}
-            for owner, (calls, t) in sorted(owners.items(), key=lambda item: -item[1][1])
+            owner: {"profiled_us_per_query": us(t), "share_percent": share(t)}
+            for owner, t in sorted(owners.items(), key=lambda item: -item[1])
         },
+        "llama_index_code_called_by_the_adapter_us_per_query": us(adapter_calls_into_llama_index),
         "top_functions": [
             {
-                "function": where,
-                "calls_per_query": round(calls, 1),
-                "self_us_per_query": round(1e6 * t / n, 1),
-                "share_percent": share(t),
+                "function": f"{file.split('site-packages/')[-1].removeprefix(f'{REPO_ROOT}/')}:{line}({name})",
+                "owner": _owner(file),
+                "calls_per_query": round(stats[(file, line, name)][1] / n, 1),
+                "us_per_query_with_what_it_called": us(spent),
+                "share_percent": share(spent),
             }
-            for t, where, calls in functions[:top]
+            for spent, (file, line, name) in functions[:top]
         ],
     }
 
 
-def profile(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int) -> dict[str, Any]:
+def profile(encoder: ShapedEncoder, dataset: BeirDataset, kind: str, size: int, n_queries: int, rows: str) -> dict[str, Any]:
     from isotrope.connectors.llama_index import IsotropeVectorStore as LlamaStore
 
     with tempfile.TemporaryDirectory(prefix="isotrope-frameworks-profile-") as tmp:
         uri = f"{kind}:{Path(tmp) / 'store'}"
-        build_timing_store(encoder, dataset, uri, size)
+        build_timing_store(encoder, dataset, uri, size, rows)
         store = LlamaStore(uri)
         try:
-            return {"chunks": size, **profile_llama(store, list(dataset.queries.values())[:n_queries])}
+            return {"chunks": size, "rows": rows, **profile_llama(store, list(dataset.queries.values())[:n_queries])}
         finally:
             store.close()
 
@@ -313,6 +395,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300, help="queries per timed round")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per side")
     parser.add_argument("--profile", type=int, metavar="N", help="profile the LlamaIndex retriever on a store of N chunks")
+    parser.add_argument(
+        "--rows",
+        choices=("isotrope", "llama_index"),
+        default="isotrope",
+        help="how the timing or profile store is written: Collection.add, or LlamaIndex's IsotropeVectorStore.add",
+    )
     parser.add_argument("--skip-quality", action="store_true", help="the timing or profile only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the JSON result here")
@@ -328,9 +416,9 @@ def main() -> None:
     if not args.skip_quality:
         result["quality"] = quality(encoder, dataset, args.kind)
     if args.timing:
-        result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat)
+        result["timing"] = timing(encoder, dataset, args.kind, args.timing, args.queries, args.repeat, args.rows)
     if args.profile:
-        result["llama_index_profile"] = profile(encoder, dataset, args.kind, args.profile, args.queries)
+        result["llama_index_profile"] = profile(encoder, dataset, args.kind, args.profile, args.queries, args.rows)
     print_and_write(result, args.out)
 
 

@@ -27,17 +27,20 @@ above are kept in the node but not as filterable columns.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding, mean_agg
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.instrumentation import Dispatcher, NullEventHandler, NullSpanHandler, get_dispatcher
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
@@ -121,6 +124,32 @@ class _EncoderHooks(ABC):
         return await asyncio.to_thread(self._get_text_embeddings, texts)
 
 
+def _instrumentation_listens() -> bool:
+    """Whether an event or span handler other than LlamaIndex's null ones is reachable from the dispatcher that
+    ``BaseEmbedding.get_query_embedding`` reports to (its own, or one it propagates to, up to the root)."""
+    dispatcher: Dispatcher | None = get_dispatcher(BaseEmbedding.__module__)
+    while dispatcher is not None:
+        if any(type(handler) is not NullEventHandler for handler in dispatcher.event_handlers):
+            return True
+        if any(type(handler) is not NullSpanHandler for handler in dispatcher.span_handlers):
+            return True
+        dispatcher = dispatcher.parent if dispatcher.propagate else None
+    return False
+
+
+@functools.cache
+def _overrides(cls: type[BaseEmbedding], method: str) -> bool:
+    """Whether ``cls`` or a base class below ``BaseEmbedding`` defines ``method`` again."""
+    return next(base for base in cls.__mro__ if method in base.__dict__) is not BaseEmbedding
+
+
+def _aggregate(embeddings: list[Embedding], agg_fn: Callable[..., Embedding] | None) -> Embedding:
+    """``agg_fn`` (LlamaIndex's ``mean_agg`` by default) of the query embeddings; one embedding is its own mean."""
+    if agg_fn is None and len(embeddings) == 1:
+        return embeddings[0]
+    return (agg_fn or mean_agg)(embeddings)
+
+
 class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
     """A LlamaIndex embedding model backed by a fitted isotrope encoder saved in a folder.
 
@@ -200,17 +229,48 @@ class IsotropeEmbedding(_EncoderHooks, BaseEmbedding):
     @property
     def encoder(self) -> ShapedEncoder:
         """The fitted encoder, loaded from ``encoder_path`` on first use (once per process)."""
-        if self._encoder is None:
+        encoder = self._encoder  # read once: a private attribute goes through pydantic's __getattr__
+        if encoder is None:
             with _LOAD_LOCK:
-                if self._encoder is None:
+                encoder = self._encoder
+                if encoder is None:
                     saved = read_spec(self.encoder_path)["fingerprint"]
                     if saved != self.fingerprint:
                         raise EncoderMismatchError(
                             f"{self.encoder_path} now holds encoder {saved}, not {self.fingerprint}: "
                             "the folder was replaced after this embedding was created"
                         )
-                    self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
-        return self._encoder
+                    encoder = self._encoder = ShapedEncoder.load(self.encoder_path, device=self.device)
+        return encoder
+
+    # -- queries --------------------------------------------------------------------
+    def _observed(self, method: str) -> bool:
+        """Whether ``BaseEmbedding``'s query embedding ``method`` would do more than call the hook: consult a cache
+        or a rate limiter, send its events, callbacks and span to a handler, or be a subclass's override."""
+        return bool(
+            self.embeddings_cache is not None
+            or self.rate_limiter is not None
+            or self.callback_manager.handlers
+            or _overrides(type(self), method)
+            or _instrumentation_listens()
+        )
+
+    def get_agg_embedding_from_queries(self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None) -> Embedding:
+        """The aggregate (mean) embedding of ``queries``: what a retriever searches with (one query, or HyDE's
+        ``custom_embedding_strs``). Equal to LlamaIndex's own; when nothing observes the embedding calls (no
+        cache, rate limiter, callback handler or instrumentation handler), the hook is called directly,
+        without ``get_query_embedding``'s span, events and callbacks that no one would see."""
+        if self._observed("get_query_embedding"):
+            return super().get_agg_embedding_from_queries(queries, agg_fn)
+        return _aggregate([self._get_query_embedding(query) for query in queries], agg_fn)
+
+    async def aget_agg_embedding_from_queries(
+        self, queries: list[str], agg_fn: Callable[..., Embedding] | None = None
+    ) -> Embedding:
+        """:meth:`get_agg_embedding_from_queries` for async retrievers."""
+        if self._observed("aget_query_embedding"):
+            return await super().aget_agg_embedding_from_queries(queries, agg_fn)
+        return _aggregate([await self._aget_query_embedding(query) for query in queries], agg_fn)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the fields only; the encoder (torch weights) is reloaded from its folder."""
@@ -310,10 +370,19 @@ def _is_scalar(value: Any) -> bool:
 
 def _node(hit: Hit) -> BaseNode:
     """The node of a stored row: rebuilt from LlamaIndex's own format, or (a row written by ``isotrope index``
-    or another framework) a ``TextNode`` of the row's id, text and metadata."""
-    if NODE_CONTENT_KEY in hit.metadata:
+    or another framework) a ``TextNode`` of the row's id, text and metadata.
+
+    A ``TextNode`` (what LlamaIndex's node parsers make) is rebuilt as ``metadata_dict_to_node`` does
+    (``TextNode.from_json``, then its text set), with the text given to the constructor instead of assigned
+    afterwards: the same node, validated once rather than twice."""
+    if NODE_CONTENT_KEY not in hit.metadata:
+        return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
+    if hit.text is None or hit.metadata.get(NODE_TYPE_KEY) != TextNode.class_name():
         return metadata_dict_to_node(hit.metadata, hit.text)
-    return TextNode(id_=hit.id, text=hit.text or "", metadata=dict(hit.metadata))
+    fields = json.loads(hit.metadata[NODE_CONTENT_KEY])
+    fields.pop("class_name", None)
+    fields["text"] = hit.text
+    return TextNode(**fields)
 
 
 _MODES: dict[VectorStoreQueryMode, str | None] = {
@@ -339,9 +408,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
     (:mod:`isotrope.stores.options`), e.g. ``index="HNSW32"``
     or ``metric="cosine"``.
     ``is_embedding_query`` (LlamaIndex's own field, default True): False lets retrievers pass the query text
-    without embedding it, and the store encodes it with its own encoder: the same vector, without
-    LlamaIndex's embedding span, events and callbacks, but a query's ``custom_embedding_strs`` (HyDE) are
-    then not used; an ``embedding`` the caller puts in the ``QueryBundle`` still is.
+    without embedding it, and the store encodes it with its own encoder: the same vector, without its round
+    trip through a list, but a query's ``custom_embedding_strs`` (HyDE) are then not used; an ``embedding`` the
+    caller puts in the ``QueryBundle`` still is. (With True, :class:`IsotropeEmbedding` already skips
+    LlamaIndex's embedding span, events and callbacks when no handler would see them.)
     """
 
     stores_text: bool = True
@@ -489,8 +559,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
         self._collection.store.commit()
         if persist_path is None:
             return
-        import json
-
         import fsspec
 
         fs = fs or fsspec.filesystem("file")
@@ -513,8 +581,6 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             context = StorageContext.from_defaults(vector_store=store, persist_dir=DIR)
             index = load_index_from_storage(context, embed_model=store.embed_model)
         """
-        import json
-
         path = _pointer_path(os.path.join(os.fspath(persist_dir), f"{namespace}__vector_store.json"))
         try:
             with open(path) as handle:
@@ -543,9 +609,10 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             raise ValueError(
                 f"IsotropeVectorStore supports the query modes {', '.join(m.value for m in _MODES)}, not {query.mode.value!r}"
             )
+        collection = self._collection
         mode, alpha = _MODES[query.mode], query.alpha if query.mode == VectorStoreQueryMode.HYBRID else None
         if mode is None:  # an embedding without its text can only be searched densely
-            mode, alpha, _ = self._collection.default_search() if query.query_str else ("dense", None, None)
+            mode, alpha, _ = collection.default_search() if query.query_str else ("dense", None, None)
         if mode != "dense" and not query.query_str:
             raise ValueError(f"query mode {query.mode.value!r} needs query_str")
         vector = None
@@ -553,20 +620,20 @@ class IsotropeVectorStore(BasePydanticVectorStore):
             if query.query_embedding is not None:
                 vector = np.asarray(query.query_embedding, dtype=np.float32)
             elif query.query_str:
-                vector = self._collection.encoder.encode([query.query_str], kind="query")[0]
+                vector = collection.encoder.encode([query.query_str], kind="query")[0]
             else:
                 raise ValueError("the query has neither query_embedding nor query_str")
             vector = vector[None, :]
         user_where = to_where(query.filters)
         if user_where:
-            check_fields(user_where, self._collection.store.metadata_fields())
+            check_fields(user_where, collection.store.metadata_fields())
         where = _all_of(
             user_where,
             _in(REF_DOC_ID_KEY, query.doc_ids or None),  # an empty list is "no restriction" here:
             _in(NODE_ID_KEY, query.node_ids or None),  # VectorStoreIndex passes [] for text-storing stores
         )
         hits = search_store(
-            self._collection.store,
+            collection.store,
             [query.query_str or ""],
             vector,
             query.similarity_top_k,

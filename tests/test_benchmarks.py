@@ -103,6 +103,33 @@ def test_alternate_rotates_the_order_and_records_wall_and_cpu_time():
     assert a["spread"] == pytest.approx((max(a["runs_s"]) - min(a["runs_s"])) / statistics.median(a["runs_s"]), abs=5e-4)
 
 
+def test_profile_attribution_gives_library_time_to_the_owned_code_that_called_it():
+    frameworks = pytest.importorskip("benchmarks.frameworks")
+    loop = (f"{REPO_ROOT}/benchmarks/frameworks.py", 1, "each")
+    retrieve = ("/venv/site-packages/llama_index/core/base/base_retriever.py", 2, "retrieve")
+    query = (f"{REPO_ROOT}/connectors/llama_index.py", 3, "query")
+    search = (f"{REPO_ROOT}/src/isotrope/fusion.py", 4, "search_store")
+    loads = ("/python/json/__init__.py", 5, "loads")  # library code called by the adapter and by LlamaIndex
+    length = ("~", 0, "<built-in method len>")  # called by loads only
+    deepcopy = ("/python/copy.py", 6, "deepcopy")  # recursive, entered by LlamaIndex
+    # cProfile's layout: (primitive calls, calls, self s, cumulative s, {caller: (.., .., self s, cumulative s)})
+    stats = {
+        loop: (1, 1, 0.1, 19.6, {}),
+        retrieve: (1, 1, 1.0, 17.0, {loop: (1, 1, 1.0, 17.0)}),
+        query: (1, 1, 0.5, 10.0, {retrieve: (1, 1, 0.5, 10.0)}),
+        search: (1, 1, 7.0, 7.0, {query: (1, 1, 7.0, 7.0)}),
+        loads: (2, 2, 4.0, 6.0, {query: (1, 1, 1.0, 1.5), retrieve: (1, 1, 3.0, 4.5)}),
+        length: (1, 1, 2.0, 2.0, {loads: (1, 1, 2.0, 2.0)}),
+        deepcopy: (1, 3, 5.0, 6.0, {retrieve: (1, 1, 2.0, 6.0), deepcopy: (0, 2, 3.0, 4.0)}),
+    }
+    seconds = frameworks.attribute(stats)
+    # loads' 2 s of len() follow loads' callers by the time each call carried (1.5 : 4.5)
+    assert seconds == pytest.approx({loop: 0.1, retrieve: 1.0 + 3.0 + 1.5 + 5.0, query: 0.5 + 1.0 + 0.5, search: 7.0})
+    assert sum(seconds.values()) == pytest.approx(sum(entry[2] for entry in stats.values()))
+    owners = {frameworks._owner(func[0]) for func in seconds}
+    assert owners == {frameworks.LOOP, frameworks.LLAMA_INDEX, frameworks.ADAPTER, frameworks.SHARED}
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="per-stage peaks need Linux's clear_refs")
 def test_stage_memory_sees_each_stages_own_peak():
     memory = StageMemory()

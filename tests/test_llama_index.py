@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ pytest.importorskip("lancedb")
 
 import llama_index.core
 from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import Field
+from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -29,7 +32,8 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.node_parser import SentenceSplitter
-from llama_index.core.schema import MetadataMode, NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
+from llama_index.core.schema import IndexNode, MetadataMode, NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
+from llama_index.core.storage.kvstore import SimpleKVStore
 from llama_index.core.vector_stores.types import (
     FilterCondition,
     FilterOperator,
@@ -38,7 +42,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQuery,
     VectorStoreQueryMode,
 )
-from llama_index.core.vector_stores.utils import build_metadata_filter_fn
+from llama_index.core.vector_stores.utils import build_metadata_filter_fn, metadata_dict_to_node
 
 from conftest import make_sentences
 from isotrope.backbones import make_backbone
@@ -136,16 +140,24 @@ class _Recorder(BaseEventHandler):
         self.names.append(event.class_name())
 
 
-@pytest.fixture
-def instrumented() -> Iterator[tuple[SimpleSpanHandler, _Recorder]]:
+@contextmanager
+def observing() -> Iterator[tuple[SimpleSpanHandler, _Recorder]]:
     """A span handler and an event handler on LlamaIndex's root dispatcher, removed afterwards."""
     root = get_dispatcher()
     spans, events = SimpleSpanHandler(), _Recorder()
     root.add_span_handler(spans)
     root.add_event_handler(events)
-    yield spans, events
-    root.span_handlers.remove(spans)
-    root.event_handlers.remove(events)
+    try:
+        yield spans, events
+    finally:
+        root.span_handlers.remove(spans)
+        root.event_handlers.remove(events)
+
+
+@pytest.fixture
+def instrumented() -> Iterator[tuple[SimpleSpanHandler, _Recorder]]:
+    with observing() as handlers:
+        yield handlers
 
 
 def span_names(handler: SimpleSpanHandler) -> list[str]:
@@ -600,6 +612,95 @@ def test_a_store_that_embeds_queries_itself_answers_like_the_embedding_path(
     expected = index.as_retriever(similarity_top_k=5).retrieve(other)
     assert [hit.node.node_id for hit in expected] != [node_id for node_id, _ in itself]
     assert [hit.node.node_id for hit in retriever.retrieve(given)] == [hit.node.node_id for hit in expected]
+    store.close()
+
+
+def _unreachable(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("get_query_embedding ran although nothing observes it")
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_unobserved_query_embeddings_skip_the_instrumentation_with_the_same_answers(
+    kind: str, embedding: IsotropeEmbedding, encoder: ShapedEncoder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    store.add(embedded(chunk_nodes(), embedding))
+    retriever = VectorStoreIndex.from_vector_store(store, embed_model=store.embed_model).as_retriever(similarity_top_k=5)
+    query, hypothesis = "the cat sees a big dog", "a bird eats food"
+
+    def bundles() -> list[QueryBundle]:  # a retriever stores the embedding it made in the bundle: new ones each run
+        return [QueryBundle(query), QueryBundle(query, custom_embedding_strs=[hypothesis, query])]  # HyDE's
+
+    def answers(results: list[Any]) -> list[list[tuple[str, float | None]]]:
+        return [[(hit.node.node_id, hit.score) for hit in hits] for hits in results]
+
+    with observing() as (spans, events):  # observed: LlamaIndex's own path, every span and event
+        observed_bundles = bundles()
+        observed = answers([retriever.retrieve(bundle) for bundle in observed_bundles])
+        observed_async = answers([asyncio.run(retriever.aretrieve(bundle)) for bundle in bundles()])
+    assert span_names(spans).count("IsotropeEmbedding.get_query_embedding") == 3
+    assert events.names.count("EmbeddingStartEvent") == events.names.count("EmbeddingEndEvent") == 6
+
+    monkeypatch.setattr(BaseEmbedding, "get_query_embedding", _unreachable)
+    monkeypatch.setattr(BaseEmbedding, "aget_query_embedding", _unreachable)
+    unobserved_bundles = bundles()
+    assert answers([retriever.retrieve(bundle) for bundle in unobserved_bundles]) == observed
+    assert answers([asyncio.run(retriever.aretrieve(bundle)) for bundle in bundles()]) == observed_async == observed
+    assert [bundle.embedding for bundle in unobserved_bundles] == [bundle.embedding for bundle in observed_bundles]
+    np.testing.assert_array_equal(unobserved_bundles[0].embedding, encoder.encode([query], kind="query")[0])
+    hyde = np.mean([encoder.encode([text], kind="query")[0].astype(np.float64) for text in (hypothesis, query)], axis=0)
+    np.testing.assert_allclose(unobserved_bundles[1].embedding, hyde, rtol=0, atol=1e-12)
+    store.close()
+
+
+def test_query_embeddings_keep_the_cache_callbacks_and_overrides(embedding: IsotropeEmbedding) -> None:
+    query = "the cat sees a big dog"
+    cached = embedding.model_copy(update={"embeddings_cache": SimpleKVStore()})
+    assert cached.get_agg_embedding_from_queries([query]) == embedding.get_agg_embedding_from_queries([query])
+    assert cached.embeddings_cache.get(query, collection="embeddings") is not None
+
+    debug = LlamaDebugHandler()
+    called = embedding.model_copy(update={"callback_manager": CallbackManager([debug])})
+    asyncio.run(called.aget_agg_embedding_from_queries([query, "a bird eats food"]))
+    assert len(debug.get_event_pairs(CBEventType.EMBEDDING)) == 2
+
+    class Counting(IsotropeEmbedding):
+        calls: int = 0
+
+        def get_query_embedding(self, query: str) -> list[float]:
+            self.calls += 1
+            return super().get_query_embedding(query)
+
+    counting = Counting(embedding.encoder_path)
+    counting.get_agg_embedding_from_queries([query])
+    assert counting.calls == 1
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_nodes_come_back_as_llama_index_rebuilds_them(kind: str, embedding: IsotropeEmbedding, tmp_path: Path) -> None:
+    nodes: list[Any] = chunk_nodes(2, 3)
+    nodes[0].excluded_llm_metadata_keys = ["lang"]
+    nodes[0].metadata_template, nodes[0].text_template = "{key}={value}", "{metadata_str}\n--\n{content}"
+    nodes[1].start_char_idx, nodes[1].end_char_idx = 5, 60
+    nodes[1].relationships[NodeRelationship.NEXT] = nodes[2].as_related_node_info()
+    nodes += [
+        Document(text="a whole document about dogs", id_="doc-x", metadata={"topic": "dogs"}),
+        IndexNode(text="an index node about cats", index_id="elsewhere", id_="index-x"),
+    ]
+    store = IsotropeVectorStore(store_uri(kind, tmp_path), embed_model=embedding)
+    store.add(embedded(nodes, embedding))
+    ids = [node.node_id for node in nodes]
+    # the reference: LlamaIndex's own rebuild of each stored row
+    expected = {row.id: metadata_dict_to_node(row.metadata, row.text) for row in store.client.get(ids)}
+    query = VectorStoreQuery(query_embedding=embedding.get_query_embedding("a dog"), similarity_top_k=len(nodes))
+    for rebuilt in (store.get_nodes(node_ids=ids), store.query(query).nodes or []):
+        assert sorted(node.node_id for node in rebuilt) == sorted(ids)
+        for node in rebuilt:
+            assert type(node) is type(expected[node.node_id])
+            assert node.model_dump() == expected[node.node_id].model_dump()
+            assert node.hash == expected[node.node_id].hash
+    for original in nodes[:6]:  # TextNodes come back whole, but for the embedding the store keeps apart
+        assert expected[original.node_id].model_dump() == original.model_copy(update={"embedding": None}).model_dump()
     store.close()
 
 
