@@ -158,7 +158,9 @@ def test_stage_memory_keeps_a_repeated_stages_largest_peak_and_the_outer_peak():
     # margins of tens of MB: the allocator may hand back other freed memory between the readings
     assert batch["peak_rss_mb"] - batch["rss_before_mb"] >= 120  # the first entry's, not the last's
     assert outer["peak_rss_mb"] - outer["rss_before_mb"] >= 200  # seen before the inner resets
-    assert round(peak_rss_mb(), 1) >= outer["peak_rss_mb"]  # the process's peak survives the stages' resets (stages round to 0.1 MB)
+    assert (
+        round(peak_rss_mb(), 1) >= outer["peak_rss_mb"]
+    )  # the process's peak survives the stages' resets (stages round to 0.1 MB)
 
 
 def test_render_states_provenance_and_the_figures():
