@@ -111,18 +111,23 @@ class LanceLexicalIndex(LanceRows):
             self.build_lexical_index()
         condition = to_lance(where) if where else None
         out: list[list[Hit]] = []
+        read: list[pa.Table] = []  # without text: the vectors read, for hybrid search
         for text in texts:
             terms = query_terms(text)
             if not terms:
                 out.append([])
                 continue
-            args = read_args([*self._hit_columns(with_text), "_score"], condition, not with_text)
+            columns = self._hit_columns(with_text) if with_text else ["id", "vector"]  # vector: see _remember_vectors
+            args = read_args([*columns, "_score"], condition, not with_text)
             table = self._dataset().scanner(**args, full_text_query=_match(terms), limit=k).to_table()
             if not with_text:
                 self._remember_rows(table)
+                read.append(table)
             scores = table.column("_score").to_pylist()
             rows = sorted(zip(scores, self._hit_rows(table, with_text)), key=lambda pair: -pair[0])  # stable
             out.append([Hit(i, float(score), text, metadata) for score, (i, text, metadata) in rows])
+        if not with_text:
+            self._remember_vectors(read)
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:

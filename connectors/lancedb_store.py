@@ -163,6 +163,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._deferring = False  # inside deferred_index(): commits build no ANN index
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
+        self._vectors_read: tuple[int, dict[str, np.ndarray]] = (-1, {})  # (version, id -> vector): see _remember_vectors
         self._lance = None  # the pylance dataset reads go through (see _dataset)
         self._storage_options = storage_options
         self._db = self._lancedb_table = None  # LanceDB's connection and table, opened for writes (see _table)

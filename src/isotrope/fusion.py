@@ -13,6 +13,8 @@ SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -102,29 +104,54 @@ def _candidates(
     store: Any, texts: list[str], vectors: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
 ) -> tuple[list[list[Hit]], list[list[Hit]], list[np.ndarray], dict[str, np.ndarray]]:
     """The dense and the lexical top ``depth`` (ids and scores) and, to ``complete`` them, the BM25 of every
-    dense candidate and the stored vector of every lexical one. Where the store allows, the full-text
-    side runs in a second thread while the dense side runs in this one."""
+    dense candidate and the stored vector of every lexical one missing from the dense list.
+
+    A store with ``lexical_candidates`` gets the lexical top and the dense candidates' BM25 from one pass
+    after the dense search; otherwise, where the store allows, the full-text side runs in a second thread
+    while the dense side runs in this one."""
+    if complete and hasattr(store, "lexical_candidates"):
+        dense = store.search(vectors, depth, where=where, with_text=False)
+        _check_count(texts, dense)
+        lexical, bm25 = store.lexical_candidates(texts, depth, [[h.id for h in row] for row in dense], where=where)
+        return dense, lexical, bm25, _missing_vectors(store, dense, lexical)
 
     def dense_side() -> tuple[list[list[Hit]], list[np.ndarray]]:
         dense = store.search(vectors, depth, where=where, with_text=False)
         return dense, store.lexical_scores(texts, [[h.id for h in row] for row in dense]) if complete else []
 
-    def lexical_side() -> tuple[list[list[Hit]], dict[str, np.ndarray]]:
-        lexical = store.lexical_search(texts, depth, where=where, with_text=False)
-        ids = list(dict.fromkeys(h.id for row in lexical for h in row)) if complete else []
-        return lexical, dict(zip(ids, store.vectors(ids))) if ids else {}
+    def lexical_side() -> list[list[Hit]]:
+        return store.lexical_search(texts, depth, where=where, with_text=False)
 
     if store.concurrent_queries:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(lexical_side)
-            dense, bm25 = dense_side()
-            lexical, lexical_vectors = pending.result()
+        pending = _pool().submit(lexical_side)
+        dense, bm25 = dense_side()
+        lexical = pending.result()
     else:
         dense, bm25 = dense_side()
-        lexical, lexical_vectors = lexical_side()
-    if len(dense) != len(lexical):
-        raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
-    return dense, lexical, bm25, lexical_vectors
+        lexical = lexical_side()
+    _check_count(lexical, dense)
+    return dense, lexical, bm25, _missing_vectors(store, dense, lexical) if complete else {}
+
+
+def _check_count(texts: Sequence[Any], dense: Sequence[Any]) -> None:
+    if len(dense) != len(texts):
+        raise ValueError(f"got {len(texts)} query texts but {len(dense)} query vectors")
+
+
+def _missing_vectors(store: Any, dense: Sequence[Sequence[Hit]], lexical: Sequence[Sequence[Hit]]) -> dict[str, np.ndarray]:
+    """The stored vector of each lexical candidate its query's dense list lacks (its dense score is computed)."""
+    ids: dict[str, None] = {}
+    for d, t in zip(dense, lexical):
+        found = {h.id for h in d}
+        ids.update((h.id, None) for h in t if h.id not in found)
+    return dict(zip(ids, store.vectors(list(ids)))) if ids else {}
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    """The threads hybrid searches run their full-text side in (kept: starting a thread per query costs
+    about a millisecond)."""
+    return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="isotrope-hybrid")
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K) -> list[Hit]:
