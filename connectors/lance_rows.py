@@ -75,7 +75,6 @@ class LanceRows:
     _lance: Any
     _row_ids: dict[str, int]
     _row_ids_version: int
-    _vectors_read: tuple[int, dict[str, np.ndarray]]
     _fields: set[str] | None
     _fields_exact: bool
     _lexical_state: str | None
@@ -147,15 +146,6 @@ class LanceRows:
         if version != self._row_ids_version or len(self._row_ids) > _ROW_IDS_KEPT:
             self._row_ids, self._row_ids_version = {}, version
         self._row_ids.update(zip(table.column("id").to_pylist(), table.column("_rowid").to_pylist()))
-
-    def _remember_vectors(self, tables: Sequence[pa.Table]) -> None:
-        """Keep the stored vectors a full-text search without text read with its rows (those of its last call
-        only): hybrid search asks for the vectors of the rows its dense list lacks."""
-        read: dict[str, np.ndarray] = {}
-        for table in tables:
-            ids = table.column("id")
-            read.update(zip(ids.to_pylist(), to_numpy(table.column("vector"), self.dim, ids, "vector")))
-        self._vectors_read = (self.version, read)
 
     def _remembered(self, ids: Sequence[str]) -> list[int] | None:
         """The row ids of ``ids`` remembered from reads of the current table version; None unless all are."""
@@ -278,13 +268,8 @@ class LanceRows:
         return self._scan(["id"], to_lance(where) if where else None).column("id").to_pylist()
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        """The stored vectors of ``ids``; KeyError names an unknown id. Vectors the last full-text search
-        without text read (of the current version) are not read again."""
-        version, read = self._vectors_read
-        wanted = as_ids(ids)
-        if wanted and version == self.version and all(i in read for i in wanted):
-            return np.stack([read[i] for i in wanted])
-        return self._column_vectors(wanted, "vector", self.dim)
+        """The stored vectors of ``ids``; KeyError names an unknown id."""
+        return self._column_vectors(ids, "vector", self.dim)
 
     def raw_vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The stored raw (pre-shaping) vectors of ``ids``; ValueError without the column or for a null row."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.fusion import Candidates
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -117,43 +118,52 @@ class SqliteLexicalIndex(SqliteRows):
     ) -> list[list[Hit]]:
         """The ``k`` best rows of each query text by BM25 (:mod:`isotrope.lexical`), among rows matching
         ``where``; ties by insertion order."""
-        return self._lexical(texts, k, where, None, with_text)[0]
-
-    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Each query text's BM25 of each of its ids (0 for a row sharing no term), with the statistics
-        of all stored rows."""
-        index = self._keyword_index()
-        return [index.lookup(query_terms(text), self._lookup_keys(wanted)) for text, wanted in zip(texts, ids)]
-
-    def lexical_candidates(
-        self, texts: Sequence[str], k: int, ids: Sequence[Sequence[str]], where: Mapping[str, Any] | None = None
-    ) -> tuple[list[list[Hit]], list[np.ndarray]]:
-        """``lexical_search(texts, k, where, with_text=False)`` and ``lexical_scores(texts, ids)`` from one
-        pass over each query's postings (hybrid search's keyword side)."""
-        return self._lexical(texts, k, where, ids, False)
-
-    def _lookup_keys(self, ids: Sequence[str]) -> np.ndarray:
-        """The key of each id (-1 for one not stored)."""
-        keys = self._keys(list(ids))
-        return np.fromiter((keys.get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
-
-    def _lexical(
-        self,
-        texts: Sequence[str],
-        k: int,
-        where: Mapping[str, Any] | None,
-        ids: Sequence[Sequence[str]] | None,
-        with_text: bool,
-    ) -> tuple[list[list[Hit]], list[np.ndarray]]:
         k = check_k(k)
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of query strings, not a single string")
         index = self._keyword_index()
         allowed = self._allowed_keys(where)
-        hits, looked = [], []
-        for i, text in enumerate(texts):
-            lookup = None if ids is None else self._lookup_keys(ids[i])
-            keys, scores, found = index.top_and_lookup(query_terms(text), k, allowed, lookup)
-            hits.append(self._hits(keys.reshape(1, -1), scores.reshape(1, -1), with_text)[0])
-            looked.append(found)
-        return hits, looked
+        out = []
+        for text in texts:
+            keys, scores = index.top(query_terms(text), k, allowed)
+            out.append(self._hits(keys.reshape(1, -1), scores.reshape(1, -1), with_text)[0])
+        return out
+
+    def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Each query text's BM25 of each of its ids (0 for a row sharing no term), with the statistics
+        of all stored rows."""
+        index = self._keyword_index()
+        out = []
+        for text, wanted in zip(texts, ids):
+            keys = self._keys(list(wanted))
+            lookup = np.fromiter((keys.get(i, -1) for i in wanted), dtype=np.int64, count=len(wanted))
+            out.append(index.lookup(query_terms(text), lookup))
+        return out
+
+    def _keyword_candidates(
+        self,
+        texts: Sequence[str],
+        k: int,
+        where: Mapping[str, Any] | None,
+        dense: list[tuple[np.ndarray, np.ndarray]],
+        complete: bool,
+    ) -> Candidates:
+        """Hybrid search's candidates by row key, given each query's dense ``(keys, scores)``: its keyword top
+        ``k`` among rows matching ``where`` and (``complete``) the BM25 of its dense keys, from one pass over
+        its postings, and the stored vectors of the keyword candidates the dense lists lack."""
+        index = self._keyword_index()
+        allowed = self._allowed_keys(where)
+        lexical, bm25, missing = [], [], set[int]()
+        for text, (dense_keys, _) in zip(texts, dense):
+            keys, scores, looked = index.top_and_lookup(query_terms(text), k, allowed, dense_keys if complete else None)
+            lexical.append((keys.tolist(), scores))
+            bm25.append(looked)
+            missing.update(np.setdiff1d(keys, dense_keys).tolist() if complete else ())
+        found_keys, vectors = self._key_vectors(sorted(missing))
+        return Candidates(
+            [(keys.tolist(), scores) for keys, scores in dense],
+            lexical,
+            bm25,
+            dict(zip(found_keys.tolist(), vectors)),
+            self._ranked_hits,
+        )
