@@ -306,10 +306,7 @@ class TwoPass:
 
 
 def hybrid_variants(collection: Any, texts: list[str]) -> dict[str, Any]:
-    """The hybrid query, encoding included, through the generic two-pass path (``hybrid_two_pass``) and, in a
-    FAISS store whose keyword side runs beside faiss's search, with the two sides in turn (``hybrid_in_turn``)."""
-    from unittest import mock
-
+    """The hybrid query, encoding included, through the generic two-pass path (``hybrid_two_pass``)."""
     from isotrope.fusion import search_store
 
     store = collection.store
@@ -318,11 +315,7 @@ def hybrid_variants(collection: Any, texts: list[str]) -> dict[str, Any]:
         vectors = collection.encoder.encode([text], kind="query")
         return search_store(TwoPass(store), [text], vectors, K, alpha=collection.default_search()[1])
 
-    out = {"hybrid_two_pass": percentiles_ms(two_pass, texts)}
-    if getattr(store, "_overlap_sides", False):
-        with mock.patch.object(type(store), "_overlap_sides", new_callable=mock.PropertyMock, return_value=False):
-            out["hybrid_in_turn"] = percentiles_ms(lambda text: collection.search(text, k=K, mode="hybrid"), texts)
-    return out
+    return {"hybrid_two_pass": percentiles_ms(two_pass, texts)}
 
 
 def faiss_keyword_bare(store: Any) -> Callable[[str], Any]:
@@ -665,7 +658,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         for kind, data in result["stores"].items():
             modes = data["search"].get("text_modes", {})
             bare = modes.get("keyword_bare")
-            for mode in ("dense", "keyword", "hybrid", "hybrid_in_turn", "hybrid_two_pass"):
+            for mode in ("dense", "keyword", "hybrid", "hybrid_two_pass"):
                 if mode in modes:
                     peer = f"{bare['p50_ms']:.2f} | {bare['p99_ms']:.2f}" if bare and mode == "keyword" else " | "
                     lines.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +34,6 @@ logger = logging.getLogger(__name__)
 FILE_NAME = "keyword.npz"
 #: rows changed since the last merge beyond which a change merges them into the large matrix
 MERGE_ROWS = 50_000
-#: the keys whose scores a query looks up: an array, or a callable giving it, called once the postings are
-#: scored (the caller may still be finding them: hybrid search's dense side, in another thread)
-Lookup = np.ndarray | Callable[[], np.ndarray] | None
 
 
 class _Segment:
@@ -197,21 +194,21 @@ class KeywordIndex:
         """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), in their order."""
         return self._matches(terms, keys)[3]
 
-    def _matches(self, terms: Sequence[str], lookup: Lookup = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    def _matches(self, terms: Sequence[str], lookup: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         """``(keys, BM25, t, looked up)``: each posting of the ``t`` query terms found, with its row's whole
         score (a row appears once per term it holds), and the score of each ``lookup`` key, read from the
-        scored columns before they are cleared (a callable giving the keys is called then). Only the
-        postings are touched: O(postings), not O(rows)."""
+        scored columns before they are cleared. Only the postings are touched: O(postings), not O(rows)."""
+        looked = np.zeros(0 if lookup is None else len(lookup))
         segments = [s for s in (self._main, self._pending_segment()) if len(s.keys)]
         n_docs = float(sum(s.alive for s in segments))
         wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
         if n_docs == 0 or not wanted:
-            return np.empty(0, np.int64), np.empty(0, np.float64), 0, np.zeros(len(_resolved(lookup)))
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
         average = sum(s.length_sum for s in segments) / n_docs
         postings = [[segment.postings(term) for term in wanted] for segment in segments]  # each read once
         df = np.array([sum(len(parts[t][0]) for parts in postings) for t in range(len(wanted))], dtype=np.float64)
         idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
-        found, scores, looked = [], [], None
+        found, scores = [], []
         for segment, parts in zip(segments, postings):
             norm, total = segment.norm(average), segment.buffer()
             columns: list[np.ndarray] = []
@@ -226,15 +223,12 @@ class KeywordIndex:
                     found.append(segment.keys[every])
                     scores.append(total[every])
                     if lookup is not None:  # a dead column was never scored: it reads 0
-                        lookup = _resolved(lookup)
-                        looked = np.zeros(len(lookup)) if looked is None else looked
                         at = np.minimum(np.searchsorted(segment.keys, lookup), len(segment.keys) - 1)
                         held = segment.keys[at] == lookup
                         looked[held] += total[at[held]]
-            finally:  # the buffer is all zeros again, whatever was raised (the lookup's keys may fail)
+            finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
                 for cols in columns:
                     total[cols] = 0.0
-        looked = np.zeros(len(_resolved(lookup))) if looked is None else looked
         if not found:
             return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
         return np.concatenate(found), np.concatenate(scores), len(wanted), looked
@@ -244,7 +238,7 @@ class KeywordIndex:
         return self.top_and_lookup(terms, k, keys)[:2]
 
     def top_and_lookup(
-        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: Lookup = None
+        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key,
         and the BM25 of each ``lookup`` key (:meth:`lookup`): one pass over the query terms' postings."""
@@ -329,13 +323,6 @@ class KeywordIndex:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
         return index
-
-
-def _resolved(lookup: Lookup) -> np.ndarray:
-    """The keys of a :data:`Lookup` (none for None)."""
-    if lookup is None:
-        return np.empty(0, np.int64)
-    return lookup() if callable(lookup) else lookup
 
 
 def _distinct(found: np.ndarray, scores: np.ndarray, terms_matched: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,14 +10,13 @@ with the FTS5 index of before) rebuilds the index from the stored texts on first
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from isotrope.fusion import Candidates, worker_pool
+from isotrope.fusion import Candidates
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -146,50 +145,25 @@ class SqliteLexicalIndex(SqliteRows):
         texts: Sequence[str],
         k: int,
         where: Mapping[str, Any] | None,
-        dense: Callable[[], list[tuple[np.ndarray, np.ndarray]]],
+        dense: list[tuple[np.ndarray, np.ndarray]],
         complete: bool,
-        overlap: bool,
     ) -> Candidates:
-        """Hybrid search's candidates by row key: each query's dense ``(keys, scores)`` (``dense()``), its
-        keyword top ``k`` among rows matching ``where`` and (``complete``) the BM25 of its dense keys, from
-        one pass over its postings, and the stored vectors of the keyword candidates the dense lists lack.
-        With ``overlap`` the keyword side runs in a second thread while ``dense()`` runs in this one; the
-        dense keys' scores are read from its scored postings once the dense side has found them."""
+        """Hybrid search's candidates by row key, given each query's dense ``(keys, scores)``: its keyword top
+        ``k`` among rows matching ``where`` and (``complete``) the BM25 of its dense keys, from one pass over
+        its postings, and the stored vectors of the keyword candidates the dense lists lack."""
         index = self._keyword_index()
         allowed = self._allowed_keys(where)
-
-        def keyword_side(
-            found: Callable[[], list[tuple[np.ndarray, np.ndarray]]],
-        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-            for i, text in enumerate(texts):
-
-                def dense_keys(i: int = i) -> np.ndarray:
-                    return found()[i][0]
-
-                out.append(index.top_and_lookup(query_terms(text), k, allowed, dense_keys if complete else None))
-            return out
-
-        if overlap:
-            ready: Future[list[tuple[np.ndarray, np.ndarray]]] = Future()
-            pending = worker_pool().submit(keyword_side, ready.result)
-            try:
-                ready.set_result(dense())
-            except BaseException as error:  # the keyword side waits for the dense keys: it must not wait forever
-                ready.set_exception(error)
-                raise
-            keyword, found = pending.result(), ready.result()
-        else:
-            found = dense()
-            keyword = keyword_side(lambda: found)
-        missing = set[int]()
-        for (keys, _, _), (dense_keys, _) in zip(keyword, found):
+        lexical, bm25, missing = [], [], set[int]()
+        for text, (dense_keys, _) in zip(texts, dense):
+            keys, scores, looked = index.top_and_lookup(query_terms(text), k, allowed, dense_keys if complete else None)
+            lexical.append((keys.tolist(), scores))
+            bm25.append(looked)
             missing.update(np.setdiff1d(keys, dense_keys).tolist() if complete else ())
         found_keys, vectors = self._key_vectors(sorted(missing))
         return Candidates(
-            [(keys.tolist(), scores) for keys, scores in found],
-            [(keys.tolist(), scores) for keys, scores, _ in keyword],
-            [looked for _, _, looked in keyword],
+            [(keys.tolist(), scores) for keys, scores in dense],
+            lexical,
+            bm25,
             dict(zip(found_keys.tolist(), vectors)),
             self._ranked_hits,
         )

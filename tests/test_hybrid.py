@@ -266,17 +266,13 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["faiss", "faiss-overlapped", "lance"])
+@pytest.mark.parametrize("kind", ["faiss", "lance"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, tmp_path, monkeypatch):
+def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, tmp_path):
     """The stores' one-pass hybrid (FAISS: keyword top and the dense candidates' BM25 from one scoring of the
     postings; both: rows named by their own keys, text read for the fused top only) returns the generic
     two-pass path's hits with filters, pending upserts and deletes, a batch of queries, both fusions and
-    shallow lists: FAISS (ties by key) to the bit, its keyword side in this thread after the dense one or in a
-    second thread beside it; LanceDB up to the order of tied rows."""
-    overlapped = kind == "faiss-overlapped"
-    kind = "faiss" if overlapped else kind
-    monkeypatch.setattr(FaissStore, "_overlap_sides", property(lambda self: overlapped))
+    shallow lists: FAISS (ties by key) to the bit, LanceDB up to the order of tied rows."""
     store = open_store(kind, tmp_path)
     assert hasattr(store, "hybrid_candidates")
     fill(store, n=150, seed=seed)
@@ -297,25 +293,6 @@ def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, tmp_
             assert any(one_pass) == ("year" not in (where or {}))  # the last filter keeps no row
     with pytest.raises(ValueError, match="got 12 query texts but 2 query vectors"):
         search_store(store, QUERIES, vectors[:2], K)
-
-
-def test_faiss_overlapped_hybrid_search_raises_what_its_dense_side_raised(tmp_path, monkeypatch):
-    """The keyword side, waiting in its thread for the dense keys, gets the dense side's error (no hang)."""
-    monkeypatch.setattr(FaissStore, "_overlap_sides", property(lambda self: True))
-    store = open_store("faiss", tmp_path)
-    fill(store)
-    vectors = make_data("random", 2, DIM, 5)
-
-    def fail(*args, **kwargs):
-        raise RuntimeError("simulated dense failure")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(FaissStore, "_dense_keys", fail)
-        with pytest.raises(RuntimeError, match="simulated dense failure"):
-            search_store(store, ["quick fox", "river banks"], vectors, K)
-    assert search_store(store, ["quick fox", "river banks"], vectors, K) == search_store(
-        TwoPass(store), ["quick fox", "river banks"], vectors, K
-    )
 
 
 # ----------------------------------------------------------------------------- collection, CLI, LlamaIndex, eval
