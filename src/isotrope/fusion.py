@@ -1,13 +1,15 @@
 """Fusing a dense and a lexical ranking, and the search modes every store shares.
 
 * ``convex``: the candidates are the union of the dense and the lexical top ``candidates``; a candidate
-  missing from one list gets its exact score on that side (its stored vector's score; its BM25 from the
-  store's ``lexical_scores``, 0 when it shares no query term); each side is z-score normalised over the
-  candidates (``(s - mean) / std``; a side whose candidates all score the same gives them 0) and the
-  fused score is ``alpha * dense + (1 - alpha) * lexical``;
+  missing from one list gets its exact score on that side (its stored vector's score; its BM25, 0 when it
+  shares no query term); each side is z-score normalised over the candidates (``(s - mean) / std``; a side
+  whose candidates all score the same gives them 0) and the fused score is ``alpha * dense + (1 - alpha) *
+  lexical``;
 * ``rrf``: reciprocal-rank fusion, ``sum over lists of 1 / (rrf_k + rank)`` (rank from 1).
 
-Ties keep the order of first appearance, the dense list first. The defaults were chosen on
+Ties keep the order of first appearance, the dense list first. The candidates come from the store's
+``hybrid_candidates`` where it has one (rows named by its own keys: one keyword pass, no id lookups, only the
+fused top ``k`` read), else from its generic methods (:func:`_candidates`). The defaults were chosen on
 SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 """
 
