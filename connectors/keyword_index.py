@@ -184,26 +184,26 @@ class KeywordIndex:
     def __len__(self) -> int:
         return self._main.alive + self._pending_segment().alive
 
-    def scores(self, terms: Sequence[str], keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``), restricted
-        to ``keys`` where given (the statistics stay those of all live rows); each row once, unordered."""
-        found, scores, terms_matched = self._matches(terms)
-        if terms_matched > 1:  # a row holding several query terms is listed once per term
-            found, first = np.unique(found, return_index=True)
-            scores = scores[first]
-        if keys is not None:
-            keep = np.isin(found, keys)
-            found, scores = found[keep], scores[keep]
-        return found, scores
+    def scores(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``); each row
+        once, unordered."""
+        found, scores, terms_matched, _ = self._matches(terms)
+        return _distinct(found, scores, terms_matched)
 
-    def _matches(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(keys, BM25, t)``: each posting of the ``t`` query terms found, with its row's whole score (a row
-        appears once per term it holds). Only the postings are touched: O(postings), not O(rows)."""
+    def lookup(self, terms: Sequence[str], keys: np.ndarray) -> np.ndarray:
+        """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), in their order."""
+        return self._matches(terms, keys)[3]
+
+    def _matches(self, terms: Sequence[str], lookup: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """``(keys, BM25, t, looked up)``: each posting of the ``t`` query terms found, with its row's whole
+        score (a row appears once per term it holds), and the score of each ``lookup`` key, read from the
+        scored columns before they are cleared. Only the postings are touched: O(postings), not O(rows)."""
+        looked = np.zeros(0 if lookup is None else len(lookup))
         segments = [s for s in (self._main, self._pending_segment()) if len(s.keys)]
         n_docs = float(sum(s.alive for s in segments))
         wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
         if n_docs == 0 or not wanted:
-            return np.empty(0, np.int64), np.empty(0, np.float64), 0
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
         average = sum(s.length_sum for s in segments) / n_docs
         postings = [[segment.postings(term) for term in wanted] for segment in segments]  # each read once
         df = np.array([sum(len(parts[t][0]) for parts in postings) for t in range(len(wanted))], dtype=np.float64)
@@ -211,41 +211,55 @@ class KeywordIndex:
         found, scores = [], []
         for segment, parts in zip(segments, postings):
             norm, total = segment.norm(average), segment.buffer()
-            columns = []
-            for term_idf, (cols, counts) in zip(idf, parts):
-                if len(cols) == 0:
-                    continue
-                total[cols] += (term_idf * (K1 + 1)) * (counts / (counts + norm[cols]))
-                columns.append(cols)
-            if columns:
-                every = np.concatenate(columns)
-                found.append(segment.keys[every])
-                scores.append(total[every])
-                total[every] = 0.0  # the buffer is all zeros again
+            columns: list[np.ndarray] = []
+            try:
+                for term_idf, (cols, counts) in zip(idf, parts):
+                    if len(cols) == 0:
+                        continue
+                    columns.append(cols)
+                    total[cols] += (term_idf * (K1 + 1)) * (counts / (counts + norm[cols]))
+                if columns:
+                    every = np.concatenate(columns)
+                    found.append(segment.keys[every])
+                    scores.append(total[every])
+                    if lookup is not None:  # a dead column was never scored: it reads 0
+                        at = np.minimum(np.searchsorted(segment.keys, lookup), len(segment.keys) - 1)
+                        held = segment.keys[at] == lookup
+                        looked[held] += total[at[held]]
+            finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
+                for cols in columns:
+                    total[cols] = 0.0
         if not found:
-            return np.empty(0, np.int64), np.empty(0, np.float64), 0
-        return np.concatenate(found), np.concatenate(scores), len(wanted)
+            return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
+        return np.concatenate(found), np.concatenate(scores), len(wanted), looked
 
     def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)``, best first, ties by key."""
+        return self.top_and_lookup(terms, k, keys)[:2]
+
+    def top_and_lookup(
+        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key,
+        and the BM25 of each ``lookup`` key (:meth:`lookup`): one pass over the query terms' postings."""
+        found, scores, terms_matched, looked = self._matches(terms, lookup)
         if keys is not None:
-            found, scores = self.scores(terms, keys)
+            found, scores = _distinct(found, scores, terms_matched)
+            keep = np.isin(found, keys)
+            found, scores = found[keep], scores[keep]
         else:
-            found, scores, terms_matched = self._matches(terms)
             reach = k * max(terms_matched, 1)  # a row appears at most once per term: k distinct rows among these
             if len(found) > reach:
                 kth = scores[np.argpartition(-scores, reach - 1)[reach - 1]]
                 kept = scores >= kth
                 found, scores = found[kept], scores[kept]
-            if terms_matched > 1:
-                found, first = np.unique(found, return_index=True)
-                scores = scores[first]
+            found, scores = _distinct(found, scores, terms_matched)
         if len(found) > k:
             kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
             found, scores = found[tied], scores[tied]
         order = np.lexsort((found, -scores))[:k]
-        return found[order], scores[order]
+        return found[order], scores[order], looked
 
     # ------------------------------------------------------------------ the file
 
@@ -309,6 +323,15 @@ class KeywordIndex:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
         return index
+
+
+def _distinct(found: np.ndarray, scores: np.ndarray, terms_matched: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of :meth:`KeywordIndex._matches`'s postings once (a row holding several query terms is
+    listed once per term)."""
+    if terms_matched <= 1:
+        return found, scores
+    found, first = np.unique(found, return_index=True)
+    return found, scores[first]
 
 
 def _running(pid: int) -> bool:

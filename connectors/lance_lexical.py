@@ -17,7 +17,7 @@ from isotrope.stores.base import Hit, check_k
 from isotrope.stores.filters import to_lance
 from isotrope.stores.rows import chunks
 
-from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, read_args
+from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, read_args, to_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,7 @@ class LanceLexicalIndex(LanceRows):
             if not terms:
                 out.append([])
                 continue
-            args = read_args([*self._hit_columns(with_text), "_score"], condition, not with_text)
-            table = self._dataset().scanner(**args, full_text_query=_match(terms), limit=k).to_table()
+            table = _full_text(self._dataset(), terms, self._hit_columns(with_text), condition, k, not with_text)
             if not with_text:
                 self._remember_rows(table)
             scores = table.column("_score").to_pylist()
@@ -135,8 +134,46 @@ class LanceLexicalIndex(LanceRows):
             scores = dict.fromkeys(wanted, 0.0)
             terms = query_terms(text)
             for part in chunks(list(wanted), ID_CHUNK) if terms else ():
-                args = read_args(["id", "_score"], self._rows_filter(part), row_ids=False)
-                for row in self._dataset().scanner(**args, full_text_query=_match(terms), limit=len(part)).to_table().to_pylist():
-                    scores[row["id"]] = float(row["_score"])
+                table = _full_text(self._dataset(), terms, ["id"], self._rows_filter(part), len(part), False)
+                scores.update(zip(table.column("id").to_pylist(), table.column("_score").to_pylist()))
             out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
         return out
+
+    def _keyword_rows(
+        self, dataset: Any, texts: Sequence[str], k: int, condition: str | None
+    ) -> tuple[list[tuple[list[int], np.ndarray]], dict[int, np.ndarray]]:
+        """Hybrid search's keyword side by Lance row id: each text's top ``k`` rows and BM25, best first (in
+        ``lexical_search``'s order), and the stored vector of every one of them."""
+        out: list[tuple[list[int], np.ndarray]] = []
+        vectors: dict[int, np.ndarray] = {}
+        for text in texts:
+            terms = query_terms(text)
+            if not terms:
+                out.append(([], np.empty(0)))
+                continue
+            table = _full_text(dataset, terms, ["vector"], condition, k, True)
+            rows, scores = table.column("_rowid"), table.column("_score").to_numpy().astype(np.float64)
+            order = np.argsort(-scores, kind="stable")
+            out.append((rows.to_numpy()[order].tolist(), scores[order]))
+            vectors.update(zip(rows.to_pylist(), to_numpy(table.column("vector"), self.dim, rows, "vector")))
+        return out, vectors
+
+    def _bm25_of_rows(self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each text's BM25 of each of its Lance row ids (:meth:`lexical_scores` by row id)."""
+        out = []
+        for text, wanted in zip(texts, rows):
+            scores = dict.fromkeys(wanted, 0.0)
+            terms = query_terms(text)
+            for part in chunks(list(wanted), ID_CHUNK) if terms else ():
+                table = _full_text(dataset, terms, [], f"_rowid IN ({', '.join(map(str, part))})", len(part), True)
+                scores.update(zip(table.column("_rowid").to_pylist(), table.column("_score").to_pylist()))
+            out.append(np.array([scores[r] for r in wanted], dtype=np.float64))
+        return out
+
+
+def _full_text(dataset: Any, terms: Sequence[str], columns: list[str], condition: str | None, k: int, row_ids: bool) -> pa.Table:
+    """The ``k`` best rows of the OR of ``terms`` among those matching ``condition`` (prefiltered): ``columns``,
+    ``_score`` and, with ``row_ids``, ``_rowid`` (reading no ``id`` column where hybrid search needs none
+    saves 3 to 4 ms a query at 100,000 rows)."""
+    args = read_args([*columns, "_score"], condition, row_ids)
+    return dataset.scanner(**args, full_text_query=_match(terms), limit=k).to_table()

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from isotrope.fusion import Candidates, worker_pool
 from isotrope.lexical import index_text
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
@@ -415,8 +416,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         columns, settings = [*self._hit_columns(with_text), "_distance"], self._index_settings(k, with_text)
         condition = to_lance(where) if where else None
         if len(queries) == 1:
-            nearest = {"column": "vector", "q": queries[0], "k": k, "metric": LANCE_DISTANCE[self.metric], **settings}
-            return self._dataset().scanner(**read_args(columns, condition, not with_text), nearest=nearest).to_table()
+            return self._nearest(self._dataset(), queries[0], k, condition, columns, with_text)
         query = (
             self._table.search(list(queries), vector_column_name="vector")
             .distance_type(LANCE_DISTANCE[self.metric])
@@ -429,6 +429,41 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         for name, value in settings.items():
             query = getattr(query, name)(value)
         return query.to_arrow()
+
+    def _nearest(
+        self, dataset: Any, query: np.ndarray, k: int, condition: str | None, columns: list[str], with_text: bool
+    ) -> pa.Table:
+        """One query's ``k`` nearest rows through pylance's scanner (``_rowid`` too without text)."""
+        settings = self._index_settings(k, with_text)
+        nearest = {"column": "vector", "q": query, "k": k, "metric": LANCE_DISTANCE[self.metric], **settings}
+        return dataset.scanner(**read_args(columns, condition, not with_text), nearest=nearest).to_table()
+
+    def hybrid_candidates(
+        self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
+    ) -> Candidates:
+        """Hybrid search's candidates named by Lance row id, all read from one version of the table: the
+        keyword top ``depth`` with its rows' vectors in a second thread while this one finds the dense top
+        ``depth`` and then (``complete``) its rows' BM25; only the fused top rows' id, text and metadata are
+        read (:func:`isotrope.fusion.search_store`). No ``id`` column is read before that."""
+        dataset, condition = self._dataset(), to_lance(where) if where else None
+        keyword = worker_pool().submit(self._keyword_rows, dataset, texts, depth, condition)
+        dense = []
+        for query in as_vectors(queries, self.dim, "queries"):
+            table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False)
+            distances = table.column("_distance").to_numpy().astype(np.float64)
+            order = np.argsort(distances, kind="stable")
+            dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
+        bm25 = self._bm25_of_rows(dataset, texts, [rows for rows, _ in dense]) if complete else []
+        lexical, vectors = keyword.result()
+        return Candidates(dense, lexical, bm25, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
+
+    def _ranked_rows(self, dataset: Any, rankings: list[list[tuple[Any, float]]]) -> list[list[Hit]]:
+        """Rankings of Lance row ids (of ``dataset``'s version) as hits with their text and metadata."""
+        wanted = list(dict.fromkeys(row for ranking in rankings for row, _ in ranking))
+        if not wanted:
+            return [[] for _ in rankings]
+        rows = dict(zip(wanted, self._hit_rows(dataset._take_rows(wanted, columns=["id", "text", "metadata"]), True)))
+        return [[Hit(rows[r][0], score, rows[r][1], rows[r][2]) for r, score in ranking] for ranking in rankings]
 
     def search(self, queries: Any, k: int, where: Mapping[str, Any] | None = None, with_text: bool = True) -> list[list[Hit]]:
         """The ``k`` best hits of each query (higher score is closer), prefiltered by ``where``."""

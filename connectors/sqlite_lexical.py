@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.fusion import Candidates
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -135,7 +136,34 @@ class SqliteLexicalIndex(SqliteRows):
         out = []
         for text, wanted in zip(texts, ids):
             keys = self._keys(list(wanted))
-            found, scores = index.scores(query_terms(text), np.fromiter(keys.values(), dtype=np.int64, count=len(keys)))
-            by_key = dict(zip(found.tolist(), scores.tolist()))
-            out.append(np.array([by_key.get(keys.get(i, -1), 0.0) for i in wanted], dtype=np.float64))
+            lookup = np.fromiter((keys.get(i, -1) for i in wanted), dtype=np.int64, count=len(wanted))
+            out.append(index.lookup(query_terms(text), lookup))
         return out
+
+    def _keyword_candidates(
+        self,
+        texts: Sequence[str],
+        k: int,
+        where: Mapping[str, Any] | None,
+        dense: list[tuple[np.ndarray, np.ndarray]],
+        complete: bool,
+    ) -> Candidates:
+        """Hybrid search's candidates by row key, given each query's dense ``(keys, scores)``: its keyword top
+        ``k`` among rows matching ``where`` and (``complete``) the BM25 of its dense keys, from one pass over
+        its postings, and the stored vectors of the keyword candidates the dense lists lack."""
+        index = self._keyword_index()
+        allowed = self._allowed_keys(where)
+        lexical, bm25, missing = [], [], set[int]()
+        for text, (dense_keys, _) in zip(texts, dense):
+            keys, scores, looked = index.top_and_lookup(query_terms(text), k, allowed, dense_keys if complete else None)
+            lexical.append((keys.tolist(), scores))
+            bm25.append(looked)
+            missing.update(np.setdiff1d(keys, dense_keys).tolist() if complete else ())
+        found_keys, vectors = self._key_vectors(sorted(missing))
+        return Candidates(
+            [(keys.tolist(), scores) for keys, scores in dense],
+            lexical,
+            bm25,
+            dict(zip(found_keys.tolist(), vectors)),
+            self._ranked_hits,
+        )

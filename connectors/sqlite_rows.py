@@ -161,23 +161,24 @@ class SqliteRows:
         return rows
 
     def _hits(self, keys: np.ndarray, scores: np.ndarray, with_text: bool = True) -> list[list[Hit]]:
-        """One list of hits per row of faiss results; a key of -1 (no result) is skipped. Each stored row is
-        read once; every hit parses its own metadata dict."""
-        key_rows, score_rows = keys.tolist(), scores.tolist()
-        if len(key_rows) == 1:  # a single query: its keys are distinct
-            wanted = [key for key in key_rows[0] if key >= 0]
+        """One list of hits per row of faiss results; a key of -1 (no result) is skipped."""
+        rankings = [
+            [(k, s) for k, s in zip(key_row, score_row) if k >= 0] for key_row, score_row in zip(keys.tolist(), scores.tolist())
+        ]
+        return self._ranked_hits(rankings, with_text)
+
+    def _ranked_hits(self, rankings: Sequence[Sequence[tuple[int, float]]], with_text: bool = True) -> list[list[Hit]]:
+        """Each ranking's ``(key, score)`` as hits (a row gone since is skipped). Each stored row is read
+        once; every hit parses its own metadata dict."""
+        if len(rankings) == 1:  # a single query: its keys are distinct
+            wanted = [key for key, _ in rankings[0]]
         else:
-            wanted = list({key for row in key_rows for key in row if key >= 0})
+            wanted = list({key for ranking in rankings for key, _ in ranking})
         rows = self._rows(wanted, with_text)
-        out = []
-        for key_row, score_row in zip(key_rows, score_rows):
-            hits = []
-            for key, score in zip(key_row, score_row):
-                if key >= 0:
-                    id_, text, metadata = rows[key]
-                    hits.append(Hit(id_, score, text, load_metadata(metadata)))
-            out.append(hits)
-        return out
+        return [
+            [Hit(row[0], score, row[1], load_metadata(row[2])) for key, score in ranking if (row := rows.get(key)) is not None]
+            for ranking in rankings
+        ]
 
     def _filtered_keys(self, where: Mapping[str, Any]) -> np.ndarray:
         sql, params = to_sqlite(where)
@@ -221,13 +222,13 @@ class SqliteRows:
                 vectors.append(vv)
         return np.concatenate(found), np.concatenate(vectors)
 
-    def _exact_search(self, q: np.ndarray, k: int, keys: np.ndarray, metric: str, with_text: bool) -> list[list[Hit]]:
-        """The ``k`` best hits of each query among the rows of ``keys``, by exact scores on their stored vectors."""
+    def _exact_keys(self, q: np.ndarray, k: int, keys: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and scores of each query's ``k`` best rows among those of ``keys``, by exact scores on
+        their stored vectors."""
         all_keys, vectors = self._key_vectors(np.sort(keys).tolist())
         scores = exact_scores(q, vectors, metric)
         best = top_k(scores, k)
-        rows = np.arange(len(q))[:, None]
-        return self._hits(all_keys[best], scores[rows, best], with_text)
+        return all_keys[best], scores[np.arange(len(q))[:, None], best]
 
     def _field_counts(self, keys: Sequence[int]) -> Counter[str]:
         """How many of the given rows have each metadata key."""

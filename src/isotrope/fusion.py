@@ -1,21 +1,26 @@
 """Fusing a dense and a lexical ranking, and the search modes every store shares.
 
 * ``convex``: the candidates are the union of the dense and the lexical top ``candidates``; a candidate
-  missing from one list gets its exact score on that side (its stored vector's score; its BM25 from the
-  store's ``lexical_scores``, 0 when it shares no query term); each side is z-score normalised over the
-  candidates (``(s - mean) / std``; a side whose candidates all score the same gives them 0) and the
-  fused score is ``alpha * dense + (1 - alpha) * lexical``;
+  missing from one list gets its exact score on that side (its stored vector's score; its BM25, 0 when it
+  shares no query term); each side is z-score normalised over the candidates (``(s - mean) / std``; a side
+  whose candidates all score the same gives them 0) and the fused score is ``alpha * dense + (1 - alpha) *
+  lexical``;
 * ``rrf``: reciprocal-rank fusion, ``sum over lists of 1 / (rrf_k + rank)`` (rank from 1).
 
-Ties keep the order of first appearance, the dense list first. The defaults were chosen on
+Ties keep the order of first appearance, the dense list first. The candidates come from the store's
+``hybrid_candidates`` where it has one (rows named by its own keys: one keyword pass, no id lookups, only the
+fused top ``k`` read), else from its generic methods (:func:`_candidates`). The defaults were chosen on
 SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -51,17 +56,48 @@ def zscores(scores: np.ndarray) -> np.ndarray:
     return np.zeros_like(scores) if std == 0 else (scores - scores.mean()) / std
 
 
-def _ranked(scores: Mapping[str, float], first: Mapping[str, Hit], k: int) -> list[Hit]:
+#: a row as a store's candidate lists name it (hashable): its id, or a key of the store's own (FAISS row key,
+#: Lance row id)
+Key: TypeAlias = Any
+#: a ranking of keys, best first, with their fused scores
+Ranking = list[tuple[Key, float]]
+
+
+@dataclass
+class Candidates:
+    """A store's two candidate lists for each query, rows named by :data:`Key` (ids, or keys of the store's
+    own: then only the fused top ``k`` are read as hits). ``dense[i]`` and ``lexical[i]``: query ``i``'s keys,
+    best first, and their scores. To complete them (convex fusion): ``dense_bm25[i]``, the BM25 of each
+    dense key; ``vectors``, the stored vector of each lexical key its query's dense list lacks. ``hits``
+    reads rankings of keys as hits with their text and metadata."""
+
+    dense: list[tuple[list[Key], np.ndarray]]
+    lexical: list[tuple[list[Key], np.ndarray]]
+    dense_bm25: list[np.ndarray]
+    vectors: Mapping[Key, np.ndarray]
+    hits: Callable[[list[Ranking]], list[list[Hit]]]
+
+
+def _ranked(scores: Mapping[Key, float], k: int) -> Ranking:
     order = sorted(scores, key=lambda i: -scores[i])  # stable: first appearance breaks ties
-    return [Hit(i, scores[i], first[i].text, first[i].metadata) for i in order[:k]]
+    return [(i, scores[i]) for i in order[:k]]
 
 
-def _first_seen(rankings: Sequence[Sequence[Hit]]) -> dict[str, Hit]:
-    first: dict[str, Hit] = {}
+def _convex_ranked(union: Sequence[Key], dense: np.ndarray, lexical: np.ndarray, k: int, alpha: float) -> Ranking:
+    fused = alpha * zscores(dense) + (1.0 - alpha) * zscores(lexical)
+    return _ranked(dict(zip(union, fused.tolist())), k)
+
+
+def _rrf_ranked(rankings: Sequence[Sequence[Key]], k: int, rrf_k: int = RRF_K) -> Ranking:
+    scores: dict[Key, float] = {}
     for ranking in rankings:
-        for hit in ranking:
-            first.setdefault(hit.id, hit)
-    return first
+        for rank, key in enumerate(ranking, start=1):
+            scores[key] = scores.get(key, 0.0) + 1.0 / (rrf_k + rank)
+    return _ranked(scores, k)
+
+
+def _as_hits(ranking: Ranking, rows: Mapping[Key, Hit]) -> list[Hit]:
+    return [Hit(str(i), score, rows[i].text, rows[i].metadata) for i, score in ranking]
 
 
 def convex_fusion(
@@ -69,71 +105,85 @@ def convex_fusion(
 ) -> list[Hit]:
     """``alpha * zscore(dense) + (1 - alpha) * zscore(lexical)``, best ``k`` of ``candidates`` first
     (``dense`` and ``lexical``: each candidate's exact score on that side)."""
-    fused = alpha * zscores(dense) + (1.0 - alpha) * zscores(lexical)
-    scores = {hit.id: float(value) for hit, value in zip(candidates, fused)}
-    return _ranked(scores, {hit.id: hit for hit in candidates}, k)
+    ranking = _convex_ranked([hit.id for hit in candidates], dense, lexical, k, alpha)
+    return _as_hits(ranking, {hit.id: hit for hit in candidates})
 
 
-def completed_scores(
-    store: Any,
-    vectors: Any,
-    dense: Sequence[Sequence[Hit]],
-    dense_bm25: Sequence[np.ndarray],
-    lexical: Sequence[Sequence[Hit]],
-    lexical_vectors: Mapping[str, np.ndarray],
-) -> list[tuple[list[Hit], np.ndarray, np.ndarray]]:
-    """Per query: the union of its two lists (first appearance, dense first) and every candidate's exact
-    dense and lexical score: ``dense_bm25`` holds the BM25 of each dense candidate, ``lexical_vectors``
-    the stored vector of each lexical one (a lexical-only candidate's dense score is computed from it)."""
-    queries = as_vectors(vectors, store.dim, "queries")
-    out = []
-    for q, ds, bm25, t in zip(queries, dense, dense_bm25, lexical):
-        union = list(_first_seen([ds, t]).values())
-        d = {h.id: h.score for h in ds}
-        missing = [h.id for h in t if h.id not in d]
-        if missing:
-            d.update(zip(missing, exact_scores(q[None], np.stack([lexical_vectors[i] for i in missing]), store.metric)[0]))
-        lex = {h.id: h.score for h in t} | dict(zip((h.id for h in ds), bm25))
-        out.append((union, np.array([d[h.id] for h in union]), np.array([lex[h.id] for h in union])))
-    return out
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K) -> list[Hit]:
+    """Each id scores the sum over lists of ``1 / (rrf_k + rank)`` (rank from 1), best ``k`` first."""
+    first: dict[str, Hit] = {}
+    for ranking in rankings:
+        for hit in ranking:
+            first.setdefault(hit.id, hit)
+    return _as_hits(_rrf_ranked([[hit.id for hit in ranking] for ranking in rankings], k, rrf_k), first)
+
+
+def _completed(
+    query: np.ndarray,
+    metric: str,
+    dense: tuple[list[Key], np.ndarray],
+    bm25: np.ndarray,
+    lexical: tuple[list[Key], np.ndarray],
+    vectors: Mapping[Key, np.ndarray],
+) -> tuple[list[Key], np.ndarray, np.ndarray]:
+    """One query's union of its two lists (first appearance, dense first) and every candidate's exact dense
+    and lexical score: a lexical-only candidate's dense score from its stored vector, a dense one's BM25
+    from ``bm25``."""
+    (dense_keys, dense_scores), (lexical_keys, lexical_scores) = dense, lexical
+    union = list(dict.fromkeys([*dense_keys, *lexical_keys]))
+    d = dict(zip(dense_keys, dense_scores.tolist()))
+    missing = [i for i in lexical_keys if i not in d]
+    if missing:
+        d.update(zip(missing, exact_scores(query[None], np.stack([vectors[i] for i in missing]), metric)[0].tolist()))
+    lex = dict(zip(lexical_keys, lexical_scores.tolist())) | dict(zip(dense_keys, bm25.tolist()))
+    return union, np.array([d[i] for i in union], dtype=np.float64), np.array([lex[i] for i in union], dtype=np.float64)
 
 
 def _candidates(
     store: Any, texts: list[str], vectors: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
-) -> tuple[list[list[Hit]], list[list[Hit]], list[np.ndarray], dict[str, np.ndarray]]:
-    """The dense and the lexical top ``depth`` (ids and scores) and, to ``complete`` them, the BM25 of every
-    dense candidate and the stored vector of every lexical one. Where the store allows, the full-text
-    side runs in a second thread while the dense side runs in this one."""
+) -> Candidates:
+    """The candidates of a store without ``hybrid_candidates``, named by id: its dense and lexical top
+    ``depth``, the BM25 of every dense candidate (``lexical_scores``) and the stored vector of every lexical
+    one the dense list lacks. Where the store allows, the full-text side runs in a second thread while the
+    dense side runs in this one."""
 
     def dense_side() -> tuple[list[list[Hit]], list[np.ndarray]]:
         dense = store.search(vectors, depth, where=where, with_text=False)
         return dense, store.lexical_scores(texts, [[h.id for h in row] for row in dense]) if complete else []
 
-    def lexical_side() -> tuple[list[list[Hit]], dict[str, np.ndarray]]:
-        lexical = store.lexical_search(texts, depth, where=where, with_text=False)
-        ids = list(dict.fromkeys(h.id for row in lexical for h in row)) if complete else []
-        return lexical, dict(zip(ids, store.vectors(ids))) if ids else {}
+    def lexical_side() -> list[list[Hit]]:
+        return store.lexical_search(texts, depth, where=where, with_text=False)
 
     if store.concurrent_queries:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(lexical_side)
-            dense, bm25 = dense_side()
-            lexical, lexical_vectors = pending.result()
+        pending = worker_pool().submit(lexical_side)
+        dense, bm25 = dense_side()
+        lexical = pending.result()
     else:
         dense, bm25 = dense_side()
-        lexical, lexical_vectors = lexical_side()
-    if len(dense) != len(lexical):
-        raise ValueError(f"got {len(lexical)} query texts but {len(dense)} query vectors")
-    return dense, lexical, bm25, lexical_vectors
+        lexical = lexical_side()
+    missing: dict[Key, None] = {}
+    for d, t in zip(dense, lexical):
+        found = {h.id for h in d}
+        missing.update((h.id, None) for h in t if h.id not in found)
+    ids = list(missing) if complete else []
+    return Candidates(
+        [_keyed(row) for row in dense],
+        [_keyed(row) for row in lexical],
+        bm25,
+        dict(zip(ids, store.vectors(ids))) if ids else {},
+        lambda rankings: _with_text(store, rankings),
+    )
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K) -> list[Hit]:
-    """Each id scores the sum over lists of ``1 / (rrf_k + rank)`` (rank from 1), best ``k`` first."""
-    scores: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking, start=1):
-            scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (rrf_k + rank)
-    return _ranked(scores, _first_seen(rankings), k)
+def _keyed(hits: Sequence[Hit]) -> tuple[list[Key], np.ndarray]:
+    return [h.id for h in hits], np.array([h.score for h in hits], dtype=np.float64)
+
+
+@functools.lru_cache(maxsize=1)
+def worker_pool() -> ThreadPoolExecutor:
+    """The threads hybrid searches run their full-text side in, beside the dense side (kept: starting a
+    thread per query costs about a millisecond)."""
+    return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="isotrope-hybrid")
 
 
 def search_store(
@@ -151,7 +201,8 @@ def search_store(
     """One ranked list per query from any store: dense (``vectors``), lexical (``texts``) or both fused.
 
     ``vectors`` may be None in lexical mode. ``group_by`` keeps the best hit per value of that metadata
-    field, searching deeper until each query has ``k`` groups or the store is exhausted.
+    field, searching deeper until each query has ``k`` groups or the store is exhausted. A store with
+    ``hybrid_candidates(texts, vectors, depth, where, complete)`` gives its own :class:`Candidates`.
     """
     check_mode(mode)
     k = check_k(k)
@@ -165,20 +216,30 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
-    # the candidate lists carry ids and scores; the text and metadata are read for the fused top k only
-    dense, lexical, bm25, lexical_vectors = _candidates(store, list(texts), vectors, depth, where, fusion == "convex")
-    if fusion == "rrf":
-        return _with_text(store, [reciprocal_rank_fusion([d, t], k) for d, t in zip(dense, lexical)])
-    completed = completed_scores(store, vectors, dense, bm25, lexical, lexical_vectors)
-    return _with_text(store, [convex_fusion(c, d, t, k, weight) for c, d, t in completed])
+    queries = as_vectors(vectors, store.dim, "queries")
+    if len(texts) != len(queries):
+        raise ValueError(f"got {len(texts)} query texts but {len(queries)} query vectors")
+    # the candidate lists carry keys and scores; the text and metadata are read for the fused top k only
+    complete = fusion == "convex"
+    if hasattr(store, "hybrid_candidates"):
+        found = store.hybrid_candidates(list(texts), queries, depth, where, complete)
+    else:
+        found = _candidates(store, list(texts), queries, depth, where, complete)
+    if not complete:
+        return found.hits([_rrf_ranked([d[0], t[0]], k) for d, t in zip(found.dense, found.lexical)])
+    rankings = [
+        _convex_ranked(*_completed(q, store.metric, d, bm25, t, found.vectors), k, weight)
+        for q, d, bm25, t in zip(queries, found.dense, found.dense_bm25, found.lexical)
+    ]
+    return found.hits(rankings)
 
 
-def _with_text(store: Any, rankings: list[list[Hit]]) -> list[list[Hit]]:
-    """The hits with their stored text and metadata (one ``get`` for all of them)."""
-    wanted = list(dict.fromkeys(hit.id for ranking in rankings for hit in ranking))
+def _with_text(store: Any, rankings: list[Ranking]) -> list[list[Hit]]:
+    """The ranked ids as hits with their stored text and metadata (one ``get`` for all of them)."""
+    wanted = list(dict.fromkeys(str(i) for ranking in rankings for i, _ in ranking))
     stored = dict(zip(wanted, store.get(wanted)))
     return [
-        [Hit(hit.id, hit.score, row.text, row.metadata) for hit in ranking if (row := stored[hit.id]) is not None]
+        [Hit(row.id, score, row.text, row.metadata) for i, score in ranking if (row := stored[str(i)]) is not None]
         for ranking in rankings
     ]
 
