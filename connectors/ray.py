@@ -473,6 +473,7 @@ def _fit(
     encoder = target.encoder
     if encoder.backbone.needs_fit:
         encoder.backbone.fit(_sample_texts(marked))
+        encoder.adopt_distilled_shape()
     raw, statistics = _fit_encoder(encoder, marked, sample_ids, actors)
     if encoder.finish_fit(target.fitted_on(len(sample_ids)), len(sample_ids)):
         raw = None  # folded (``--model fast``): the actors embed with the folded table

@@ -78,7 +78,7 @@ def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     np.testing.assert_array_equal(first, again)
     assert report == report_again
     assert report["teacher_texts"] == 200 and report["held_aside"] == 60
-    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "0.1"}
+    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"}
     assert not np.array_equal(first, other)  # another seed samples other texts
     assert first.shape == inputs.shape and first.dtype == np.float32
 
@@ -111,15 +111,15 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     rng = np.random.default_rng(0)
     calls: list[np.ndarray] = []
 
-    def fake_ranks(table, fit_bags, proxy):
+    def fake_ranks(table, fit_bags, proxy, shape="whiten-partial"):
         base = np.random.default_rng(1).uniform(0.4, 1.0, len(proxy.targets))
         calls.append(base if not calls else np.clip(base + shift + 0.05 * rng.standard_normal(len(base)), 0, 1))
         return calls[-1]
 
     monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
     agreements = iter([0.5, 0.55, 0.6])  # unfitted, lam 1, lam 0.1: the weaker fit agrees best
-    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
     means = report["validation"]["vs_unfitted"]
     best = "0.1"
     assert report["validation"]["mrr@10"]["unfitted"] == pytest.approx(100 * calls[0].mean(), abs=0.01)
@@ -139,11 +139,13 @@ def test_a_vetoed_fit_gives_way_to_the_next_best_agreement(teacher, inputs, monk
     base = np.random.default_rng(1).uniform(0.4, 1.0, 300)
     shifts = iter([0.0, 0.0, -0.3])  # unfitted, lam 1 (as good), lam 0.1 (clearly worse)
     monkeypatch.setattr(
-        proxy_module, "reciprocal_ranks", lambda table, fit_bags, proxy: np.clip(base[: len(proxy.targets)] + next(shifts), 0, 1)
+        proxy_module,
+        "reciprocal_ranks",
+        lambda table, fit_bags, proxy, shape="whiten-partial": np.clip(base[: len(proxy.targets)] + next(shifts), 0, 1),
     )
     agreements = iter([0.5, 0.55, 0.6])  # lam 0.1 agrees best, but the proxy vetoes it
-    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
-    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
     assert report["fitted"] is True and report["lam"] == 1.0 and "vetoed: lam 0.1 -30.00" in report["reason"]
 
 
@@ -151,11 +153,56 @@ def test_no_fit_that_agrees_better_with_the_teacher_keeps_the_unfitted_table(tea
     texts = make_sentences(300, seed=4)
     unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=())
     agreements = iter([0.5, 0.4, 0.5])  # unfitted, lam 1, lam 0.1: none above the unfitted table
-    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1))
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
     assert report["fitted"] is False and "agreement with the teacher's neighbours" in report["reason"]
     assert report["validation"]["agreement"] == {"unfitted": 0.5, "1": 0.4, "0.1": 0.5}
     np.testing.assert_array_equal(table, unfitted)
+
+
+def test_the_fit_and_its_shaping_are_chosen_together_by_agreement(teacher, inputs, monkeypatch):
+    """Each fit is scored in every shaping of ``SHAPES`` (agreement and proxy in that shaping): the candidate
+    of best agreement, not vetoed, names both its strength and its shaping."""
+    import isotrope.distill_proxy as proxy_module
+
+    texts = make_sentences(300, seed=4)
+    base = np.random.default_rng(1).uniform(0.4, 1.0, 300)
+    seen: list[tuple[str, str]] = []
+
+    def fake_ranks(table, fit_bags, proxy, shape="whiten-partial"):
+        seen.append(("ranks", shape))
+        return base[: len(proxy.targets)]
+
+    scores = {"whiten-partial": iter([0.5, 0.55, 0.6]), "center": iter([0.65, 0.58])}  # lam 1 centred agrees best
+
+    def fake_agreement(*args, shape="whiten-partial", **kwargs):
+        seen.append(("agreement", shape))
+        return next(scores[shape])
+
+    monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
+    monkeypatch.setattr(distill, "neighbour_agreement", fake_agreement)
+    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=("whiten-partial", "center"))
+    assert report["fitted"] is True and report["lam"] == 1.0 and report["shape"] == "center"
+    assert report["reason"].startswith("lam 1 center: neighbour agreement 0.5000 -> 0.6500")
+    assert list(report["validation"]["agreement"]) == ["unfitted", "1", "1 center", "0.1", "0.1 center"]
+    assert seen.count(("ranks", "center")) == seen.count(("agreement", "center")) == 2
+
+
+def test_neighbour_agreement_in_a_shaping_matches_brute_force():
+    """Agreement after ``center`` against a float64 reference: centre on the train vectors, cosine top-k overlap."""
+    rng = np.random.default_rng(3)
+    train, test, teacher = rng.standard_normal((80, 6)) + 2.0, rng.standard_normal((30, 6)) + 2.0, rng.standard_normal((30, 4))
+    shaped = test - train.mean(axis=0)
+    shaped /= np.linalg.norm(shaped, axis=1, keepdims=True)
+    unit = teacher / np.linalg.norm(teacher, axis=1, keepdims=True)
+    overlaps = []
+    for i in range(30):
+        mine = [j for j in np.argsort(-(shaped @ shaped[i])) if j != i][:5]
+        theirs = [j for j in np.argsort(-(unit @ unit[i])) if j != i][:5]
+        overlaps.append(len(set(mine) & set(theirs)) / 5)
+    found = distill.neighbour_agreement(train, test, teacher, k=5, shape="center")
+    assert found == pytest.approx(np.mean(overlaps))
+    assert found != pytest.approx(distill.neighbour_agreement(train, test, teacher, k=5))  # whiten-partial differs
 
 
 def paragraphs(n: int, seed: int) -> list[str]:
@@ -247,8 +294,8 @@ def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_the
     monkeypatch.setattr(distill, "teacher_pass", recording_pass)
     monkeypatch.setattr(distill, "solve_table", recording_solve)
     agreements = iter([0.5, 0.6])  # the fit agrees better than the unfitted table: it is kept
-    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args: next(agreements))
-    _, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0)
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    _, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1])
     assert report["fitted"] is True and len(seen["held"]) == report["held_aside"] == 66
     assert set(report["held_aside_chunks"]) == {distill.text_key(t) for t in seen["held"]}
     held_rows = len(distill.query_rows(seen["held"], teacher, 1.0)[1])
@@ -317,13 +364,37 @@ def test_fast_encoder_is_the_folded_whiten_partial_chain(fast_encoder, tiny_bert
     unfolded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=150)
     unfolded._fold_in_place = lambda: False
     unfolded.fit(make_sentences(300, seed=6))
-    assert unfolded.shape == ShapedEncoder.create(model="glove-6b-50d", shape="whiten-partial").shape
+    chosen = unfolded.metadata["distill"]["shape"]
+    assert unfolded.shape == ShapedEncoder.create(model="glove-6b-50d", shape=chosen).shape
+    assert unfolded.config.shape == chosen
     assert unfolded.weighting.exclude_special
     assert fast_encoder.spec["backbone"]["type"] == "folded" and fast_encoder.shape == "l2"
     assert fast_encoder.metadata["distill"] == unfolded.metadata["distill"]
     assert fast_encoder.metadata["distill"]["teacher_texts"] == 150
     cosine = (fast_encoder.encode(texts) * unfolded.encode(texts)).sum(axis=1)
     assert cosine.min() >= 0.9999
+
+
+@pytest.mark.parametrize("shape", ["whiten-partial", "whiten(power=-0.25),l2", "center"])
+def test_the_encoder_takes_the_distilled_shaping_only_at_its_default(tiny_bert_path, monkeypatch, shape):
+    """The default ``whiten-partial`` gives way to the shaping the distillation chose; a shaping asked for otherwise
+    stays, and the saved recipe says what was fitted."""
+    from isotrope.backbones.static import StaticBackbone
+
+    fit = StaticBackbone.fit
+
+    def choosing_center(self, texts, show_progress=False, **kwargs):
+        fit(self, texts, show_progress, **kwargs)
+        self.distill_report["shape"] = "center"
+        return self
+
+    monkeypatch.setattr(StaticBackbone, "fit", choosing_center)
+    encoder = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=150, shape=shape)
+    encoder._fold_in_place = lambda: False
+    encoder.fit(make_sentences(200, seed=6))
+    expected = "center" if shape == "whiten-partial" else shape
+    assert encoder.config.shape == expected
+    assert encoder.shape == ShapedEncoder.create(model="glove-6b-50d", shape=expected).shape
 
 
 def test_distill_samples_only_for_fast(tiny_bert_path):

@@ -64,6 +64,10 @@ WINDOWS = "none"
 QUERY_WEIGHT = 1.0
 #: chunks of fewer sentences get no pseudo-query rows (as the passage proxy cuts queries only from >= 3)
 QUERY_MIN_SENTENCES = 3
+#: the shapings a fit is tried with (the first is the fast encoder's default, and the unfitted table's): on
+#: one-sentence paraphrases and topical newsgroup posts centring beats partial whitening by 2 to 3 nDCG@10
+#: points, and the teacher's neighbours say so (docs/results/fast-small-corpora.md)
+SHAPES = ("whiten-partial", "center")
 #: rows of the input table mapped at a time (bounds the float64 temporaries)
 _ROW_BLOCK = 4096
 NEIGHBOURS = 10
@@ -218,15 +222,15 @@ def solve_table(
 
 
 def neighbour_agreement(
-    train_vectors: np.ndarray, test_vectors: np.ndarray, teacher_vectors: np.ndarray, k: int = NEIGHBOURS
+    train_vectors: np.ndarray, test_vectors: np.ndarray, teacher_vectors: np.ndarray, k: int = NEIGHBOURS, shape: str = SHAPES[0]
 ) -> float:
-    """How often the static vectors of held-aside texts (whiten-partial fitted on ``train_vectors``)
+    """How often the static vectors of held-aside texts (``shape`` fitted on ``train_vectors``)
     find the same ``k`` nearest held-aside neighbours as the teacher's vectors, in [0, 1]."""
     from isotrope.shapes import build_chain
 
     vectors = np.asarray(test_vectors, dtype=np.float32)
     fit = np.asarray(train_vectors, dtype=np.float32)
-    for transform in build_chain("whiten-partial"):
+    for transform in build_chain(shape):
         transform.fit(fit)
         fit, vectors = transform.transform(fit), transform.transform(vectors)
     teacher = teacher_vectors / np.maximum(np.linalg.norm(teacher_vectors, axis=1, keepdims=True), 1e-12)
@@ -326,6 +330,7 @@ def distill_table(
     windows: str = WINDOWS,
     query_weight: float = QUERY_WEIGHT,
     margin: float | None = None,
+    shapes: Sequence[str] = SHAPES,
     show_progress: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
@@ -379,7 +384,7 @@ def distill_table(
         report["query_rows"] = len(extra_parents)
     if proxy is None or not lambdas:
         reason = "no fit strength to try" if proxy else f"{n_chunks} chunks give too few pseudo-queries to check a fit"
-        report.update(fitted=False, reason=f"{reason}: unfitted context table")
+        report.update(fitted=False, shape=SHAPES[0], reason=f"{reason}: unfitted context table")
         return final_prior, report
     train = np.flatnonzero(~held)
     train_bags = passed.bags[train]
@@ -389,26 +394,31 @@ def distill_table(
     scale = lambda_scale(train_bags)
     held_bags, held_targets = passed.bags[held_chunks].astype(np.float32), passed.vectors[held_chunks]
 
-    def agreement(table: np.ndarray) -> float:
-        return neighbour_agreement(chunk_bags @ table, held_bags @ table, held_targets)
+    def agreement(table: np.ndarray, shape: str) -> float:
+        return neighbour_agreement(chunk_bags @ table, held_bags @ table, held_targets, shape=shape)
 
-    names, rows, agreements, tables = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [agreement(prior)], [prior]
-    table = prior
+    # candidates: the unfitted table in the default shaping, then each fit in each shaping ("3", "3 center")
+    names, rows, agreements = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [agreement(prior, SHAPES[0])]
+    candidates: list[tuple[float, str, int]] = [(0.0, SHAPES[0], 0)]  # (lam, shaping, index in tables)
+    tables, table = [prior], prior
     for relative in sorted(lambdas, reverse=True):  # strongest first: each solve warm-starts the next
         table = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
-        names.append(f"{relative:g}")
-        rows.append(reciprocal_ranks(table, chunk_bags, proxy))
-        agreements.append(agreement(table))
         tables.append(table)
-        logger.info(
-            "fast: lam %g x %.3g: neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
-            relative,
-            scale,
-            agreements[-1],
-            agreements[0],
-            rows[-1].mean(),
-            rows[0].mean(),
-        )
+        for shape in shapes:
+            names.append(f"{relative:g}" if shape == SHAPES[0] else f"{relative:g} {shape}")
+            rows.append(reciprocal_ranks(table, chunk_bags, proxy, shape))
+            agreements.append(agreement(table, shape))
+            candidates.append((relative, shape, len(tables) - 1))
+            logger.info(
+                "fast: lam %g x %.3g, %s: neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
+                relative,
+                scale,
+                shape,
+                agreements[-1],
+                agreements[0],
+                rows[-1].mean(),
+                rows[0].mean(),
+            )
     margin = MARGIN if margin is None else margin
     comparisons = [paired_interval(100 * (row - rows[0]), seed=seed) for row in rows[1:]]
     report["validation"] = {
@@ -433,21 +443,22 @@ def distill_table(
             if better
             else f"no fit beat the unfitted table's agreement with the teacher's neighbours ({agreements[0]:.4f})"
         )
-        report.update(fitted=False, reason=f"{reason}: unfitted context table")
+        report.update(fitted=False, shape=SHAPES[0], reason=f"{reason}: unfitted context table")
         logger.info("fast: %s", report["reason"])
         return final_prior, report
-    chosen = max(kept, key=lambda i: (agreements[i], -i))  # best agreement; the strongest of equals
+    chosen = max(kept, key=lambda i: (agreements[i], -i))  # best agreement; the strongest of equals, default shaping first
     mean, low, high = comparisons[chosen - 1]
-    relative = float(names[chosen])
+    relative, shape, table_index = candidates[chosen]
     report.update(
         fitted=True,
         lam=relative,
         lam_scale=scale,
+        shape=shape,
         reason=f"lam {names[chosen]}: neighbour agreement {agreements[0]:.4f} -> {agreements[chosen]:.4f}, the best of the "
         f"fits not vetoed; {mean:+.2f} [{low:.2f}, {high:.2f}] {where}" + (f" (vetoed: {vetoed})" if vetoed else ""),
     )
     logger.info("fast: %s", report["reason"])
-    best_table = tables[chosen]
+    best_table = tables[table_index]
     del prior, table, tables  # from here only best_table is needed
     # the held-aside chunks' pseudo-query rows stay out of the final fit too: their sentences are then queries the
     # table never learned, for the store's default-search calibration (isotrope.autofusion)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,20 +79,28 @@ def make_proxy(
     return None
 
 
-def reciprocal_ranks(table: np.ndarray, fit_bags: sparse.csr_matrix, proxy: ProxyQueries) -> np.ndarray:
-    """Each pseudo-query's reciprocal rank at 10 with ``table``, whiten-partial fitted on ``fit_bags @ table``
+def fitted_chain(shape: str, vectors: np.ndarray) -> list[Any]:
+    """The transforms of ``shape``, each fitted on ``vectors`` as the steps before it leave them."""
+    from isotrope.shapes import build_chain
+
+    chain = build_chain(shape)
+    for position, transform in enumerate(chain):
+        transform.fit(vectors)
+        if position + 1 < len(chain):
+            vectors = transform.transform(vectors)
+    return chain
+
+
+def reciprocal_ranks(
+    table: np.ndarray, fit_bags: sparse.csr_matrix, proxy: ProxyQueries, shape: str = "whiten-partial"
+) -> np.ndarray:
+    """Each pseudo-query's reciprocal rank at 10 with ``table``, ``shape`` fitted on ``fit_bags @ table``
     (the fit chunks), among the held-aside chunks and the fit chunks (distractors, as a corpus has)."""
     from scipy import sparse
 
-    from isotrope.shapes import build_chain
     from isotrope.transforms.base import apply_chain
 
-    chain = build_chain("whiten-partial")
-    fit = np.asarray(fit_bags @ table, dtype=np.float32)
-    for position, transform in enumerate(chain):
-        transform.fit(fit)
-        if position + 1 < len(chain):
-            fit = transform.transform(fit)
+    chain = fitted_chain(shape, np.asarray(fit_bags @ table, dtype=np.float32))
     queries = apply_chain(chain, np.asarray(proxy.queries @ table, dtype=np.float32))
     documents = apply_chain(chain, np.asarray(sparse.vstack([proxy.documents, fit_bags]) @ table, dtype=np.float32))
     return reciprocal_ranks_at_10(queries, documents, proxy.targets.tolist())

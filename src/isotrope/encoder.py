@@ -299,6 +299,7 @@ class ShapedEncoder:
         self._fingerprint = None
         if self.backbone.needs_fit:
             self.backbone.fit(sample, show_progress=show_progress)
+        self.adopt_distilled_shape()
         counts = self.count_tokens(sample) if self.weighting.needs_corpus else None
         self.weighting.fit(self.backbone.vocabulary(), self.backbone.special_ids(), counts)
         raw = None
@@ -308,6 +309,18 @@ class ShapedEncoder:
         if self.finish_fit(fitted_on or "texts passed to fit()", len(sample)):
             return None  # raw vectors of the unfolded chain do not apply to the folded encoder
         return raw
+
+    def adopt_distilled_shape(self) -> None:
+        """``--model fast`` at its default shaping (``whiten-partial``, by that name): take the shaping its
+        distillation chose with the table (:data:`isotrope.distill.SHAPES`, the report's ``shape``). A chain
+        written out, such as ``whiten(power=-0.25),l2``, is kept."""
+        chosen = getattr(self.backbone, "distill_report", {}).get("shape")
+        if self._config is None or self._config.shape != STATIC_DEFAULT_SHAPE or chosen in (None, STATIC_DEFAULT_SHAPE):
+            return
+        logger.info("fast: shaping %s, as the distillation chose", chosen)
+        self.transforms = build_chain(chosen)
+        self._config = self._config.replace(shape=chosen)
+        self._fingerprint = None
 
     def finish_fit(self, fitted_on: str, n_texts: int) -> bool:
         """Record the fit in the metadata once every part is fitted; ``--model fast`` also folds the
