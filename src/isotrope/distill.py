@@ -12,10 +12,10 @@ fitted to the teacher:
     min_T ||A T - Y||^2 + lam ||T - T0||^2
 
 by conjugate gradients on the normal equations (one joint solve for every output dimension,
-Jacobi-preconditioned, started from ``T0``). On chunks held aside from the fit, ``lam`` is chosen
-by agreement with the teacher's nearest neighbours, and a retrieval proxy can veto the fit
-(:mod:`isotrope.distill_proxy`: pseudo-queries cut from them, as ``--shape auto`` makes, with a
-paired bootstrap interval against ``T0``).
+Jacobi-preconditioned, started from ``T0``). On chunks held aside from the fit, ``lam`` and the
+shaping (:data:`SHAPES`) are chosen together by agreement with the teacher's nearest neighbours, and a
+retrieval proxy can veto a candidate (:mod:`isotrope.distill_proxy`: pseudo-queries cut from them, as
+``--shape auto`` makes, with a paired bootstrap interval against ``T0`` in the default shaping).
 """
 
 from __future__ import annotations
@@ -338,11 +338,13 @@ def distill_table(
     Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
     :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
     so the solves run without the transformer and its V x d float64 accumulators; every table here
-    is float32 (the solves run in float32 anyway). A fit is a candidate when its static vectors of the
-    held-aside chunks find the teacher's nearest neighbours better than the unfitted table's do
-    (:func:`neighbour_agreement`) and its pseudo-query MRR@10 interval against the unfitted table does
-    not lie wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto);
-    the candidate of best agreement is kept, else the unfitted table.
+    is float32 (the solves run in float32 anyway). Each fit is tried in each of ``shapes``: it is a
+    candidate when its shaped static vectors of the held-aside chunks find the teacher's nearest neighbours
+    better than the unfitted table's do in the first shaping (:func:`neighbour_agreement`) and its
+    pseudo-query MRR@10 interval against that unfitted table does not lie wholly below ``margin`` (default
+    :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto); the candidate of best agreement is kept, else
+    the unfitted table. The report's ``shape`` names the shaping to fit with the table
+    (:meth:`isotrope.encoder.ShapedEncoder.adopt_distilled_shape`).
     """
     from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
     from isotrope.pseudo_queries import paired_interval
