@@ -397,6 +397,21 @@ def test_the_encoder_takes_the_distilled_shaping_only_at_its_default(tiny_bert_p
     assert encoder.shape == ShapedEncoder.create(model="glove-6b-50d", shape=expected).shape
 
 
+def test_the_recipe_names_the_distilled_shaping():
+    """What an evaluation reports as the recipe: the shaping the distillation chose, at the default only."""
+    from isotrope.config import EncoderConfig
+    from isotrope.encoder import resolve_config, with_distilled_shape
+
+    default = resolve_config(EncoderConfig(model="fast"))
+    assert (
+        with_distilled_shape(default, {"shape": "center"}).label()
+        == resolve_config(EncoderConfig(model="fast", shape="center")).label()
+    )
+    assert with_distilled_shape(default, {}) == default
+    spelled = resolve_config(EncoderConfig(model="fast", shape="whiten(power=-0.25),l2"))
+    assert with_distilled_shape(spelled, {"shape": "center"}) == spelled
+
+
 def test_distill_samples_only_for_fast(tiny_bert_path):
     with pytest.raises(ValueError, match="distill_samples applies to the fast model"):
         ShapedEncoder.create(model=tiny_bert_path, distill_samples=10)

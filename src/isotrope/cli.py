@@ -163,7 +163,10 @@ def fit(
     out: Annotated[Path, typer.Option("--out", "-o", help="folder to write the fitted encoder to")],
     model: OptionalModel = None,
     shape: Annotated[
-        str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; for --model fast whiten-partial or center, as its fit chooses)")
+        str | None,
+        typer.Option(
+            "--shape", "-s", help="preset or chain (default: none; for --model fast whiten-partial or center, as its fit chooses)"
+        ),
     ] = None,
     pooling: Pooling = RECIPE.pooling,
     layers: Layers = str(RECIPE.layers),
@@ -548,7 +551,10 @@ def evaluate(
     task: Annotated[str, typer.Argument(help="sts, retrieval, clustering, classification or isotropy")],
     model: OptionalModel = None,
     shape: Annotated[
-        str | None, typer.Option("--shape", "-s", help="preset or chain (default: none; for --model fast whiten-partial or center, as its fit chooses)")
+        str | None,
+        typer.Option(
+            "--shape", "-s", help="preset or chain (default: none; for --model fast whiten-partial or center, as its fit chooses)"
+        ),
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,

@@ -54,6 +54,16 @@ def resolve_config(config: EncoderConfig) -> EncoderConfig:
     return config.replace(shape=shape, backend=config.backend or DEFAULT_BACKEND)
 
 
+def with_distilled_shape(config: EncoderConfig, report: dict[str, Any]) -> EncoderConfig:
+    """``config`` with the shaping ``--model fast``'s distillation chose (``report["shape"]``,
+    :data:`isotrope.distill.SHAPES`) when the recipe is at its default ``whiten-partial``, by that name;
+    a chain written out, such as ``whiten(power=-0.25),l2``, is kept."""
+    chosen = report.get("shape")
+    if chosen is None or config.shape != STATIC_DEFAULT_SHAPE:
+        return config
+    return config.replace(shape=chosen)
+
+
 def shape_value(config: EncoderConfig) -> str | list[dict[str, Any]]:
     """The recipe's shaping as :func:`~isotrope.shapes.parse_shape` reads it (``none`` when unset)."""
     shape = config.shape or "none"
@@ -311,15 +321,16 @@ class ShapedEncoder:
         return raw
 
     def adopt_distilled_shape(self) -> None:
-        """``--model fast`` at its default shaping (``whiten-partial``, by that name): take the shaping its
-        distillation chose with the table (:data:`isotrope.distill.SHAPES`, the report's ``shape``). A chain
-        written out, such as ``whiten(power=-0.25),l2``, is kept."""
-        chosen = getattr(self.backbone, "distill_report", {}).get("shape")
-        if self._config is None or self._config.shape != STATIC_DEFAULT_SHAPE or chosen in (None, STATIC_DEFAULT_SHAPE):
+        """``--model fast``: take the shaping its distillation chose with the table, where the recipe
+        left it at its default (:func:`with_distilled_shape`)."""
+        if self._config is None:
             return
-        logger.info("fast: shaping %s, as the distillation chose", chosen)
-        self.transforms = build_chain(chosen)
-        self._config = self._config.replace(shape=chosen)
+        config = with_distilled_shape(self._config, getattr(self.backbone, "distill_report", {}))
+        if config.shape == self._config.shape:
+            return
+        logger.info("fast: shaping %s, as the distillation chose", config.shape)
+        self.transforms = build_chain(shape_value(config))
+        self._config = config
         self._fingerprint = None
 
     def finish_fit(self, fitted_on: str, n_texts: int) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from isotrope.config import EncoderConfig
-from isotrope.encoder import resolve_config
+from isotrope.encoder import resolve_config, with_distilled_shape
 from isotrope.evaluate.harness import Evaluator, encode_function, isotropy_of
 
 TASKS = ("sts", "retrieval", "clustering", "classification", "isotropy")
@@ -256,7 +256,7 @@ def evaluate(task: str, config: EncoderConfig, evaluator: Evaluator | None = Non
     tick = time.perf_counter()
     result = RUNNERS[task](evaluator, config, **options)
     transductive = result["fitted_on"].startswith("TRANSDUCTIVE")
-    label = resolve_config(config).label()
+    label = with_distilled_shape(resolve_config(config), result.get("distill") or {}).label()
     if evaluator.encoder is not None:
         label = f"saved encoder: {label}"
     return {
