@@ -395,6 +395,12 @@ def test_the_encoder_takes_the_distilled_shaping_only_at_its_default(tiny_bert_p
     expected = "center" if shape == "whiten-partial" else shape
     assert encoder.config.shape == expected
     assert encoder.shape == ShapedEncoder.create(model="glove-6b-50d", shape=expected).shape
+    folded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=150, shape=shape).fit(
+        make_sentences(200, seed=6)
+    )
+    texts = make_sentences(20, seed=9)
+    assert folded.spec["backbone"]["type"] == "folded"  # the centred chain folds as whiten-partial does
+    assert (folded.encode(texts) * encoder.encode(texts)).sum(axis=1).min() >= 0.9999
 
 
 def test_the_recipe_names_the_distilled_shaping():
