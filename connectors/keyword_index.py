@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-from scipy.sparse import csr_matrix, hstack
+from scipy.sparse import csr_matrix
 
 from isotrope.lexical import K1, B
 
@@ -54,39 +54,53 @@ class _Segment:
         return self._norm[1]
 
     @classmethod
-    def of(cls, rows: Sequence[tuple[int, Sequence[str]]], vocabulary: dict[str, int]) -> _Segment:
-        """The segment of ``(key, terms)`` rows with distinct keys (new terms added to ``vocabulary``)."""
+    def of(cls, rows: Sequence[tuple[int, np.ndarray]], terms: int) -> _Segment:
+        """The segment of ``(key, term ids)`` rows with distinct keys, over ``terms`` vocabulary entries."""
         rows = sorted(rows, key=lambda row: row[0])
-        lengths = np.fromiter((len(words) for _, words in rows), dtype=np.int64, count=len(rows))
-        terms = np.fromiter(
-            (vocabulary.setdefault(word, len(vocabulary)) for _, words in rows for word in words),
-            dtype=np.int64,
-            count=int(lengths.sum()),
-        )
-        columns = np.repeat(np.arange(len(rows)), lengths)
-        counts = csr_matrix((np.ones(len(terms), np.float32), (terms, columns)), shape=(len(vocabulary), len(rows)))
+        lengths = np.fromiter((len(ids) for _, ids in rows), dtype=np.int64, count=len(rows))
+        term_ids = np.concatenate([ids for _, ids in rows]) if rows else np.empty(0, np.int32)
+        columns = np.repeat(np.arange(len(rows), dtype=np.int32), lengths)
+        counts = csr_matrix((np.ones(len(term_ids), np.float32), (term_ids, columns)), shape=(terms, len(rows)))
         counts.sum_duplicates()
         keys = np.fromiter((key for key, _ in rows), dtype=np.int64, count=len(rows))
         return cls(counts, keys, lengths)
 
     @classmethod
     def joined(cls, segments: Sequence[_Segment], terms: int) -> _Segment:
-        """The live columns of ``segments`` (distinct keys) as one segment over ``terms`` vocabulary entries."""
-        parts = []
-        for segment in segments:
-            if segment.alive == len(segment.keys):  # no copy where no column died
-                counts, keys, lengths = segment.counts, segment.keys, segment.lengths
-            else:
-                live = np.flatnonzero(segment.lengths > 0)
-                counts, keys, lengths = segment.counts[:, live], segment.keys[live], segment.lengths[live]
-            counts.resize((terms, len(keys)))
-            parts.append((counts, keys, lengths))
-        keys = np.concatenate([p[1] for p in parts])
-        counts = hstack([p[0] for p in parts], format="csr")
-        lengths = np.concatenate([p[2] for p in parts])
-        if (np.diff(keys) < 0).any():  # rows appended in key order (new rows) need no reordering
+        """The live columns of ``segments`` (distinct keys) as one segment over ``terms`` vocabulary entries,
+        in key order. Each entry is copied once into arrays sized for the result (peak: the segments and
+        the result, plus a bounded block of scratch), instead of scipy's stacking, which holds two copies
+        more of the entries."""
+        live = [segment.lengths > 0 for segment in segments]
+        keys = np.concatenate([s.keys[alive] for s, alive in zip(segments, live)])
+        lengths = np.concatenate([s.lengths[alive] for s, alive in zip(segments, live)])
+        # each column's place in the result (-1: dead)
+        places, start = [], 0
+        for alive in live:
+            place = np.full(len(alive), -1, dtype=np.int64)
+            place[alive] = np.arange(start, start + int(alive.sum()))
+            start += int(alive.sum())
+            places.append(place)
+        reordered = bool((np.diff(keys) <= 0).any())  # rows appended in key order (new rows) keep their order
+        if reordered:
             order = np.argsort(keys, kind="stable")
-            counts, keys, lengths = counts[:, order].tocsr(), keys[order], lengths[order]
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            places = [np.where(place >= 0, rank[np.maximum(place, 0)], -1) for place in places]
+            keys, lengths = keys[order], lengths[order]
+        per_term = [_live_entries(segment, terms) for segment in segments]
+        indptr = np.zeros(terms + 1, dtype=np.int64)
+        np.cumsum(np.sum(per_term, axis=0), out=indptr[1:])
+        index_type = np.int32 if max(int(indptr[-1]), len(keys)) < np.iinfo(np.int32).max else np.int64
+        indices, data = np.empty(indptr[-1], dtype=index_type), np.empty(indptr[-1], dtype=np.float32)
+        free = indptr[:-1].copy()  # each term's next free slot
+        for segment, place, entries in zip(segments, places, per_term):
+            _scatter(segment.counts, place, free, indices, data)
+            free += entries
+        counts = csr_matrix((data, indices, indptr.astype(index_type)), shape=(terms, len(keys)))
+        if reordered:
+            counts.has_sorted_indices = False
+            counts.sort_indices()
         return cls(counts, keys, lengths)
 
     def buffer(self) -> np.ndarray:
@@ -127,15 +141,17 @@ class KeywordIndex:
     def __init__(self, generation: int = 0) -> None:
         self.generation = generation
         self._vocabulary: dict[str, int] = {}
-        self._main = _Segment.of([], self._vocabulary)
-        self._pending: dict[int, list[str]] = {}  # key -> terms of the rows changed since the last merge
+        self._main = _Segment.of([], 0)
+        self._pending: dict[int, np.ndarray] = {}  # key -> term ids of the rows changed since the last merge
         self._recent: _Segment | None = None  # the pending rows as a segment (made on use)
 
     @classmethod
     def build(cls, rows: Iterable[Sequence[tuple[int, Sequence[str]]]], generation: int) -> KeywordIndex:
         """The index of batches of ``(key, terms)`` rows with distinct keys."""
         index = cls(generation)
-        segments = [_Segment.of([row for row in batch if row[1]], index._vocabulary) for batch in rows]
+        segments = [
+            _Segment.of([(key, index._ids(terms)) for key, terms in batch if terms], len(index._vocabulary)) for batch in rows
+        ]
         index._main = _Segment.joined(segments or [index._main], len(index._vocabulary))
         return index
 
@@ -143,7 +159,7 @@ class KeywordIndex:
 
     def upsert(self, rows: Iterable[tuple[int, Sequence[str]]]) -> None:
         """Index each ``(key, analyzed terms)``, replacing what the key had."""
-        changed = {int(key): list(terms) for key, terms in rows}
+        changed = {int(key): self._ids(terms) for key, terms in rows}
         if not changed:
             return
         self._main.kill(np.fromiter(changed, dtype=np.int64, count=len(changed)))
@@ -160,6 +176,11 @@ class KeywordIndex:
             self._pending.pop(key, None)
         self._changed()
 
+    def _ids(self, terms: Sequence[str]) -> np.ndarray:
+        """The vocabulary ids of ``terms`` (new terms added): a row pending costs 4 bytes a term, not a string each."""
+        vocabulary = self._vocabulary
+        return np.fromiter((vocabulary.setdefault(term, len(vocabulary)) for term in terms), dtype=np.int32, count=len(terms))
+
     def _changed(self) -> None:
         self._recent = None
         if len(self._pending) > MERGE_ROWS:
@@ -167,7 +188,7 @@ class KeywordIndex:
 
     def _pending_segment(self) -> _Segment:
         if self._recent is None:
-            self._recent = _Segment.of([(k, t) for k, t in self._pending.items() if t], self._vocabulary)
+            self._recent = _Segment.of([(k, t) for k, t in self._pending.items() if len(t)], len(self._vocabulary))
         return self._recent
 
     def merge(self) -> None:
@@ -323,6 +344,43 @@ class KeywordIndex:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
         return index
+
+
+#: entries copied per step of :func:`_scatter` (its scratch arrays are a few times this many)
+_SCATTER_BLOCK = 1 << 20
+
+
+def _live_entries(segment: _Segment, terms: int) -> np.ndarray:
+    """How many live columns hold each of ``terms`` vocabulary entries in ``segment``."""
+    indptr = segment.counts.indptr
+    entries = np.zeros(terms, dtype=np.int64)
+    entries[: len(indptr) - 1] = np.diff(indptr)
+    if segment.alive < len(segment.keys):
+        dead = np.flatnonzero((segment.lengths == 0)[segment.counts.indices])
+        entries -= np.bincount(np.searchsorted(indptr, dead, side="right") - 1, minlength=terms)
+    return entries
+
+
+def _scatter(counts: csr_matrix, place: np.ndarray, free: np.ndarray, indices: np.ndarray, data: np.ndarray) -> None:
+    """Copy the entries of ``counts`` whose column has a ``place`` (>= 0) into ``indices`` / ``data``, each
+    term's from its ``free`` slot on, a block of terms at a time."""
+    indptr, rows = counts.indptr, counts.shape[0]
+    first = 0
+    while first < rows:
+        last = max(first + 1, min(rows, int(np.searchsorted(indptr, indptr[first] + _SCATTER_BLOCK, side="right")) - 1))
+        start, end = indptr[first], indptr[last]
+        columns = place[counts.indices[start:end]]
+        row = np.repeat(np.arange(first, last), np.diff(indptr[first : last + 1]))
+        values = counts.data[start:end]
+        kept = columns >= 0
+        if not kept.all():
+            columns, row, values = columns[kept], row[kept], values[kept]
+        held = np.bincount(row - first, minlength=last - first)
+        row_start = np.cumsum(held) - held  # where each term's entries begin among those kept
+        at = free[row] + (np.arange(len(row)) - row_start[row - first])
+        indices[at] = columns
+        data[at] = values
+        first = last
 
 
 def _distinct(found: np.ndarray, scores: np.ndarray, terms_matched: int) -> tuple[np.ndarray, np.ndarray]:

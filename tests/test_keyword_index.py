@@ -9,7 +9,7 @@ from isotrope.lexical import analyze, bm25_scores, query_terms
 
 pytest.importorskip("faiss")
 from isotrope.connectors import keyword_index
-from isotrope.connectors.keyword_index import KeywordIndex
+from isotrope.connectors.keyword_index import KeywordIndex, _Segment
 from test_hybrid import QUERIES, make_texts
 
 
@@ -50,6 +50,35 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
     KeywordIndex.install(index.save(tmp_path))
     assert KeywordIndex.saved_generation(tmp_path) == 3
     assert_exact(KeywordIndex.load(tmp_path), rows)
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+@pytest.mark.parametrize("appended", [True, False])
+def test_joined_segments_hold_the_live_counts_in_key_order(block, appended, monkeypatch):
+    """The merge copies entries a block of terms at a time into preallocated arrays: the result is the
+    count matrix of the live rows, built here with NumPy, columns in key order, indices sorted."""
+    monkeypatch.setattr(keyword_index, "_SCATTER_BLOCK", block)
+    rng = np.random.default_rng(block)
+    sizes, terms = (25, 0, 12, 9), 30
+    all_keys = np.arange(sum(sizes)) * 3 if appended else rng.permutation(1000)[: sum(sizes)]
+    segments, expected, start = [], {}, 0
+    for i, size in enumerate(sizes):
+        known = 10 + 6 * i  # the vocabulary grows: earlier segments have fewer term rows
+        rows = [
+            (int(key), rng.integers(0, known, rng.integers(1, 15)).astype(np.int32)) for key in all_keys[start : start + size]
+        ]
+        start += size
+        segment = _Segment.of(rows, known)
+        dead = [key for key, _ in rows[::4]]
+        segment.kill(np.array(dead, dtype=np.int64))
+        segments.append(segment)
+        expected.update({key: np.bincount(ids, minlength=terms) for key, ids in rows if key not in dead})
+    joined = _Segment.joined(segments, terms)
+    keys = sorted(expected)
+    assert joined.keys.tolist() == keys and joined.alive == len(keys)
+    np.testing.assert_array_equal(joined.counts.toarray(), np.stack([expected[key] for key in keys], axis=1))
+    np.testing.assert_array_equal(joined.lengths, [expected[key].sum() for key in keys])
+    assert joined.counts.has_canonical_format and joined.counts.indices.dtype == np.int32
 
 
 def test_an_unreadable_file_is_none(tmp_path):
