@@ -16,6 +16,11 @@ vectors exist (until then, search is exact), and to delete from indexes without
 
 ``commit()`` writes the index to a temporary file (fsync), records its digest in the open
 SQLite transaction, commits it (the commit point) and renames the file over ``index.faiss``.
+
+Inside ``deferred_index()`` (a bulk load) new rows go to SQLite only: the index holds no copy of
+them (at a million rows, the flat index's vector doubling its buffer held two copies of 1.5 GB at
+once). Its file then holds fewer vectors than SQLite rows, which an open treats as stale (rebuilt);
+the first commit after the load builds the planned index from SQLite, or adds the rows it lacks.
 """
 
 from __future__ import annotations
@@ -153,6 +158,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         self._mapped = False
         self._calibrated = True  # whether the breadth was calibrated for the trained index
         self._deferring = False  # inside deferred_index(): no index training, switching or rebuilding
+        self._lagging = False  # rows added inside deferred_index() are in SQLite only, not in the index yet
         self._conn = self._connect(dim, None if index is None else factory_of(index), metric, refine)
         self._reader: sqlite3.Connection | None = None  # the read-only connection of _db (opened on use)
         self._has_fields_table = (
@@ -260,6 +266,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         """Build the index from the stored vectors, training it if it needs it and enough exist."""
         self._gpu_index = None
         self._dirty = True
+        self._lagging = False
         n = len(self)
         fresh = self._new_index()
         if fresh.is_trained:
@@ -275,7 +282,8 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
 
     def _refill(self) -> faiss.Index:
         """The current index emptied (keeping what it learnt in training) and refilled from SQLite:
-        how rows are deleted from indexes without ``remove_ids``."""
+        how rows are deleted from indexes without ``remove_ids``, and rows a bulk load left out added."""
+        self._lagging = False
         index = faiss.clone_index(self._index)
         index.reset()
         for keys, vectors in self._iter_vectors():
@@ -374,7 +382,10 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             else:
                 if existing:
                     self._index.remove_ids(faiss.IDSelectorBatch(np.fromiter(existing.values(), dtype=np.int64)))
-                self._index.add_with_ids(vectors, np.array([keys[i] for i in batch.ids], dtype=np.int64))
+                indexed = [n for n, i in enumerate(batch.ids) if i in existing or not self._deferring]
+                self._lagging |= len(indexed) < len(batch.ids)  # the index keeps only stored keys: it lacks these
+                if indexed:
+                    self._index.add_with_ids(vectors[indexed], np.array([keys[batch.ids[n]] for n in indexed], dtype=np.int64))
                 self._train_if_due()
             self._keyword_upsert([(keys[i], text) for i, text in zip(batch.ids, batch.texts)])
         except BaseException:
@@ -446,6 +457,8 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
+        if not self._deferring:
+            self._catch_up()
         keyword = self._stage_keyword()
         if not self._dirty:
             self._conn.execute("COMMIT")
@@ -462,6 +475,11 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
 
     # ------------------------------------------------------------------ index planning
 
+    def _catch_up(self) -> None:
+        """Add the rows a bulk load left out of the index (refilled from SQLite), before it is searched or kept."""
+        if self._lagging:
+            self._index = self._refill()
+
     def _follow_plan(self) -> None:
         """An auto store: switch to the planned index when the store crosses into it, and rebuild it
         once the store has grown :data:`index_plan.REBUILD_GROWTH` times past its last build."""
@@ -472,6 +490,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             logger.info("%s: %d rows, building index %s", self.path, n, planned)
             self._build(planned)
         elif not self._calibrated and not self.is_exact:  # trained by add() once it had enough rows
+            self._catch_up()
             self.calibrate()
             self._save_settings({"index_rows": str(n)})
 
@@ -498,6 +517,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         ladder, target 0.95 plus its margin. With ``queries`` (vectors of queries like the user's): the
         recall on them, the finer ladder, target 0.95.
         """
+        self._catch_up()
         ivf = faiss.try_extract_index_ivf(self._index)
         hnsw = isinstance(working_index(self._index), faiss.IndexHNSW)
         if self.is_exact or (ivf is None and not hnsw):
@@ -590,6 +610,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         if self.metric == "cosine":
             q = q.copy()  # normalised in place: never the caller's array
             faiss.normalize_L2(q)
+        self._catch_up()
         if where:
             keys = self._filtered_keys(where)
             if len(keys) == 0:

@@ -85,3 +85,41 @@ def test_lancedb_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
     assert info["index_built"] == "IvfHnswSq" and info["num_partitions"] == 1
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()
+
+
+def top_ids(store, queries: np.ndarray) -> list[list[int]]:
+    return [[int(hit.id) for hit in row] for row in store.search(queries, 10)]
+
+
+def exact(queries: np.ndarray, data: np.ndarray, live: np.ndarray) -> list[list[int]]:
+    """The brute-force top 10 ids among the ``live`` rows of ``data``."""
+    return [[int(live[i]) for i in row] for row in brute_force(queries, data[live])]
+
+
+def test_faiss_keeps_a_bulk_load_out_of_the_index_until_it_ends_and_stays_exact(tmp_path, caplog):
+    """Rows added inside deferred_index() are in SQLite only (no second copy in memory): an open meanwhile
+    (as after a kill -9) rebuilds, a search meanwhile catches up, and the commit after the load writes them all."""
+    data, queries = draw(1500, 27), draw(20, 28)
+    path = tmp_path / "s"
+    store = FaissStore(path, dim=DIM, index="Flat", metric="ip")
+    with store.deferred_index():
+        fill(store, data[:1000], batch=400)
+        assert (path / "index.faiss").stat().st_size < data[:1000].nbytes / 10  # the load's vectors are not in it
+        with caplog.at_level("WARNING"):
+            other = FaissStore(path)
+        assert "rebuilding" in caplog.text
+        assert top_ids(other, queries) == brute_force(queries, data[:1000]).tolist()
+        other.close()
+        data[:50] = draw(50, 29)  # upserts of stored rows and deletes inside the load
+        store.add([str(i) for i in range(50)], data[:50])
+        store.delete([str(i) for i in range(50, 60)])
+        assert top_ids(store, queries) == exact(queries, data, np.setdiff1d(np.arange(1000), np.arange(50, 60)))  # caught up
+        fill(store, data[1000:], batch=400, first=1000)
+    store.commit()
+    store.close()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        reopened = FaissStore(path)
+    assert caplog.text == ""  # the committed file holds every row
+    assert top_ids(reopened, queries) == exact(queries, data, np.setdiff1d(np.arange(1500), np.arange(50, 60)))
+    reopened.close()
