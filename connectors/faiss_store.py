@@ -628,7 +628,6 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         """Hybrid search's candidates named by row key: the dense top ``depth``, then the keyword top ``depth``
         and (``complete``) the dense candidates' BM25 from one pass over each query's postings; only the
         fused top rows are read (:func:`isotrope.fusion.search_store`)."""
-
         labels, scores = self._dense_keys(queries, depth, where)
         dense = [(row[row >= 0], row_scores[row >= 0].astype(np.float64)) for row, row_scores in zip(labels, scores)]
         return self._keyword_candidates(texts, depth, where, dense, complete)
