@@ -11,6 +11,7 @@ summarised as median and spread. :func:`set_threads` pins torch, ONNX Runtime (t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import resource
@@ -25,6 +26,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -266,6 +269,18 @@ def machine_info() -> dict[str, Any]:
 # -- one topic's run ----------------------------------------------------------------
 def load_now() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def wait_for_load(limit: float = MAX_LOAD, poll_s: float = 5.0, timeout_s: float = 600.0) -> list[float]:
+    """Wait until the 1-minute load average is at most ``limit`` (a previous step's own threads still count
+    in it for a minute or two), at most ``timeout_s``; the load averages then."""
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    load = load_now()
+    if load[0] > limit:
+        logger.warning("1-minute load average still %.2f after %.0f s: the next step runs loaded", load[0], timeout_s)
+    return load
 
 
 def check_load(allow_loaded: bool, limit: float = MAX_LOAD) -> bool:

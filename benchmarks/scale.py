@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import child_main, child_parser, run_child
-from benchmarks.harness import machine_info
+from benchmarks.harness import machine_info, wait_for_load
 
 logger = logging.getLogger(__name__)
 
@@ -592,15 +592,18 @@ def run(
                 str(chunk_tokens),
                 *(["--nprobe", str(nprobe)] if nprobe else []),
             ]
-            logger.warning("indexing %d chunks into %s", chunks, kind)
+            # each child starts once the previous one's threads have left the load average
+            logger.warning("indexing %d chunks into %s (load %s)", chunks, kind, wait_for_load())
             indexing = run_child("benchmarks.scale", ["--child", "index", *common], threads)
             logger.warning("%s: %s", kind, indexing)
-            logger.warning("searching %s", kind)
+            load = wait_for_load()
+            logger.warning("searching %s (load %s)", kind, load)
             search = run_child(
                 "benchmarks.scale",
                 ["--child", f"search-{kind}", "--types", types[kind], "--modes", modes, *common],
                 search_threads,
             )
+            search["load_average_at_start"] = load
             result["stores"][kind] = {"indexing": indexing, "search": search}
             out.write_text(json.dumps(result, indent=2))
     finally:

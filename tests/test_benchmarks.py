@@ -22,6 +22,7 @@ from benchmarks.harness import (
     measured,
     peak_rss_mb,
     summarize,
+    wait_for_load,
 )
 
 ENCODE_RESULT = {
@@ -66,6 +67,19 @@ def document(loaded: bool = False) -> dict:
         "threads": {"requested": 2, "torch": 2, "onnxruntime": 2},
         "result": copy.deepcopy(ENCODE_RESULT),
     }
+
+
+def test_wait_for_load_waits_until_the_load_falls_and_gives_up_at_its_timeout(monkeypatch, caplog):
+    loads = iter([2.4, 1.6, 0.9, 0.9])
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (next(loads), 1.2, 1.1))
+    slept = []
+    monkeypatch.setattr(harness.time, "sleep", slept.append)
+    assert wait_for_load(limit=1.0, poll_s=5) == [0.9, 1.2, 1.1]
+    assert slept == [5, 5]  # polled at 2.4 and 1.6, not at 0.9
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    slept.clear()
+    assert wait_for_load(limit=1.0, poll_s=1, timeout_s=0) == [3.0, 3.0, 3.0]
+    assert slept == [] and "still 3.00" in caplog.text
 
 
 def test_load_guard_refuses_a_busy_machine_unless_allowed(monkeypatch):
