@@ -5,7 +5,7 @@ deletes and updates), and BM25 search over it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,15 +129,7 @@ class LanceLexicalIndex(LanceRows):
         query prefiltered to those rows, with the whole index's statistics."""
         if not self.has_lexical_index:
             self.build_lexical_index()
-        out = []
-        for text, wanted in zip(texts, ids):
-            scores = dict.fromkeys(wanted, 0.0)
-            terms = query_terms(text)
-            for part in chunks(list(wanted), ID_CHUNK) if terms else ():
-                table = _full_text(self._dataset(), terms, ["id"], self._rows_filter(part), len(part), False)
-                scores.update(zip(table.column("id").to_pylist(), table.column("_score").to_pylist()))
-            out.append(np.array([scores[i] for i in wanted], dtype=np.float64))
-        return out
+        return self._bm25_of(self._dataset(), texts, ids, "id", self._rows_filter)
 
     def _keyword_rows(
         self, dataset: Any, texts: Sequence[str], k: int, condition: str | None
@@ -160,14 +152,23 @@ class LanceLexicalIndex(LanceRows):
 
     def _bm25_of_rows(self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Each text's BM25 of each of its Lance row ids (:meth:`lexical_scores` by row id)."""
+        return self._bm25_of(dataset, texts, rows, "_rowid", lambda part: f"_rowid IN ({', '.join(map(str, part))})")
+
+    @staticmethod
+    def _bm25_of(
+        dataset: Any, texts: Sequence[str], keys: Sequence[Sequence[Any]], key: str, rows_filter: Callable[[Sequence[Any]], str]
+    ) -> list[np.ndarray]:
+        """Each text's BM25 of each of its rows named by ``key`` (``id`` or ``_rowid``; 0 for a row sharing no
+        term): the full-text query prefiltered by ``rows_filter`` to those rows, with the whole index's statistics."""
         out = []
-        for text, wanted in zip(texts, rows):
+        for text, wanted in zip(texts, keys):
             scores = dict.fromkeys(wanted, 0.0)
             terms = query_terms(text)
             for part in chunks(list(wanted), ID_CHUNK) if terms else ():
-                table = _full_text(dataset, terms, [], f"_rowid IN ({', '.join(map(str, part))})", len(part), True)
-                scores.update(zip(table.column("_rowid").to_pylist(), table.column("_score").to_pylist()))
-            out.append(np.array([scores[r] for r in wanted], dtype=np.float64))
+                by_row_id = key == "_rowid"
+                table = _full_text(dataset, terms, [] if by_row_id else [key], rows_filter(part), len(part), by_row_id)
+                scores.update(zip(table.column(key).to_pylist(), table.column("_score").to_pylist()))
+            out.append(np.array([scores[k] for k in wanted], dtype=np.float64))
         return out
 
 
