@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--join-abstracts", type=int, default=1, help="ingest: SciFact abstracts per document (long documents; default 1)"
     )
     parser.add_argument(
+        "--documents", type=int, help="ingest: SciFact abstracts read (default: 20 with --quick, all with --full)"
+    )
+    parser.add_argument(
         "--variants",
         help="ingest: isotrope sides beside torch, comma-separated (default onnx,onnx-int8,onnx-int8-per-channel,fast)",
     )
@@ -98,7 +101,15 @@ def run_topic(args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks import ingest
 
         variants = tuple(args.variants.split(",")) if args.variants else tuple(ingest.VARIANTS)
-        return ingest.run(args.data_dir, quick=quick, repeat=2, threads=args.threads, join=args.join_abstracts, variants=variants)
+        return ingest.run(
+            args.data_dir,
+            quick=quick,
+            repeat=2,
+            threads=args.threads,
+            join=args.join_abstracts,
+            variants=variants,
+            abstracts=args.documents,
+        )
     if args.topic == "search":
         from benchmarks import scale, search
 

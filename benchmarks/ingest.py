@@ -293,13 +293,16 @@ def run(
     batch_size: int = BATCH_SIZE,
     join: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
+    abstracts: int | None = None,
 ) -> dict[str, Any]:
     """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store, and
     for each of ``variants`` (isotrope FAISS with another backend or ``--model fast``) against LlamaIndex FAISS.
-    ``join``: abstracts per document (see :func:`write_corpus`)."""
+    ``join``: abstracts per document (see :func:`write_corpus`); ``abstracts``: how many SciFact abstracts
+    are read (default: the mode's size)."""
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
         corpus = Path(tmp) / "scifact.jsonl"
-        documents = write_corpus(data_dir, corpus, SIZES["quick" if quick else "full"], join)
+        limit = abstracts if abstracts is not None else SIZES["quick" if quick else "full"]
+        documents = write_corpus(data_dir, corpus, limit, join)
         results: dict[str, Any] = {
             "documents": documents,
             "abstracts_per_document": join,
