@@ -50,12 +50,14 @@ PEER := .venv-st-onnx
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks encode --quick --data-dir $(DATA_DIR)
 
-# sentence-transformers' ONNX backends for the encode topic: optimum-onnx pins transformers 4.57, so
-# they live in an environment of their own that borrows torch (and the rest) from .venv through a .pth file
+# the peers: sentence-transformers' ONNX backends for the encode topic (optimum-onnx pins transformers 4.57,
+# so they live in an environment of their own that borrows torch (and the rest) from .venv through a .pth
+# file), and LlamaIndex's BM25Retriever for the hybrid topic (into .venv)
 bench-peer-env: $(STAMP)
 	$(PYTHON) -m venv $(PEER)
 	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" > $$(ls -d $(PEER)/lib/python3*/site-packages)/main-venv.pth
 	$(PEER)/bin/pip install -q "optimum-onnx==0.1.0" "transformers==4.57.6" "sentence-transformers>=5,<6"
+	$(BIN)/pip install -q -e ".[bench-peers]"
 
 bench-render: $(STAMP)
 	$(BIN)/python -m benchmarks render

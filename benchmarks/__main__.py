@@ -2,10 +2,11 @@
 
 Topics: ``encode`` (backends and ``--model fast`` against sentence-transformers, its ONNX backends
 included), ``ingest`` (indexing against LlamaIndex, peak RSS), ``search`` (FAISS/LanceDB search and
-the scale run), ``hybrid`` (hybrid query latency against LanceDB's and LlamaIndex's), ``serve``
-(``isotrope serve`` under load), ``quality`` (shaping and static tables: quality and speed). Each
-writes ``benchmarks/results/TOPIC.json`` under the load rule of :mod:`benchmarks.harness` and prints
-its table; ``render [--check]`` writes (or checks) the tables in README.md and docs/ from the results.
+the scale run), ``cold`` (a cold ``isotrope search`` process per query), ``hybrid`` (hybrid query
+latency against LanceDB's and LlamaIndex's), ``serve`` (``isotrope serve`` under load), ``quality``
+(shaping and static tables: quality and speed). Each writes ``benchmarks/results/TOPIC.json`` under
+the load rule of :mod:`benchmarks.harness` and prints its table; ``render [--check]`` writes (or
+checks) the tables in README.md and docs/ from the results.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from benchmarks.harness import REPO_ROOT, RESULTS_DIR, LoadedMachineError, default_threads, measured, set_threads, write_result
 
-TOPICS = ("encode", "ingest", "search", "hybrid", "serve", "quality")
+TOPICS = ("encode", "ingest", "search", "cold", "hybrid", "serve", "quality")
 #: the peer environment's Python (sentence-transformers with optimum-onnx), when it exists
 PEER_PYTHON = REPO_ROOT / ".venv-st-onnx" / "bin" / "python"
 
@@ -118,6 +119,10 @@ def run_topic(args: argparse.Namespace) -> dict[str, Any]:
             chunks = "10000" if quick else "1000000"
             result["scale"] = _cli_json(scale.main, ["--chunks", chunks, "--data-dir", data, "--threads", str(args.threads)])
         return result
+    if args.topic == "cold":
+        from benchmarks import cold
+
+        return cold.run(args.data_dir, quick=quick, threads=args.threads)
     if args.topic == "hybrid":
         from benchmarks import hybrid_latency
 

@@ -26,13 +26,17 @@ import argparse
 import json
 import tempfile
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 
 import isotrope.connectors.faiss_store as faiss_module
+import isotrope.connectors.lance_lexical as lance_lexical_module
 import isotrope.connectors.lancedb_store as lance_module
+import isotrope.connectors.sqlite_lexical as sqlite_lexical_module
 from benchmarks.common import print_and_write
 from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, search_store
 from isotrope.lexical import query_terms
@@ -63,14 +67,13 @@ def open_store(kind: str, path: Path):
 
 
 @contextmanager
-def without_terms():
+def without_terms() -> Iterator[None]:
     """The stores as if they had no lexical index: the analyzer yields no terms."""
-    saved = faiss_module.index_text, lance_module.index_text
-    faiss_module.index_text = lance_module.index_text = lambda text: ""
-    try:
+    with ExitStack() as stack:
+        stack.enter_context(patch.object(sqlite_lexical_module, "analyze", lambda text: []))
+        for module in (lance_module, lance_lexical_module):
+            stack.enter_context(patch.object(module, "index_text", lambda text: ""))
         yield
-    finally:
-        faiss_module.index_text, lance_module.index_text = saved
 
 
 def write(kind: str, path: Path, texts: list[str], vectors: np.ndarray):
@@ -129,8 +132,13 @@ def lancedb_hybrid(store, reranker):
 def bm25_retriever(texts: list[str], candidates: int):
     """LlamaIndex's ``BM25Retriever`` over the chunks (its own English stemmer and stop words); build seconds."""
     from llama_index.core.schema import TextNode
-    from llama_index.retrievers.bm25 import BM25Retriever
 
+    try:
+        from llama_index.retrievers.bm25 import BM25Retriever
+    except ImportError as error:
+        raise SystemExit(
+            "the hybrid topic's peer needs llama-index-retrievers-bm25: make bench-peer-env (or pip install -e '.[bench-peers]')"
+        ) from error
     tick = time.perf_counter()
     nodes = [TextNode(id_=f"c{i}", text=text) for i, text in enumerate(texts)]
     retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, language="en")

@@ -2,8 +2,10 @@
 
 isotrope's ``index_documents`` (its default chunking and shaping, as ``isotrope index``) vs
 LlamaIndex's ``VectorStoreIndex.from_documents`` with ``HuggingFaceEmbedding`` and its
-``FaissVectorStore`` (persisted with ``storage_context.persist``) / ``LanceDBVectorStore``
-(default ``SentenceSplitter`` chunking). Same model, max length, batch size and threads.
+``FaissVectorStore`` (persisted with ``storage_context.persist``) / ``LanceDBVectorStore``, its
+``SentenceSplitter`` set to 256/32 tokens like isotrope's chunker (its default, 1024/200, makes chunks
+the model truncates at 256 tokens: it would embed a quarter of the text). Same model, max length,
+batch size and threads.
 
 Every timed run is a process of its own (``python -m benchmarks.ingest --side ...``): a
 warm-up ingestion of a few documents, then the timed run into a fresh directory, building
@@ -36,6 +38,8 @@ BATCH_SIZE = 32
 DIM = 384
 WARMUP_DOCS = 4
 SIZES = {"quick": 20, "full": None}  # documents of SciFact (None: the whole corpus)
+#: LlamaIndex's SentenceSplitter as isotrope chunks (index_documents' defaults: 256 tokens, 32 repeated)
+LLAMA_SPLITTER = {"chunk_size": 256, "chunk_overlap": 32}
 #: isotrope FAISS variants run beside the default (torch) side: the other backends and ``--model fast``
 VARIANTS: dict[str, list[str]] = {
     "onnx": ["--backend", "onnx"],
@@ -162,8 +166,8 @@ def ingest_llamaindex(corpus: Path, target: Path, store: str, device: str, batch
 
         vector_store = LanceDBVectorStore(uri=str(target), table_name="chunks", mode="overwrite")
     storage = StorageContext.from_defaults(vector_store=vector_store)
-    with memory.stage("chunk"):  # what from_documents runs first: the default SentenceSplitter
-        nodes = SentenceSplitter().get_nodes_from_documents(documents)
+    with memory.stage("chunk"):  # what from_documents runs first
+        nodes = SentenceSplitter(**LLAMA_SPLITTER).get_nodes_from_documents(documents)
     with memory.stage("embed+index"):
         VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
     with memory.stage("write"):
@@ -238,7 +242,7 @@ def write_corpus(data_dir: str | Path, path: Path, limit: int | None, join: int 
 
 
 def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
-    """Chunks each side's default chunking makes and the tokens the model then sees (<= 256 per chunk)."""
+    """Chunks each side's chunking makes and the tokens the model then sees (<= 256 per chunk)."""
     from llama_index.core import Document
     from llama_index.core.node_parser import SentenceSplitter
     from llama_index.core.schema import MetadataMode
@@ -251,7 +255,7 @@ def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
     tokenizer = AutoTokenizer.from_pretrained(model_path())
     chunker = TokenChunker(tokenizer, 256, 32)  # index_documents' defaults
     isotrope_texts = [chunk.text for document in iter_documents(corpus, id_field="_id") for chunk in chunker.chunk(document)]
-    nodes = SentenceSplitter().get_nodes_from_documents(
+    nodes = SentenceSplitter(**LLAMA_SPLITTER).get_nodes_from_documents(
         [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
     )
     llama_texts = [node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
@@ -312,6 +316,7 @@ def run(
             "device": device,
             "repeat": repeat,
             "chunking": chunk_statistics(corpus),
+            "llamaindex_splitter": LLAMA_SPLITTER,
             "sides": {},
         }
         names = (*SIDES, *(f"isotrope-faiss:{variant}" for variant in variants))

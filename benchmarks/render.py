@@ -142,7 +142,9 @@ def render_ingest(item: dict[str, Any]) -> str:
         [
             ["isotrope (TokenChunker 256/32 tokens)", chunking["isotrope"]["chunks"], chunking["isotrope"]["model_tokens"]],
             [
-                "LlamaIndex (SentenceSplitter 1024/200, default)",
+                "LlamaIndex (SentenceSplitter {chunk_size}/{chunk_overlap} tokens)".format(
+                    **item.get("llamaindex_splitter", {"chunk_size": 1024, "chunk_overlap": 200})
+                ),
                 chunking["llamaindex"]["chunks"],
                 chunking["llamaindex"]["model_tokens"],
             ],
@@ -261,10 +263,101 @@ def render_quality(result: dict[str, Any]) -> str:
     return render_shaping(result["shaping"]) + "\n\n" + render_static(result["static"])
 
 
+def _p50_p99(entry: dict[str, Any] | None) -> str:
+    return "–" if not entry else f"{num(entry['p50_ms'])} / {num(entry['p99_ms'])}"
+
+
+def render_scale(item: dict[str, Any]) -> str:
+    """``benchmarks.scale``: indexing, each index type against the bare library, and the three text modes."""
+    head = (
+        f"{item['chunks']:,} passages ({item['passages']}); {item['queries']} queries per batch and "
+        f"{item['single_queries']} one at a time, k={item['k']}; search in a process of its own, cold (the first "
+        "queries after open).\n\n"
+    )
+    stores = item["stores"]
+    indexing = table(
+        ["store", "chunks", "indexing s", "chunks/s", "peak RSS MB", "disk bytes/chunk"],
+        [
+            [
+                name,
+                e["indexing"]["chunks"],
+                e["indexing"]["index_wall_s"],
+                e["indexing"]["chunks_per_s"],
+                e["indexing"]["peak_rss_mb"],
+                e["indexing"]["disk_bytes_per_chunk"],
+            ]
+            for name, e in stores.items()
+        ],
+    )
+    indexes = table(
+        ["store", "index", "recall@10", "ms/query isotrope", "ms/query bare", "overhead %", "batch ms isotrope / bare"],
+        [
+            [
+                name,
+                kind,
+                e["recall_at_10"],
+                e["p50_ms_single"],
+                e["bare_p50_ms_single"],
+                f"{e['overhead_pct_single']:+.1f}",
+                f"{num(e['p50_ms_batch'])} / {num(e['bare_p50_ms_batch'])}",
+            ]
+            for name, store in stores.items()
+            for kind, e in store["search"].items()
+            if isinstance(e, dict) and "recall_at_10" in e
+        ],
+    )
+    modes = [(name, store["search"]["text_modes"]) for name, store in stores.items() if "text_modes" in store["search"]]
+    if not modes:
+        return head + indexing + "\n\n" + indexes
+    text = table(
+        [
+            "store",
+            "dense p50 / p99 ms",
+            "keyword",
+            "keyword, bare engine",
+            "hybrid",
+            "hybrid / dense p50",
+            "hybrid, two passes",
+            "engine's own hybrid",
+        ],
+        [
+            [
+                name,
+                _p50_p99(m.get("dense")),
+                _p50_p99(m.get("keyword")),
+                _p50_p99(m.get("keyword_bare")),
+                _p50_p99(m.get("hybrid")),
+                f"{m['hybrid']['p50_ms'] / m['dense']['p50_ms']:.2f}x" if "hybrid" in m and "dense" in m else "–",
+                _p50_p99(m.get("hybrid_two_pass")),
+                _p50_p99(m.get("hybrid_bare")),
+            ]
+            for name, m in modes
+        ],
+    )
+    return (
+        head
+        + indexing
+        + "\n\n"
+        + indexes
+        + "\n\nThrough `Collection.search` with text queries (the store's default index):\n\n"
+        + text
+    )
+
+
+def render_cold(result: dict[str, Any]) -> str:
+    head = (
+        f"`isotrope search STORE QUERY -k 3` in a fresh process, stores of {result['documents']:,} SciFact abstracts "
+        f"written by `isotrope index`; median of {result['rounds']} rotating rounds (spread = (max - min) / median), "
+        "largest peak RSS.\n\n"
+    )
+    rows = [[name, e["median_s"], f"{e['spread']:.2f}", e["peak_rss_mb"]] for name, e in result["processes"].items()]
+    return head + table(["process (store, encoder)", "wall s", "spread", "peak RSS MB"], rows)
+
+
 def render_search_topic(result: dict[str, Any]) -> str:
     parts = [render_search(result["synthetic"])]
     if "scale" in result:
-        parts.append(render_flat(result["scale"]))
+        parts.append(render_scale(result["scale"]))
     return "\n\n".join(parts)
 
 
@@ -273,6 +366,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "encode": ("encode", render_encode),
     "ingest": ("ingest", render_ingest),
     "search": ("search", render_search_topic),
+    "cold": ("cold", render_cold),
     "hybrid": ("hybrid", render_flat),
     "serve": ("serve", render_flat),
     "quality": ("quality", render_quality),

@@ -5,7 +5,7 @@
 
 builds the store once (the first ``--chunks`` sentences of the general-English corpus, one
 chunk each; reused when it exists), starts ``isotrope serve`` on a free 127.0.0.1 port,
-sends ``--queries`` searches (held-out corpus sentences, k=10) from ``--clients`` threads,
+sends ``--queries`` dense searches (held-out corpus sentences, k=10) from ``--clients`` threads,
 each with its own keep-alive connection, and prints p50/p99 latency, queries per second and
 the error count as JSON. The server process is stopped at the end whatever happens.
 
@@ -106,6 +106,12 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"no answer from {url}/healthz within {timeout:.0f}s")
 
 
+def request_body(query: str, k: int) -> dict[str, Any]:
+    """One dense search request: the mode is named, so the store's own default search (which may be keyword
+    or hybrid) does not decide what is timed, and the recall check against exact dense search holds."""
+    return {"query": query, "k": k, "mode": "dense"}
+
+
 def load(url: str, queries: list[str], clients: int, k: int, answers: dict[int, list[str]] | None = None) -> dict[str, Any]:
     """Send every query once, spread over ``clients`` threads; latencies in milliseconds. The hit
     ids of query ``i`` go to ``answers[i]`` when a dict is given."""
@@ -125,7 +131,7 @@ def load(url: str, queries: list[str], clients: int, k: int, answers: dict[int, 
                     return
                 tick = time.perf_counter()
                 try:
-                    response = http.post("/search", json={"query": queries[index], "k": k})
+                    response = http.post("/search", json=request_body(queries[index], k))
                     hits = response.json()["hits"] if response.status_code == 200 else []
                     ok = len(hits) == k
                     problem = None if ok else f"HTTP {response.status_code}: {response.text[:200]}"
@@ -183,7 +189,7 @@ def wrk_load(url: str, queries: list[str], clients: int, k: int, seconds: float)
 
     with tempfile.TemporaryDirectory() as folder:
         bodies, script = Path(folder) / "bodies.jsonl", Path(folder) / "search.lua"
-        bodies.write_text("".join(json.dumps({"query": query, "k": k}) + "\n" for query in queries), encoding="utf-8")
+        bodies.write_text("".join(json.dumps(request_body(query, k)) + "\n" for query in queries), encoding="utf-8")
         script.write_text(WRK_SCRIPT, encoding="utf-8")
         command = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "-s", str(script), url + "/search"]
         output = subprocess.run(

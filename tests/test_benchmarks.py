@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -243,3 +244,42 @@ def test_the_question_set_pairs_our_questions_with_the_corpus_and_checks_every_j
         questions(tmp_path / "full", table)
     rows = QUESTIONS.read_text().splitlines()[1:]  # the committed set: unique ids, one judgement each
     assert len(rows) >= 40 and len({row.split("\t")[0] for row in rows}) == len(rows)
+
+
+def test_a_cold_process_reports_its_own_wall_time_and_peak_memory():
+    from benchmarks import cold
+
+    small_wall, small_peak = cold.timed_process([sys.executable, "-c", "pass"], threads=1)
+    big_wall, big_peak = cold.timed_process(
+        [sys.executable, "-c", "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.3)"],
+        threads=1,
+    )
+    assert big_peak - small_peak > 150  # the 200 MB the second process touched, not this process's peak
+    assert big_wall >= 0.3 and small_wall < big_wall
+    with pytest.raises(RuntimeError, match="exited 3: boom"):
+        cold.timed_process([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"], threads=1)
+    entry = cold.summary([2.0, 1.0, 4.0], [100.0, 300.0, 200.0])
+    assert entry["median_s"] == 2.0 and entry["spread"] == 1.5 and entry["peak_rss_mb"] == 300.0
+
+
+def test_the_scale_table_shows_each_mode_and_hybrid_against_dense():
+    mode = {"p50_ms": 2.0, "p99_ms": 9.0}
+    store = {
+        "indexing": {"chunks": 10, "index_wall_s": 1.0, "chunks_per_s": 10.0, "peak_rss_mb": 100.0, "disk_bytes_per_chunk": 4.0},
+        "search": {
+            "text_modes": {"dense": mode, "keyword": {"p50_ms": 1.0, "p99_ms": 3.0}, "hybrid": {"p50_ms": 3.0, "p99_ms": 5.0}},
+            "ivf": {
+                "recall_at_10": 0.98,
+                "p50_ms_single": 0.5,
+                "bare_p50_ms_single": 0.4,
+                "overhead_pct_single": 25.0,
+                "p50_ms_batch": 10.0,
+                "bare_p50_ms_batch": 9.0,
+            },
+        },
+    }
+    item = {"chunks": 10, "passages": "windows", "queries": 2, "single_queries": 2, "k": 10, "stores": {"faiss": store}}
+    text = render.render_scale(item)
+    modes_row = next(line for line in text.splitlines() if line.startswith("| faiss | 2.00 / 9.00"))
+    assert "| 1.00 / 3.00 |" in modes_row and "| 3.00 / 5.00 | 1.50x |" in modes_row
+    assert "| faiss | ivf | 0.98 | 0.50 | 0.40 | +25.0 | 10.00 / 9.00 |" in text

@@ -1,0 +1,116 @@
+"""Cold ``isotrope search``: a fresh process per query, as a user's shell runs it.
+
+Stores of the first N SciFact abstracts are written with ``isotrope index`` (FAISS and LanceDB; the
+transformer all-MiniLM-L6-v2 and ``--model fast``). Each round then runs ``isotrope search STORE QUERY
+-k 3`` once per store, each in a new process, in rotating order, beside the floor ``python -c "import
+numpy, faiss"``. Per process: wall time from spawn to exit and peak RSS (``wait4``'s ``ru_maxrss``).
+Median, spread and every round are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import MODEL, scifact_dir, scifact_documents
+from benchmarks.harness import thread_env
+
+SIZES = {"quick": 500, "full": 5183}  # SciFact abstracts per store
+ROUNDS = {"quick": 5, "full": 9}
+ENCODERS = {"transformer": MODEL, "fast": "fast"}
+STORES = ("faiss", "lancedb")
+FLOOR = [sys.executable, "-c", "import numpy, faiss"]
+
+
+def isotrope_command() -> str:
+    """The ``isotrope`` script of this interpreter's environment."""
+    return str(Path(sys.executable).parent / "isotrope")
+
+
+def first_query(data_dir: str | Path) -> str:
+    with open(scifact_dir(data_dir) / "queries.jsonl", encoding="utf-8") as handle:
+        return str(json.loads(handle.readline())["text"])
+
+
+def build_stores(data_dir: str | Path, workdir: Path, documents: int, threads: int) -> dict[str, str]:
+    """``isotrope index`` of the first ``documents`` abstracts into each store with each encoder; name -> URI."""
+    corpus = workdir / "corpus.jsonl"
+    with open(corpus, "w", encoding="utf-8") as handle:
+        for doc_id, text in scifact_documents(data_dir, documents):
+            handle.write(json.dumps({"_id": doc_id, "text": text}) + "\n")
+    stores = {}
+    for encoder, model in ENCODERS.items():
+        for kind in STORES:
+            uri = f"{kind}:{workdir / f'{kind}-{encoder}'}"
+            command = [isotrope_command(), "index", str(corpus), "--store", uri, "--model", model]
+            subprocess.run(command, env={**os.environ, **thread_env(threads)}, check=True, capture_output=True)
+            stores[f"{kind}, {encoder}"] = uri
+    return stores
+
+
+#: a small process that spawns the measured one and reports its wall time, exit code and peak RSS (KB):
+#: a child forked from this (large) process would inherit this process's RSS as its high-water mark
+SPAWNER = """
+import os, sys, time
+out = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+start = time.perf_counter()
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, file_actions=out)
+_, status, usage = os.wait4(pid, 0)
+print(time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def timed_process(command: list[str], threads: int) -> tuple[float, float]:
+    """Wall seconds from spawn to exit and the process's peak RSS in MB; raises when it fails."""
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", SPAWNER, *command],
+        env={**os.environ, **thread_env(threads)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    wall, code, peak_kb = done.stdout.split()
+    if int(code) != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {code}: {done.stderr.strip()[-500:]}")
+    return float(wall), int(peak_kb) / 1024
+
+
+def summary(walls: list[float], peaks: list[float]) -> dict[str, Any]:
+    median = statistics.median(walls)
+    return {
+        "median_s": round(median, 3),
+        "spread": round((max(walls) - min(walls)) / median, 3),
+        "runs_s": [round(wall, 3) for wall in walls],
+        "peak_rss_mb": round(max(peaks), 1),
+    }
+
+
+def run(data_dir: str | Path, *, quick: bool, threads: int, rounds: int | None = None) -> dict[str, Any]:
+    """Build the stores, then ``rounds`` rotating rounds of one cold search per store and the floor."""
+    mode = "quick" if quick else "full"
+    rounds = rounds or ROUNDS[mode]
+    query = first_query(data_dir)
+    with tempfile.TemporaryDirectory(prefix="isotrope-cold-") as tmp:
+        stores = build_stores(data_dir, Path(tmp), SIZES[mode], threads)
+        commands = {'python -c "import numpy, faiss" (the floor)': FLOOR}
+        commands.update({name: [isotrope_command(), "search", uri, query, "-k", "3"] for name, uri in stores.items()})
+        timings: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in commands}
+        names = list(commands)
+        for round_index in range(rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                wall, peak = timed_process(commands[name], threads)
+                timings[name][0].append(wall)
+                timings[name][1].append(peak)
+    return {
+        "documents": SIZES[mode],
+        "query": query,
+        "rounds": rounds,
+        "processes": {name: summary(walls, peaks) for name, (walls, peaks) in timings.items()},
+    }
