@@ -19,9 +19,10 @@ column is scanned once. Every Lance write (add, delete, property update) commits
 version atomically, so a process killed mid-write leaves the previous version readable, and
 ``commit()`` has no data to flush: it brings the full-text index up to date (new rows added to
 it; rebuilt after deletes or updates, so BM25 statistics stay exact; rebuilt by the next
-writer's commit when a writer was killed before its own) and creates the ANN index once the
-table is large enough. Between a write and its commit the new rows are still found by
-full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
+writer's commit when a writer was killed before its own), saves the BM25 statistics hybrid search
+scores its dense candidates with (``<table>.bm25`` beside the table: :mod:`.lance_bm25`), and creates
+the ANN index once the table is large enough. Between a write and its commit the new rows are still
+found by full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from isotrope.fusion import Candidates, worker_pool
-from isotrope.lexical import index_text
+from isotrope.lexical import index_text, query_terms
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
     DEFAULT_METRIC,
@@ -159,6 +160,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self.ef = check_count("ef", ef)
         self._vector_index = False  # the cached vector_index; False: not looked up yet
         self._lexical_state = None  # since this process's first write: exact / appended / stale
+        self._bm25_stats = (-1, None)  # the BM25 statistics hybrid search scores its dense candidates with
         self._fields = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
         self._deferring = False  # inside deferred_index(): commits build no ANN index
@@ -443,17 +445,24 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     ) -> Candidates:
         """Hybrid search's candidates named by Lance row id, all read from one version of the table: the
         keyword top ``depth`` with its rows' vectors in a second thread while this one finds the dense top
-        ``depth`` and then (``complete``) its rows' BM25; only the fused top rows' id, text and metadata are
-        read (:func:`isotrope.fusion.search_store`). No ``id`` column is read before that."""
+        ``depth`` and then (``complete``) its rows' BM25: from their ``terms`` and the statistics beside the
+        table where those describe its rows (:mod:`.lance_bm25`), else by a full-text query restricted to
+        them. Only the fused top rows' id, text and metadata are read (:func:`isotrope.fusion.search_store`);
+        no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
         keyword = worker_pool().submit(self._keyword_rows, dataset, texts, depth, condition)
-        dense = []
-        for query in as_vectors(queries, self.dim, "queries"):
-            table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False)
+        stats = self._term_stats(dataset) if complete else None
+        columns = ["_distance"] if stats is None else ["_distance", TERMS]
+        dense, bm25 = [], []
+        for text, query in zip(texts, as_vectors(queries, self.dim, "queries")):
+            table = self._nearest(dataset, query, depth, condition, columns, with_text=False)
             distances = table.column("_distance").to_numpy().astype(np.float64)
             order = np.argsort(distances, kind="stable")
             dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
-        bm25 = self._bm25_of_rows(dataset, texts, [rows for rows, _ in dense]) if complete else []
+            if stats is not None:
+                bm25.append(stats.scores(query_terms(text), table.column(TERMS).take(order)))
+        if complete and stats is None:
+            bm25 = self._bm25_of_rows(dataset, texts, [rows for rows, _ in dense])
         lexical, vectors = keyword.result()
         return Candidates(dense, lexical, bm25, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
 
