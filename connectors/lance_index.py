@@ -43,6 +43,7 @@ class LanceVectorIndex(LanceRows):
     refine: int | None
     _deferring: bool
     _indexed_rows: int
+    _compaction_due: bool
 
     if TYPE_CHECKING:
 
@@ -174,6 +175,7 @@ class LanceVectorIndex(LanceRows):
         self._vector_index = False
         self._table.create_index("vector", config=config, replace=True)
         self._indexed_rows = len(self)
+        self._compaction_due = True
         params = {
             name: getattr(config, name)
             for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
@@ -186,6 +188,18 @@ class LanceVectorIndex(LanceRows):
         self._set_meta(meta)
         if self.index == AUTO:
             self.calibrate()
+
+    def _compact(self) -> None:
+        """Merge the table's fragments (one per write) into few: a search takes rows (refinement, the hits,
+        hybrid's candidates) from each fragment they lie in, and at 100,000 rows in 50 fragments a take of
+        200 rows cost 2.4 times, a hybrid query 1.5 times, what they cost in one (loaded machine). Rows and
+        indexes stay as they were (Lance remaps the indexes; fragments covered by different indexes are merged
+        apart). Done at the first commit after an index build, O(n) work as the build is."""
+        self._compaction_due = False
+        with self._rows_kept():
+            self._table.to_lance().optimize.compact_files()
+            self._table.checkout_latest()
+        self._vector_index = False
 
     def optimize(self) -> None:
         """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``);

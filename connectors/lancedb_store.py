@@ -164,6 +164,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._fields = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
         self._deferring = False  # inside deferred_index(): commits build no ANN index
+        self._compaction_due = False  # an index was built: the next commit merges the table's fragments
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
         self._lance = None  # the pylance dataset reads go through (see _dataset)
@@ -375,14 +376,16 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     def commit(self) -> None:
         """Every write is already a committed Lance version; bring the full-text index up to date (also
-        when a writer was interrupted before it did) and build the ANN index if it is now due (not inside
-        :meth:`deferred_index`)."""
+        when a writer was interrupted before it did), build the ANN index if it is now due (not inside
+        :meth:`deferred_index`) and, after an index build, merge the table's fragments."""
         self._maybe_index()
         if self._lexical_state is None and len(self) and not self._lexical_exact():
             self._lexical_state = "stale"  # left behind by a writer interrupted before its commit
         if self._lexical_state not in (None, "exact"):
             self._refresh_lexical_index()
         self._save_fields()
+        if self._compaction_due and not self._deferring:
+            self._compact()
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
