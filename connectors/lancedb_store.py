@@ -64,9 +64,8 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = "1"
 _META_FORMAT = "isotrope.format_version"
 _META_METRIC = "isotrope.metric"
-#: rows at which the ANN index is built by default, and candidates per hit re-ranked by exact distance
+#: rows at which the ANN index is built by default
 _THRESHOLD = 50_000
-_REFINE = 10
 
 
 def _is_uri(path: str | os.PathLike[str]) -> bool:
@@ -110,7 +109,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     nprobe / refine / ef: search-time settings used once an ANN index exists (LanceDB's ``nprobes``,
         ``refine_factor``, ``ef``; default nprobe: the calibrated one of an auto IVF_PQ index, every
         partition of an auto IVF_HNSW_SQ one, else 20; ef: the calibrated one, searched as at least k x
-        refine; refine 10).
+        refine; refine 2 for an IVF_HNSW_SQ index, else 10).
         ``refine`` re-ranks that many times k candidates by exact distance; a search without text (hybrid's
         candidate lists) re-ranks ``max(1, refine * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
     storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
@@ -156,7 +155,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self.table_name = table
         #: rows at which the ANN index is built (None: never)
         self.threshold: int | None = None if never else check_count("threshold", threshold) or _THRESHOLD
-        self.refine = _REFINE if refine is None else check_count("refine", refine, 0)
+        self.refine = None if refine is None else check_count("refine", refine, 0)  # None: by the index type
         self.ef = check_count("ef", ef)
         self._vector_index = False  # the cached vector_index; False: not looked up yet
         self._lexical_state = None  # since this process's first write: exact / appended / stale

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lance_index import REFINE, REFINE_SQ
 from isotrope.connectors.lancedb_store import LanceDBStore
 from isotrope.stores import index_plan
 from test_index_plan import DIM, brute_force, draw, fill, recall_of
@@ -109,6 +110,7 @@ def test_lancedb_merges_its_fragments_at_the_commit_after_an_index_build(tmp_pat
     store.commit()
     assert merged == [15] and len(store._dataset().get_fragments()) == 1
     assert store.index_info()["index_built"] == "IvfHnswSq" and len(store) == 3000
+    assert (store.refine, LanceDBStore(tmp_path / "flat", dim=DIM).refine) == (REFINE_SQ, REFINE)  # by the index type
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     assert_lexical_exact("lance", store, {str(i): (t, {}) for i, t in enumerate(texts)})
     assert_counts(store._term_stats(store._dataset()), texts)
