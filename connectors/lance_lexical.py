@@ -1,11 +1,13 @@
 """A LanceDB store's keyword index: the ``terms`` column (each text analyzed by :mod:`isotrope.lexical`)
 under LanceDB's native full-text index, kept exact at each commit (appended rows added to it, rebuilt after
-deletes and updates), and BM25 search over it."""
+deletes and updates) with its BM25 statistics beside it (:mod:`.lance_bm25`), and BM25 search over it."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,9 @@ from isotrope.stores.base import Hit, check_k
 from isotrope.stores.filters import to_lance
 from isotrope.stores.rows import chunks
 
-from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, read_args, to_numpy
+from . import lance_bm25
+from .lance_bm25 import TermStats
+from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, fragment_rows, read_args, signature, to_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,9 @@ def _match(terms: Sequence[str]) -> MatchQuery:
 
 class LanceLexicalIndex(LanceRows):
     """Lexical (BM25) search over the table's ``terms`` full-text index."""
+
+    #: the BM25 statistics of the table version read last (version, statistics or None: not usable there)
+    _bm25_stats: tuple[int, TermStats | None]
 
     @property
     def has_lexical_index(self) -> bool:
@@ -90,8 +97,55 @@ class LanceLexicalIndex(LanceRows):
 
             self._table.create_index(TERMS, config=FTS(**_FTS_CONFIG), replace=True)
         self._vector_index = False
+        self._write_term_stats()
         self._set_meta({META_LEXICAL_ROWS: self.rows_signature()})
         self._lexical_state = "exact"
+
+    def _stats_uri(self) -> str:
+        return lance_bm25.stats_uri(self._table_uri())
+
+    def _write_term_stats(self) -> None:
+        """Save the BM25 statistics of the table's rows: the saved ones plus the fragments written since, where
+        every fragment they describe is still there as it was (appends), else every row counted again."""
+        dataset = self._dataset()
+        fragments = fragment_rows(dataset)
+        saved = lance_bm25.read(self._stats_uri(), self._storage_options)
+        if saved is not None and saved.fragments == tuple(fragments):
+            return
+        current, known = dict(fragments), dict(saved.fragments) if saved is not None else {}
+        if saved is not None and all(current.get(i) == deleted for i, deleted in known.items()):
+            added = [f for f in dataset.get_fragments() if f.fragment_id not in known]
+            stats = saved.plus(_terms(dataset, added), fragments)
+        else:
+            stats = TermStats.count(_terms(dataset, None), fragments)
+        lance_bm25.write(self._stats_uri(), stats, self._storage_options)
+        self._bm25_stats = (-1, stats)
+
+    @contextmanager
+    def _rows_kept(self) -> Iterator[None]:
+        """Around a rewrite keeping every row (compaction): the BM25 statistics describing the rows before
+        describe them after, under the new fragments."""
+        before = self.rows_signature()
+        with super()._rows_kept():
+            yield
+        saved = lance_bm25.read(self._stats_uri(), self._storage_options)
+        if saved is not None and saved.rows == before and self.rows_signature() != before:
+            lance_bm25.write(
+                self._stats_uri(), replace(saved, fragments=tuple(fragment_rows(self._dataset()))), self._storage_options
+            )
+
+    def _term_stats(self, dataset: Any) -> TermStats | None:
+        """The BM25 statistics of ``dataset``'s rows where both they and the full-text index describe exactly
+        those rows (a committed table), else None; looked up once per table version."""
+        version, stats = self._bm25_stats
+        if version != dataset.version:
+            rows = signature(fragment_rows(dataset))
+            usable = (dataset.schema.metadata or {}).get(META_LEXICAL_ROWS.encode()) == rows.encode()
+            if usable and (stats is None or stats.rows != rows):
+                stats = lance_bm25.read(self._stats_uri(), self._storage_options)
+            stats = stats if usable and stats is not None and stats.rows == rows else None
+            self._bm25_stats = (dataset.version, stats)
+        return stats
 
     def build_lexical_index(self) -> None:
         """Build the full-text index if it is missing or out of date (a store written before it existed)."""
@@ -170,6 +224,12 @@ class LanceLexicalIndex(LanceRows):
                 scores.update(zip(table.column(key).to_pylist(), table.column("_score").to_pylist()))
             out.append(np.array([scores[k] for k in wanted], dtype=np.float64))
         return out
+
+
+def _terms(dataset: Any, fragments: list[Any] | None) -> Iterator[pa.Array]:
+    """The ``terms`` column of ``fragments`` (None: every row) in batches."""
+    for batch in dataset.scanner(columns=[TERMS], fragments=fragments, batch_size=65_536).to_batches():
+        yield batch.column(0)
 
 
 def _full_text(dataset: Any, terms: Sequence[str], columns: list[str], condition: str | None, k: int, row_ids: bool) -> pa.Table:

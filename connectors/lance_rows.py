@@ -30,6 +30,16 @@ _META_FIELDS_ROWS = "isotrope.metadata_fields_rows"
 META_LEXICAL_ROWS = "isotrope.lexical_index_rows"
 
 
+def fragment_rows(dataset: Any) -> list[tuple[int, int]]:
+    """``(fragment id, deleted rows)`` of each fragment of a pylance dataset: its rows, as its indexes see them."""
+    return [(f.id, f.num_deletions) for f in (fragment.metadata for fragment in dataset.get_fragments())]
+
+
+def signature(fragments: Iterable[tuple[int, int]]) -> str:
+    """Rows given as :func:`fragment_rows`, hashed: the stamp of what describes them (indexes, field set)."""
+    return hashlib.sha256(",".join(f"{i}:{d}" for i, d in fragments).encode()).hexdigest()
+
+
 def id_filter(ids: Sequence[str]) -> str:
     """A Lance SQL filter keeping the rows of ``ids``."""
     return f"id IN ({', '.join(lance_literal(i) for i in ids)})"
@@ -107,8 +117,7 @@ class LanceRows:
     def rows_signature(self) -> str:
         """The table's rows, as an index or a field set describing them sees them: each fragment and its
         deleted rows (metadata writes leave it as it is; appends, deletes, updates and compaction change it)."""
-        fragments = (f.metadata for f in self._dataset().get_fragments())
-        return hashlib.sha256(",".join(f"{f.id}:{f.num_deletions}" for f in fragments).encode()).hexdigest()
+        return signature(fragment_rows(self._dataset()))
 
     @contextmanager
     def _rows_kept(self) -> Iterator[None]:

@@ -19,9 +19,10 @@ column is scanned once. Every Lance write (add, delete, property update) commits
 version atomically, so a process killed mid-write leaves the previous version readable, and
 ``commit()`` has no data to flush: it brings the full-text index up to date (new rows added to
 it; rebuilt after deletes or updates, so BM25 statistics stay exact; rebuilt by the next
-writer's commit when a writer was killed before its own) and creates the ANN index once the
-table is large enough. Between a write and its commit the new rows are still found by
-full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
+writer's commit when a writer was killed before its own), saves the BM25 statistics hybrid search
+scores its dense candidates with (``<table>.bm25`` beside the table: :mod:`.lance_bm25`), and creates
+the ANN index once the table is large enough. Between a write and its commit the new rows are still
+found by full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from isotrope.fusion import Candidates, worker_pool
-from isotrope.lexical import index_text
+from isotrope.lexical import index_text, query_terms
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
     DEFAULT_METRIC,
@@ -63,9 +64,8 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = "1"
 _META_FORMAT = "isotrope.format_version"
 _META_METRIC = "isotrope.metric"
-#: rows at which the ANN index is built by default, and candidates per hit re-ranked by exact distance
+#: rows at which the ANN index is built by default
 _THRESHOLD = 50_000
-_REFINE = 10
 
 
 def _is_uri(path: str | os.PathLike[str]) -> bool:
@@ -109,7 +109,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     nprobe / refine / ef: search-time settings used once an ANN index exists (LanceDB's ``nprobes``,
         ``refine_factor``, ``ef``; default nprobe: the calibrated one of an auto IVF_PQ index, every
         partition of an auto IVF_HNSW_SQ one, else 20; ef: the calibrated one, searched as at least k x
-        refine; refine 10).
+        refine; refine 2 for an IVF_HNSW_SQ index, else 10).
         ``refine`` re-ranks that many times k candidates by exact distance; a search without text (hybrid's
         candidate lists) re-ranks ``max(1, refine * 10 // k)`` times k: at 200 candidates, 200 rows, not 2,000.
     storage_options: LanceDB's object-store settings for a URI (e.g. ``{"aws_endpoint": ...,
@@ -155,13 +155,15 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self.table_name = table
         #: rows at which the ANN index is built (None: never)
         self.threshold: int | None = None if never else check_count("threshold", threshold) or _THRESHOLD
-        self.refine = _REFINE if refine is None else check_count("refine", refine, 0)
+        self.refine = None if refine is None else check_count("refine", refine, 0)  # None: by the index type
         self.ef = check_count("ef", ef)
         self._vector_index = False  # the cached vector_index; False: not looked up yet
         self._lexical_state = None  # since this process's first write: exact / appended / stale
+        self._bm25_stats = (-1, None)  # the BM25 statistics hybrid search scores its dense candidates with
         self._fields = None  # the metadata field names (None: not read yet)
         self._fields_exact = True  # False after deletes and updates: a superset until rescanned
         self._deferring = False  # inside deferred_index(): commits build no ANN index
+        self._compaction_due = False  # an index was built: the next commit merges the table's fragments
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
         self._lance = None  # the pylance dataset reads go through (see _dataset)
@@ -373,14 +375,16 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     def commit(self) -> None:
         """Every write is already a committed Lance version; bring the full-text index up to date (also
-        when a writer was interrupted before it did) and build the ANN index if it is now due (not inside
-        :meth:`deferred_index`)."""
+        when a writer was interrupted before it did), build the ANN index if it is now due (not inside
+        :meth:`deferred_index`) and, after an index build, merge the table's fragments."""
         self._maybe_index()
         if self._lexical_state is None and len(self) and not self._lexical_exact():
             self._lexical_state = "stale"  # left behind by a writer interrupted before its commit
         if self._lexical_state not in (None, "exact"):
             self._refresh_lexical_index()
         self._save_fields()
+        if self._compaction_due and not self._deferring:
+            self._compact()
 
     def close(self) -> None:
         """Drop the table handle (nothing is ever left uncommitted)."""
@@ -443,17 +447,24 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     ) -> Candidates:
         """Hybrid search's candidates named by Lance row id, all read from one version of the table: the
         keyword top ``depth`` with its rows' vectors in a second thread while this one finds the dense top
-        ``depth`` and then (``complete``) its rows' BM25; only the fused top rows' id, text and metadata are
-        read (:func:`isotrope.fusion.search_store`). No ``id`` column is read before that."""
+        ``depth`` and then (``complete``) its rows' BM25: from their ``terms`` and the statistics beside the
+        table where those describe its rows (:mod:`.lance_bm25`), else by a full-text query restricted to
+        them. Only the fused top rows' id, text and metadata are read (:func:`isotrope.fusion.search_store`);
+        no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
         keyword = worker_pool().submit(self._keyword_rows, dataset, texts, depth, condition)
-        dense = []
-        for query in as_vectors(queries, self.dim, "queries"):
-            table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False)
+        stats = self._term_stats(dataset) if complete else None
+        columns = ["_distance"] if stats is None else ["_distance", TERMS]
+        dense, bm25 = [], []
+        for text, query in zip(texts, as_vectors(queries, self.dim, "queries")):
+            table = self._nearest(dataset, query, depth, condition, columns, with_text=False)
             distances = table.column("_distance").to_numpy().astype(np.float64)
             order = np.argsort(distances, kind="stable")
             dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
-        bm25 = self._bm25_of_rows(dataset, texts, [rows for rows, _ in dense]) if complete else []
+            if stats is not None:
+                bm25.append(stats.scores(query_terms(text), table.column(TERMS).take(order)))
+        if complete and stats is None:
+            bm25 = self._bm25_of_rows(dataset, texts, [rows for rows, _ in dense])
         lexical, vectors = keyword.result()
         return Candidates(dense, lexical, bm25, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
 

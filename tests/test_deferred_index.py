@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from isotrope.connectors.faiss_store import FaissStore
+from isotrope.connectors.lance_index import REFINE, REFINE_SQ
 from isotrope.connectors.lancedb_store import LanceDBStore
 from isotrope.stores import index_plan
 from test_index_plan import DIM, brute_force, draw, fill, recall_of
@@ -85,6 +86,36 @@ def test_lancedb_builds_once_after_a_deferred_load(tmp_path, monkeypatch):
     assert info["index_built"] == "IvfHnswSq" and info["num_partitions"] == 1
     assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
     store.close()
+
+
+def test_lancedb_merges_its_fragments_at_the_commit_after_an_index_build(tmp_path, monkeypatch):
+    """A bulk load leaves a fragment per write; the commit building the index merges them once, keeping the
+    rows, the ANN index's hits, the full-text index (exact BM25) and the BM25 statistics."""
+    from test_hybrid import assert_lexical_exact, make_texts
+    from test_lance_bm25 import assert_counts
+
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+    data, queries, texts = draw(3000, 27), draw(40, 28), make_texts(3000, seed=2)
+    store = LanceDBStore(tmp_path / "db", dim=DIM, metric="ip", index="auto")
+    merged = []
+    compact = LanceDBStore._compact
+    monkeypatch.setattr(
+        LanceDBStore, "_compact", lambda self: merged.append(len(self._dataset().get_fragments())) or compact(self)
+    )
+    with store.deferred_index():
+        for start in range(0, 3000, 200):
+            store.add([str(i) for i in range(start, start + 200)], data[start : start + 200], texts[start : start + 200])
+            store.commit()
+    assert not merged
+    store.commit()
+    assert merged == [15] and len(store._dataset().get_fragments()) == 1
+    assert store.index_info()["index_built"] == "IvfHnswSq" and len(store) == 3000
+    assert (store.refine, LanceDBStore(tmp_path / "flat", dim=DIM).refine) == (REFINE_SQ, REFINE)  # by the index type
+    assert recall_of(store.search(queries, 10), brute_force(queries, data)) >= index_plan.TARGET_RECALL
+    assert_lexical_exact("lance", store, {str(i): (t, {}) for i, t in enumerate(texts)})
+    assert_counts(store._term_stats(store._dataset()), texts)
+    store.commit()
+    assert merged == [15]  # once per build
 
 
 def top_ids(store, queries: np.ndarray) -> list[list[int]]:

@@ -268,16 +268,23 @@ SETTINGS = {
 
 @pytest.mark.parametrize("kind", ["faiss", "lance"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, tmp_path):
+@pytest.mark.parametrize("committed", [False, True])
+def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, committed, tmp_path, monkeypatch):
     """The stores' one-pass hybrid (FAISS: keyword top and the dense candidates' BM25 from one scoring of the
     postings; both: rows named by their own keys, text read for the fused top only) returns the generic
-    two-pass path's hits with filters, pending upserts and deletes, a batch of queries, both fusions and
-    shallow lists: FAISS (ties by key) to the bit, LanceDB up to the order of tied rows."""
+    two-pass path's hits with filters, pending (or committed) upserts and deletes, a batch of queries, both
+    fusions and shallow lists: FAISS (ties by key) to the bit, LanceDB up to the order of tied rows. LanceDB,
+    committed, scores its dense candidates' BM25 from the statistics beside the table: the same hits and
+    scores (to 1e-6) as its full-text query restricted to them, which it asks while writes are pending."""
     store = open_store(kind, tmp_path)
     assert hasattr(store, "hybrid_candidates")
     fill(store, n=150, seed=seed)
     store.add(["d5", "new"], make_data("random", 2, DIM, seed + 7), ["zygomorphic orchid banks", "quick fox x42"], [{}, {}])
     store.delete(["d8", "d9"])  # FAISS: pending in its open transaction; LanceDB: committed
+    if committed:
+        store.commit()
+    if kind == "lance":
+        assert (store._term_stats(store._dataset()) is not None) == committed
     vectors = make_data("random", len(QUERIES), DIM, seed + 3)
     for where in (None, {"source": {"$in": ["doc1.txt", "doc3.txt"]}}, {"year": {"$gte": 2100}}):
         for fusion, alpha, candidates in SETTINGS[kind]:
@@ -290,6 +297,13 @@ def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, tmp_
                 assert_same_hits(two_pass, one_pass)
                 for row in one_pass:  # each hit with its own row's text and metadata
                     assert [(h.text, h.metadata) for h in row] == [(g.text, g.metadata) for g in store.get([h.id for h in row])]
+                with monkeypatch.context() as patch:  # the BM25 of the dense candidates asked of Lance
+                    patch.setattr(LanceDBStore, "_term_stats", lambda self, dataset: None)
+                    asked = search_store(store, QUERIES, vectors, K, **options)
+                assert [[h.id for h in row] for row in one_pass] == [[h.id for h in row] for row in asked]
+                np.testing.assert_allclose(
+                    [h.score for row in one_pass for h in row], [h.score for row in asked for h in row], atol=1e-6
+                )
             assert any(one_pass) == ("year" not in (where or {}))  # the last filter keeps no row
     with pytest.raises(ValueError, match="got 12 query texts but 2 query vectors"):
         search_store(store, QUERIES, vectors[:2], K)
