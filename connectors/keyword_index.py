@@ -197,37 +197,36 @@ class _Segment:
         norm, total = self.norm(query.average), self.buffer()
         left = np.append(np.cumsum(self.bounds(query)[::-1])[::-1], 0.0)  # left[t]: the most terms t... add
         leaders, kth = np.zeros(0, np.int64), 0.0  # the k best rows seen (all, while fewer) and the k-th score
-        seen: list[np.ndarray] = []  # each column scored, once
-        touched: list[np.ndarray] = []
-        scored = searched = term = 0
+        touched: list[np.ndarray] = []  # the columns of each term scored
+        scored = searched = term = checked = 0
         try:
             while term < len(parts) and left[term] >= kth * _MARGIN:
                 columns, counts = parts[term]
-                before = total[columns]
-                after = before + _contribution(query.weights[term], counts, norm[columns])
-                total[columns] = after
+                total[columns] += _contribution(query.weights[term], counts, norm[columns])
                 touched.append(columns)
-                seen.append(columns[before == 0])
                 scored += len(columns)
-                rising = after >= kth if allowed is None else (after >= kth) & allowed[columns]
-                leaders, kth = _leaders(total, leaders, columns, columns[rising], k)
                 term += 1
-            candidates = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+                if term < len(parts) and len(parts[term][0]) >= _CHECK:  # worth knowing whether to score it
+                    leaders, kth = _leaders(total, leaders, touched[checked:], kth, k, allowed)
+                    checked = term
+            if scored * 128 < len(self.keys):  # the rows scored (sorted), from their postings or the whole buffer
+                candidates = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+            else:
+                candidates = np.flatnonzero(total)
             if allowed is not None:
                 candidates = candidates[allowed[candidates]]
-            if term < len(parts):  # in order, the binary searches below walk each term's postings forward
-                candidates = np.sort(candidates[total[candidates] + left[term] >= kth * _MARGIN])
-            for term in range(term, len(parts)):
+            candidates = candidates[total[candidates] + left[term] >= kth * _MARGIN]
+            for rest in range(term, len(parts)):
                 partial = total[candidates]
                 kth = max(kth, _kth(partial, k))
-                candidates = candidates[partial + left[term] >= kth * _MARGIN]
-                columns, counts = parts[term]
+                candidates = candidates[partial + left[rest] >= kth * _MARGIN]
+                columns, counts = parts[rest]
                 if len(candidates) * len(columns).bit_length() > len(columns):  # cheaper to score its postings
-                    total[columns] += _contribution(query.weights[term], counts, norm[columns])
+                    total[columns] += _contribution(query.weights[rest], counts, norm[columns])
                     touched.append(columns)
                     scored += len(columns)
                 else:
-                    hit, scores = _term_scores(parts[term], query.weights[term], norm, candidates)
+                    hit, scores = _term_scores(parts[rest], query.weights[rest], norm, candidates)
                     total[candidates[hit]] += scores
                     searched += len(candidates)
             return candidates, total[candidates], scored, searched
@@ -339,7 +338,9 @@ class KeywordIndex:
         looked = np.zeros(0) if lookup is None else _looked_up(query, segments, lookup)
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
-            logger.debug("keyword top %d of %d terms: %d of %d postings scored, %d looked up", k, len(query.terms), scored, every, searched)
+            logger.debug(
+                "keyword top %d of %d terms: %d of %d postings scored, %d looked up", k, len(query.terms), scored, every, searched
+            )
         found_keys, scores = _joined_keys(segments, found)
         if len(found_keys) > k:
             kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
@@ -435,6 +436,9 @@ class KeywordIndex:
 
 #: entries read per step of :func:`_scatter` and :func:`_ceilings` (their scratch arrays are a few times this many)
 _SCATTER_BLOCK = 1 << 20
+#: postings of the next term from which the k-th score is brought up to date before it (the check costs
+#: about as much as scoring this many)
+_CHECK = 1024
 #: a bound must fall this far below the k-th score to prune (float sums in another order differ by ulps)
 _MARGIN = 1 - 1e-9
 
@@ -512,17 +516,26 @@ def _term_scores(postings: Postings, weight: float, norm: np.ndarray, columns: n
     return hit, _contribution(weight, counts[at[hit]], norm[columns[hit]])
 
 
-def _leaders(total: np.ndarray, leaders: np.ndarray, columns: np.ndarray, risen: np.ndarray, k: int) -> tuple[np.ndarray, float]:
-    """The ``k`` best rows by ``total`` once a term's ``columns`` were scored, and the k-th score (0 while
-    fewer): they are among the former ``leaders`` and the ``risen`` columns (those now at or above the
-    former k-th); every other row is at or below it."""
-    if len(columns):
-        at = np.minimum(np.searchsorted(columns, leaders), len(columns) - 1)
-        leaders = leaders[columns[at] != leaders]  # the leaders this term did not change (the others rose)
-    pool = np.concatenate([leaders, risen])
+def _leaders(
+    total: np.ndarray, leaders: np.ndarray, scored: list[np.ndarray], kth: float, k: int, allowed: np.ndarray | None
+) -> tuple[np.ndarray, float]:
+    """The ``k`` best (``allowed``) rows by ``total`` once the columns of the terms ``scored`` since the
+    former ``leaders`` were added, and the k-th score (0 while fewer than k): they are among the former
+    leaders and the scored columns now at or above the former k-th; every other row is at or below it."""
+    changed = np.concatenate(scored) if len(scored) > 1 else scored[0]
+    risen = total[changed] >= kth
+    if allowed is not None:
+        risen &= allowed[changed]
+    pool = np.concatenate([leaders, changed[risen]])  # a row at most once per term and once as a leader
+    values = total[pool]
+    reach = k * (len(scored) + 1)  # so the best ``reach`` entries hold the k best rows
+    if len(pool) > reach:
+        best = np.argpartition(-values, reach - 1)[:reach]
+        pool, values = pool[best], values[best]
+    pool, first = np.unique(pool, return_index=True)
     if len(pool) < k:
         return pool, 0.0
-    values = total[pool]
+    values = values[first]
     best = np.argpartition(-values, k - 1)[:k]
     return pool[best], float(values[best].min())
 

@@ -173,11 +173,14 @@ def zipf_index(state, monkeypatch, n=2500):
     return index, rows
 
 
+@pytest.mark.parametrize("check", [1, 16])
 @pytest.mark.parametrize("state", ["built", "tight", "pending", "merged"])
-def test_the_pruned_top_k_is_the_exhaustive_top_k(state, monkeypatch, caplog):
+def test_the_pruned_top_k_is_the_exhaustive_top_k(state, check, monkeypatch, caplog):
     """Keys, order (ties by key) and scores of every top k equal the brute force over the unpruned scores,
-    for k from 1 to more than the matches, with and without a key filter; and the pruning did stop
+    for k from 1 to more than the matches, with and without a key filter, the k-th score brought up to
+    date before every term or only before those of ``check`` postings or more; and the pruning did stop
     early (postings looked up instead of scored) on part of the queries."""
+    monkeypatch.setattr(keyword_index, "_CHECK", check)
     index, rows = zipf_index(state, monkeypatch)
     rng = np.random.default_rng(2)
     allowed = np.sort(rng.choice(len(rows) + 300, len(rows) // 3, replace=False))  # some keys not stored
@@ -200,6 +203,7 @@ def test_the_pruned_top_k_is_the_exhaustive_top_k(state, monkeypatch, caplog):
 
 
 def test_lookups_equal_the_scores_of_the_exhaustive_path(monkeypatch):
+    monkeypatch.setattr(keyword_index, "_CHECK", 1)
     index, rows = zipf_index("pending", monkeypatch)
     probe = np.array([*range(-3, len(rows) + 250, 3)], dtype=np.int64)  # stored, deleted and unknown keys
     for terms in zipf_queries(12):
