@@ -188,8 +188,8 @@ class _Segment:
         one tied with the k-th among them) with their scores, and how many postings were scored and
         looked up. ``parts``: the query terms' postings here.
 
-        MaxScore (Turtle & Flood 1995): terms are scored rarest first into the buffer, keeping the k best
-        rows seen; once the k-th of them exceeds the most the terms left can add (:meth:`bounds`), a row
+        MaxScore (Turtle & Flood 1995): terms are scored rarest first into the buffer, the k best rows seen
+        brought up to date before each term of ``_CHECK`` postings or more; once the k-th of them exceeds the most the terms left can add (:meth:`bounds`), a row
         that none of the terms so far holds cannot rank, so the terms left are only looked up (binary
         search in their postings) for the rows seen, which drop out as soon as their score plus what is
         left falls below the k-th. Each row's terms are added in the same order either way (the same
