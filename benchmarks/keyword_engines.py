@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.fusion import DEFAULT_CANDIDATES
 from isotrope.lexical import K1, B, index_text, query_terms
 
 from .scale import passages, query_texts, read_sentences
 
 K = 10
+HYBRID_DEPTH = DEFAULT_CANDIDATES  # the keyword candidates of a hybrid query
 CHANGED = 1000  # rows deleted and re-added by the update measurement
 ENGINES = ("store", "tantivy", "lance", "bm25s")
 
@@ -217,6 +220,43 @@ class Bm25s:
         self.__init__([replaced.get(i, t) for i, t in enumerate(self.texts)], Path())  # type: ignore[misc]
 
 
+class _Lines(logging.Handler):
+    """Collects the arguments of the store index's debug lines: (k, terms, postings scored, postings of
+    the terms, postings looked up)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.args: list[tuple[int, ...]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.args.append(tuple(record.args or ()))  # type: ignore[arg-type]
+
+
+def postings_read(index: Any, exact: Exact, terms: list[list[str]], k: int) -> dict[str, int]:
+    """How many postings the store's index scored and looked up for the queries' top ``k`` (early stop),
+    against the postings of their terms (what scoring them all reads), and how many of these top k equal
+    the exact BM25 top k. Counts, not times: meaningful on a loaded machine."""
+    from isotrope.connectors.keyword_index import logger
+
+    lines, level = _Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.DEBUG)
+    try:
+        agree = sum(agrees(index.top(query, k)[0].tolist(), exact.scores(query), k) for query in terms)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    counts = np.array([line[2:5] for line in lines.args], dtype=np.int64).reshape(-1, 3)
+    return {
+        f"top{k}_exact": agree,
+        "postings_of_terms": int(counts[:, 1].sum()),
+        "postings_scored": int(counts[:, 0].sum()),
+        "postings_looked_up": int(counts[:, 2].sum()),
+        "most_scored_by_one_query": int(counts[:, 0].max(initial=0)),
+        "most_of_terms_of_one_query": int(counts[:, 1].max(initial=0)),
+    }
+
+
 def measure(name: str, engine: Any, exact: Exact, terms: list[list[str]]) -> dict[str, Any]:
     times, agree = [], 0
     for query in terms:
@@ -257,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
             engine, build_s = timed(lambda build=build, name=name: build(texts, Path(tmp) / name))
             row = {"build_s": build_s, **measure(name, engine, exact, terms)}
             row["file_bytes"] = getattr(engine, "file_bytes", None)
+            if name == "store":  # the top k a keyword query asks and the one a hybrid query asks
+                row["postings"] = {k: postings_read(engine.index, exact, terms, k) for k in (K, HYBRID_DEPTH)}
             _, row["update_1000_s"] = timed(lambda engine=engine: engine.update(changed, moved))
             row["top10_exact_after_update"] = sum(agrees(engine.top(q), updated.scores(q)) for q in terms)
             del engine

@@ -1,10 +1,13 @@
 """The FAISS store's keyword index: exact BM25 (:mod:`isotrope.lexical`'s formula) from a term x row
 count matrix (``scipy.sparse``) kept in memory, and in ``keyword.npz`` beside the store.
 
-A query scores the postings of its distinct terms only (numpy, vectorised), with the statistics of the
+A query reads the postings of its distinct terms only (numpy, vectorised), with the statistics of the
 live rows (N, each term's live document frequency, the average length) computed exactly at query time,
-so upserts and deletes never leave it approximate. Rows changed since the last merge sit in a small
-second matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in.
+so upserts and deletes never leave it approximate. Its top k stops early and stays exact (MaxScore,
+:meth:`_Segment.best`): each term's largest contribution is bounded by a ceiling kept per term, so once
+the rare terms have set a k-th score above what the frequent terms left can add, those are only looked
+up for the rows still in the running instead of scored in full. Rows changed since the last merge sit in
+a small second matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in.
 
 The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
 compares it with the generation committed in SQLite and rebuilds the index from the stored texts when
@@ -19,8 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -35,6 +39,18 @@ FILE_NAME = "keyword.npz"
 #: rows changed since the last merge beyond which a change merges them into the large matrix
 MERGE_ROWS = 50_000
 
+#: a term's live columns in a segment (ascending) and its counts there
+Postings = tuple[np.ndarray, np.ndarray]
+
+
+class _Query(NamedTuple):
+    """A query's distinct terms held by live rows (vocabulary ids, rarest first), each one's ``idf * (k1 +
+    1)``, and the live rows' average length."""
+
+    terms: np.ndarray
+    weights: np.ndarray
+    average: float
+
 
 class _Segment:
     """Rows as a term x column count matrix over a shared vocabulary, with each column's key and length
@@ -45,13 +61,33 @@ class _Segment:
         self.alive = int((self.lengths > 0).sum())  # live columns
         self.length_sum = float(self.lengths.sum())
         self._norm: tuple[float, np.ndarray] | None = None  # (average length, each column's BM25 length norm)
+        self._ceilings: tuple[float, np.ndarray] | None = None  # (reference average, each term's ceiling)
         self._local = threading.local()
 
     def norm(self, average: float) -> np.ndarray:
         """``k1 * (1 - b + b * dl / avgdl)`` of each column (kept until the average changes)."""
         if self._norm is None or self._norm[0] != average:
-            self._norm = (average, K1 * (1 - B + B * self.lengths / average))
+            self._norm = (average, _length_norm(self.lengths, average))
         return self._norm[1]
+
+    def ceilings(self) -> tuple[float, np.ndarray]:
+        """``(reference, ceilings)``: each term's largest ``tf / (tf + k1 (1 - b + b dl / reference))`` over its
+        postings (dead columns included: still a bound), ``reference`` the live columns' average length
+        when first asked; saved with the index."""
+        if self._ceilings is None:
+            reference = self.length_sum / self.alive if self.alive else 1.0
+            self._ceilings = (reference, _ceilings(self.counts, _length_norm(self.lengths, reference)))
+        return self._ceilings
+
+    def bounds(self, query: _Query) -> np.ndarray:
+        """The most each query term adds to the score of a row of this segment: its weight times its ceiling,
+        which holds at the reference average; at a longer average ``avgdl`` a row's ``tf / (tf + k1 (1 - b +
+        b dl / avgdl))`` grows by at most ``avgdl / reference`` (and stays below 1)."""
+        reference, ceilings = self.ceilings()
+        ceiling = np.zeros(len(query.terms))
+        known = query.terms < len(ceilings)
+        ceiling[known] = ceilings[query.terms[known]]
+        return query.weights * np.minimum(1.0, ceiling * max(1.0, query.average / reference))
 
     @classmethod
     def of(cls, rows: Sequence[tuple[int, np.ndarray]], terms: int) -> _Segment:
@@ -111,7 +147,7 @@ class _Segment:
             buffer = self._local.buffer = np.zeros(len(self.keys))
         return buffer
 
-    def postings(self, term: int) -> tuple[np.ndarray, np.ndarray]:
+    def postings(self, term: int) -> Postings:
         """The live columns holding ``term`` and its counts there."""
         if term >= self.counts.shape[0]:
             return np.empty(0, np.int64), np.empty(0, np.float32)
@@ -122,16 +158,81 @@ class _Segment:
         keep = self.lengths[columns] > 0
         return columns[keep], counts[keep]
 
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ``keys``' column, and whether it is a live column of this segment (else the column is arbitrary)."""
+        if not len(self.keys):
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return at, (self.keys[at] == keys) & (self.lengths[at] > 0)
+
+    def holding(self, keys: np.ndarray) -> np.ndarray:
+        """A mask of the live columns of ``keys``."""
+        at, held = self.find(keys)
+        mask = np.zeros(len(self.keys), dtype=bool)
+        mask[at[held]] = True
+        return mask
+
     def kill(self, keys: np.ndarray) -> None:
         """Mark the columns of ``keys`` dead (keys absent are ignored)."""
-        at = np.searchsorted(self.keys, keys)
-        found = at < len(self.keys)
-        at = at[found]
-        at = at[(self.keys[at] == keys[found]) & (self.lengths[at] > 0)]
+        at, held = self.find(keys)
+        at = np.unique(at[held])
         self.alive -= len(at)
         self.length_sum -= float(self.lengths[at].sum())
         self.lengths[at] = 0.0
         self._norm = None
+
+    def best(
+        self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """The live (``allowed``) columns that can rank among this segment's ``k`` best for ``query`` (every
+        one tied with the k-th among them) with their scores, and how many postings were scored and
+        looked up. ``parts``: the query terms' postings here.
+
+        MaxScore (Turtle & Flood 1995): terms are scored rarest first into the buffer, the k best rows seen
+        brought up to date before each term of ``_CHECK`` postings or more; once the k-th of them exceeds the most the terms left can add (:meth:`bounds`), a row
+        that none of the terms so far holds cannot rank, so the terms left are only looked up (binary
+        search in their postings) for the rows seen, which drop out as soon as their score plus what is
+        left falls below the k-th. Each row's terms are added in the same order either way (the same
+        floats)."""
+        norm, total = self.norm(query.average), self.buffer()
+        left = np.append(np.cumsum(self.bounds(query)[::-1])[::-1], 0.0)  # left[t]: the most terms t... add
+        leaders, kth = np.zeros(0, np.int64), 0.0  # the k best rows seen (all, while fewer) and the k-th score
+        touched: list[np.ndarray] = []  # the columns of each term scored
+        scored = searched = term = checked = 0
+        try:
+            while term < len(parts) and left[term] >= kth * _MARGIN:
+                columns, counts = parts[term]
+                total[columns] += _contribution(query.weights[term], counts, norm[columns])
+                touched.append(columns)
+                scored += len(columns)
+                term += 1
+                if term < len(parts) and len(parts[term][0]) >= _CHECK:  # worth knowing whether to score it
+                    leaders, kth = _leaders(total, leaders, touched[checked:], kth, k, allowed)
+                    checked = term
+            if scored * 128 < len(self.keys):  # the rows scored (sorted), from their postings or the whole buffer
+                candidates = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+            else:
+                candidates = np.flatnonzero(total)
+            if allowed is not None:
+                candidates = candidates[allowed[candidates]]
+            candidates = candidates[total[candidates] + left[term] >= kth * _MARGIN]
+            for rest in range(term, len(parts)):
+                partial = total[candidates]
+                kth = max(kth, _kth(partial, k))
+                candidates = candidates[partial + left[rest] >= kth * _MARGIN]
+                columns, counts = parts[rest]
+                if len(candidates) * len(columns).bit_length() > len(columns):  # cheaper to score its postings
+                    total[columns] += _contribution(query.weights[rest], counts, norm[columns])
+                    touched.append(columns)
+                    scored += len(columns)
+                else:
+                    hit, scores = _term_scores(parts[rest], query.weights[rest], norm, candidates)
+                    total[candidates[hit]] += scores
+                    searched += len(candidates)
+            return candidates, total[candidates], scored, searched
+        finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
+            for columns in touched:
+                total[columns] = 0.0
 
 
 class KeywordIndex:
@@ -208,51 +309,14 @@ class KeywordIndex:
     def scores(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``); each row
         once, unordered."""
-        found, scores, terms_matched, _ = self._matches(terms)
-        return _distinct(found, scores, terms_matched)
+        query, segments = self._plan(terms)
+        found = [segment.best(query, parts, len(segment.keys))[:2] for segment, parts in segments]
+        return _joined_keys(segments, found)
 
     def lookup(self, terms: Sequence[str], keys: np.ndarray) -> np.ndarray:
         """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), in their order."""
-        return self._matches(terms, keys)[3]
-
-    def _matches(self, terms: Sequence[str], lookup: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-        """``(keys, BM25, t, looked up)``: each posting of the ``t`` query terms found, with its row's whole
-        score (a row appears once per term it holds), and the score of each ``lookup`` key, read from the
-        scored columns before they are cleared. Only the postings are touched: O(postings), not O(rows)."""
-        looked = np.zeros(0 if lookup is None else len(lookup))
-        segments = [s for s in (self._main, self._pending_segment()) if len(s.keys)]
-        n_docs = float(sum(s.alive for s in segments))
-        wanted = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
-        if n_docs == 0 or not wanted:
-            return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
-        average = sum(s.length_sum for s in segments) / n_docs
-        postings = [[segment.postings(term) for term in wanted] for segment in segments]  # each read once
-        df = np.array([sum(len(parts[t][0]) for parts in postings) for t in range(len(wanted))], dtype=np.float64)
-        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))  # > 0: a matching row scores > 0
-        found, scores = [], []
-        for segment, parts in zip(segments, postings):
-            norm, total = segment.norm(average), segment.buffer()
-            columns: list[np.ndarray] = []
-            try:
-                for term_idf, (cols, counts) in zip(idf, parts):
-                    if len(cols) == 0:
-                        continue
-                    columns.append(cols)
-                    total[cols] += (term_idf * (K1 + 1)) * (counts / (counts + norm[cols]))
-                if columns:
-                    every = np.concatenate(columns)
-                    found.append(segment.keys[every])
-                    scores.append(total[every])
-                    if lookup is not None:  # a dead column was never scored: it reads 0
-                        at = np.minimum(np.searchsorted(segment.keys, lookup), len(segment.keys) - 1)
-                        held = segment.keys[at] == lookup
-                        looked[held] += total[at[held]]
-            finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
-                for cols in columns:
-                    total[cols] = 0.0
-        if not found:
-            return np.empty(0, np.int64), np.empty(0, np.float64), 0, looked
-        return np.concatenate(found), np.concatenate(scores), len(wanted), looked
+        query, segments = self._plan(terms)
+        return _looked_up(query, segments, keys)
 
     def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)``, best first, ties by key."""
@@ -262,25 +326,44 @@ class KeywordIndex:
         self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key,
-        and the BM25 of each ``lookup`` key (:meth:`lookup`): one pass over the query terms' postings."""
-        found, scores, terms_matched, looked = self._matches(terms, lookup)
-        if keys is not None:
-            found, scores = _distinct(found, scores, terms_matched)
-            keep = np.isin(found, keys)
-            found, scores = found[keep], scores[keep]
-        else:
-            reach = k * max(terms_matched, 1)  # a row appears at most once per term: k distinct rows among these
-            if len(found) > reach:
-                kth = scores[np.argpartition(-scores, reach - 1)[reach - 1]]
-                kept = scores >= kth
-                found, scores = found[kept], scores[kept]
-            found, scores = _distinct(found, scores, terms_matched)
-        if len(found) > k:
+        and the BM25 of each ``lookup`` key (:meth:`lookup`). Each segment gives the rows that can rank among
+        its own ``k`` best (:meth:`_Segment.best`, exact), so the ``k`` best of all are among them."""
+        query, segments = self._plan(terms)
+        found: list[tuple[np.ndarray, np.ndarray]] = []
+        scored = searched = 0
+        for segment, parts in segments:
+            columns, scores, touched, looked_up = segment.best(query, parts, k, None if keys is None else segment.holding(keys))
+            found.append((columns, scores))
+            scored, searched = scored + touched, searched + looked_up
+        looked = np.zeros(0) if lookup is None else _looked_up(query, segments, lookup)
+        if logger.isEnabledFor(logging.DEBUG):
+            every = sum(len(columns) for _, parts in segments for columns, _ in parts)
+            logger.debug(
+                "keyword top %d of %d terms: %d of %d postings scored, %d looked up", k, len(query.terms), scored, every, searched
+            )
+        found_keys, scores = _joined_keys(segments, found)
+        if len(found_keys) > k:
             kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
-            found, scores = found[tied], scores[tied]
-        order = np.lexsort((found, -scores))[:k]
-        return found[order], scores[order], looked
+            found_keys, scores = found_keys[tied], scores[tied]
+        order = np.lexsort((found_keys, -scores))[:k]
+        return found_keys[order], scores[order], looked
+
+    def _plan(self, terms: Sequence[str]) -> tuple[_Query, list[tuple[_Segment, list[Postings]]]]:
+        """The query's distinct ``terms`` held by live rows, rarest first, with their weights, and each
+        segment with live rows beside its postings of those terms (each read once)."""
+        segments = [s for s in (self._main, self._pending_segment()) if s.alive]
+        n_docs = float(sum(s.alive for s in segments))
+        ids = [i for term in dict.fromkeys(terms) if (i := self._vocabulary.get(term)) is not None]
+        if n_docs == 0 or not ids:
+            return _Query(np.zeros(0, np.int64), np.zeros(0), 1.0), []
+        postings = [[segment.postings(term) for term in ids] for segment in segments]
+        df = np.array([sum(len(parts[t][0]) for parts in postings) for t in range(len(ids))], dtype=np.float64)
+        order = [t for t in np.argsort(df, kind="stable").tolist() if df[t] > 0]
+        idf = np.log1p((n_docs - df[order] + 0.5) / (df[order] + 0.5))  # > 0: a matching row scores > 0
+        average = sum(s.length_sum for s in segments) / n_docs
+        query = _Query(np.array(ids, dtype=np.int64)[order], idf * (K1 + 1), average)
+        return query, [(segment, [parts[t] for t in order]) for segment, parts in zip(segments, postings)]
 
     # ------------------------------------------------------------------ the file
 
@@ -291,6 +374,7 @@ class KeywordIndex:
         # a name of its own: threads of one process, or two readers rebuilding a lagging index, may save at once
         tmp = directory / f"{FILE_NAME}.{os.getpid()}-{threading.get_ident()}.tmp"
         main = self._main
+        reference, ceilings = main.ceilings()
         with open(tmp, "wb") as handle:
             np.savez(
                 handle,
@@ -301,6 +385,8 @@ class KeywordIndex:
                 data=main.counts.data,
                 keys=main.keys,
                 lengths=main.lengths,
+                reference=np.float64(reference),
+                ceilings=ceilings,
             )
             handle.flush()
             os.fsync(handle.fileno())
@@ -340,14 +426,31 @@ class KeywordIndex:
                     (saved["data"], saved["indices"], saved["indptr"]), shape=(len(index._vocabulary), len(saved["keys"]))
                 )
                 index._main = _Segment(counts, saved["keys"], saved["lengths"])
+                if "ceilings" in saved.files:  # else (a file of an earlier version) computed on first use
+                    index._main._ceilings = (float(saved["reference"]), saved["ceilings"])
         except (OSError, ValueError, KeyError) as error:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
         return index
 
 
-#: entries copied per step of :func:`_scatter` (its scratch arrays are a few times this many)
+#: entries read per step of :func:`_scatter` and :func:`_ceilings` (their scratch arrays are a few times this many)
 _SCATTER_BLOCK = 1 << 20
+#: postings of the next term from which the k-th score is brought up to date before it (the check costs
+#: about as much as scoring this many)
+_CHECK = 1024
+#: a bound must fall this far below the k-th score to prune (float sums in another order differ by ulps)
+_MARGIN = 1 - 1e-9
+
+
+def _term_blocks(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Ranges ``[first, last)`` of the terms of a CSR ``indptr`` holding about ``_SCATTER_BLOCK`` entries
+    each (at least one term)."""
+    rows, first = len(indptr) - 1, 0
+    while first < rows:
+        last = max(first + 1, min(rows, int(np.searchsorted(indptr, indptr[first] + _SCATTER_BLOCK, side="right")) - 1))
+        yield first, last
+        first = last
 
 
 def _live_entries(segment: _Segment, terms: int) -> np.ndarray:
@@ -364,10 +467,8 @@ def _live_entries(segment: _Segment, terms: int) -> np.ndarray:
 def _scatter(counts: csr_matrix, place: np.ndarray, free: np.ndarray, indices: np.ndarray, data: np.ndarray) -> None:
     """Copy the entries of ``counts`` whose column has a ``place`` (>= 0) into ``indices`` / ``data``, each
     term's from its ``free`` slot on, a block of terms at a time."""
-    indptr, rows = counts.indptr, counts.shape[0]
-    first = 0
-    while first < rows:
-        last = max(first + 1, min(rows, int(np.searchsorted(indptr, indptr[first] + _SCATTER_BLOCK, side="right")) - 1))
+    indptr = counts.indptr
+    for first, last in _term_blocks(indptr):
         start, end = indptr[first], indptr[last]
         columns = place[counts.indices[start:end]]
         row = np.repeat(np.arange(first, last), np.diff(indptr[first : last + 1]))
@@ -380,16 +481,94 @@ def _scatter(counts: csr_matrix, place: np.ndarray, free: np.ndarray, indices: n
         at = free[row] + (np.arange(len(row)) - row_start[row - first])
         indices[at] = columns
         data[at] = values
-        first = last
 
 
-def _distinct(found: np.ndarray, scores: np.ndarray, terms_matched: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row of :meth:`KeywordIndex._matches`'s postings once (a row holding several query terms is
-    listed once per term)."""
-    if terms_matched <= 1:
-        return found, scores
-    found, first = np.unique(found, return_index=True)
-    return found, scores[first]
+def _ceilings(counts: csr_matrix, norm: np.ndarray) -> np.ndarray:
+    """Each term's largest ``tf / (tf + norm)`` over its postings (0: none), a block of terms at a time."""
+    indptr, ceilings = counts.indptr, np.zeros(counts.shape[0])
+    for first, last in _term_blocks(indptr):
+        start, end = indptr[first], indptr[last]
+        tf = counts.data[start:end]
+        ratio = tf / (tf + norm[counts.indices[start:end]])  # the expression of _contribution: the same floats
+        held = first + np.flatnonzero(np.diff(indptr[first : last + 1]))
+        if len(held):
+            ceilings[held] = np.maximum.reduceat(ratio, indptr[held] - start)
+    return ceilings
+
+
+def _length_norm(lengths: np.ndarray, average: float) -> np.ndarray:
+    """BM25's ``k1 * (1 - b + b * dl / avgdl)`` of rows of ``lengths``."""
+    return K1 * (1 - B + B * lengths / average)
+
+
+def _contribution(weight: float, counts: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """A term's BM25 in rows where it occurs ``counts`` times, ``weight`` its ``idf * (k1 + 1)``."""
+    return weight * (counts / (counts + norm))
+
+
+def _term_scores(postings: Postings, weight: float, norm: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``columns`` (live) hold the term of ``postings`` (binary search), and its BM25 there."""
+    held, counts = postings
+    if not len(held) or not len(columns):
+        return np.zeros(0, np.int64), np.zeros(0)
+    at = np.minimum(np.searchsorted(held, columns), len(held) - 1)
+    hit = np.flatnonzero(held[at] == columns)
+    return hit, _contribution(weight, counts[at[hit]], norm[columns[hit]])
+
+
+def _leaders(
+    total: np.ndarray, leaders: np.ndarray, scored: list[np.ndarray], kth: float, k: int, allowed: np.ndarray | None
+) -> tuple[np.ndarray, float]:
+    """The ``k`` best (``allowed``) rows by ``total`` once the columns of the terms ``scored`` since the
+    former ``leaders`` were added, and the k-th score (0 while fewer than k): they are among the former
+    leaders and the scored columns now at or above the former k-th; every other row is at or below it."""
+    changed = np.concatenate(scored) if len(scored) > 1 else scored[0]
+    risen = total[changed] >= kth
+    if allowed is not None:
+        risen &= allowed[changed]
+    pool = np.concatenate([leaders, changed[risen]])  # a row at most once per term and once as a leader
+    values = total[pool]
+    reach = k * (len(scored) + 1)  # so the best ``reach`` entries hold the k best rows
+    if len(pool) > reach:
+        best = np.argpartition(-values, reach - 1)[:reach]
+        pool, values = pool[best], values[best]
+    pool, first = np.unique(pool, return_index=True)
+    if len(pool) < k:
+        return pool, 0.0
+    values = values[first]
+    best = np.argpartition(-values, k - 1)[:k]
+    return pool[best], float(values[best].min())
+
+
+def _kth(values: np.ndarray, k: int) -> float:
+    """The k-th largest of ``values`` (0 while fewer)."""
+    return float(np.partition(values, len(values) - k)[len(values) - k]) if len(values) >= k else 0.0
+
+
+def _joined_keys(
+    segments: list[tuple[_Segment, list[Postings]]], found: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and scores of each segment's ``(columns, scores)``, one array each."""
+    if not found:
+        return np.empty(0, np.int64), np.empty(0, np.float64)
+    keys = np.concatenate([segment.keys[columns] for (segment, _), (columns, _) in zip(segments, found)])
+    return keys, np.concatenate([scores for _, scores in found])
+
+
+def _looked_up(query: _Query, segments: list[tuple[_Segment, list[Postings]]], keys: np.ndarray) -> np.ndarray:
+    """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), by binary search in the
+    postings, each row's terms added in :meth:`_Segment.best`'s order (the same floats)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    looked = np.zeros(len(keys))
+    for segment, parts in segments:
+        at, held = segment.find(keys)
+        columns, norm = at[held], segment.norm(query.average)
+        scores = np.zeros(len(columns))
+        for weight, postings in zip(query.weights, parts):
+            hit, found = _term_scores(postings, weight, norm, columns)
+            scores[hit] += found
+        looked[held] += scores
+    return looked
 
 
 def _running(pid: int) -> bool:

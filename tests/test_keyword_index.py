@@ -1,11 +1,12 @@
 """The FAISS store's keyword index against the float64 BM25 reference, through merges, saves and loads."""
 
+import logging
 import os
 
 import numpy as np
 import pytest
 
-from isotrope.lexical import analyze, bm25_scores, query_terms
+from isotrope.lexical import K1, B, analyze, bm25_scores, query_terms
 
 pytest.importorskip("faiss")
 from isotrope.connectors import keyword_index
@@ -49,7 +50,11 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
         assert_exact(index, rows)
     KeywordIndex.install(index.save(tmp_path))
     assert KeywordIndex.saved_generation(tmp_path) == 3
-    assert_exact(KeywordIndex.load(tmp_path), rows)
+    loaded = KeywordIndex.load(tmp_path)
+    assert_exact(loaded, rows)
+    reference, ceilings = _Segment(loaded._main.counts, loaded._main.keys, loaded._main.lengths).ceilings()
+    assert loaded._main._ceilings[0] == reference  # the term ceilings were saved, as computed afresh
+    np.testing.assert_array_equal(loaded._main._ceilings[1], ceilings)
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])
@@ -97,3 +102,142 @@ def test_saves_use_their_own_file_and_install_drops_leftovers_of_dead_processes(
     KeywordIndex.install(first)
     assert not dead.exists() and alive.exists()
     assert KeywordIndex.saved_generation(tmp_path) == 1
+
+
+# ----------------------------------------------------------------------------- the early-stopping top k
+
+
+def zipf_rows(n, vocabulary=300, seed=0, tight=False):
+    """Rows of ``t<i>`` terms drawn by a Zipf law: a few terms are in most rows (long postings), most in
+    few; every 7th row repeats an earlier row's terms (tied scores). ``tight``: each term at most once in
+    a row and every row 8 terms long (padded with a term of its own), so that every posting adds exactly
+    its term's bound, and a bound set any lower makes the pruning drop rows of the true top k."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, vocabulary + 1) ** 1.1
+    rows = {}
+    for key in range(n):
+        if key % 7 == 6:
+            rows[key] = list(rows[key - 5])
+        elif tight:
+            drawn = rng.choice(vocabulary, int(rng.integers(1, 8)), replace=False, p=weights / weights.sum())
+            rows[key] = [f"t{i}" for i in drawn] + [f"pad{key}"] * (8 - len(drawn))
+        else:
+            rows[key] = [f"t{i}" for i in rng.choice(vocabulary, int(rng.integers(1, 25)), p=weights / weights.sum())]
+    return rows
+
+
+def zipf_queries(count, vocabulary=300, seed=1):
+    """Queries mixing frequent terms (long postings) and rare or unknown ones, some repeated."""
+    rng = np.random.default_rng(seed)
+    queries = [["t0"], ["t0", "t1", "t2", "t3"], [f"t{vocabulary + 5}"]]  # frequent terms only; an unknown one
+    for _ in range(count - len(queries)):
+        frequent = [f"t{i}" for i in rng.integers(0, 6, int(rng.integers(1, 5)))]
+        rare = [f"t{i}" for i in rng.integers(6, vocabulary + 10, int(rng.integers(0, 4)))]
+        queries.append([str(t) for t in rng.permutation(frequent + rare + frequent[:1])])
+    return queries
+
+
+def exhaustive(index, rows, terms):
+    """Every matching row's score from the unpruned path (each row once), checked against the float64
+    reference: the brute force the pruned top k must reproduce, floats and ties included."""
+    keys = sorted(rows)
+    reference = bm25_scores([rows[key] for key in keys], terms)
+    found, scores = index.scores(terms)
+    assert len(set(found.tolist())) == len(found)
+    by_key = dict(zip(found.tolist(), scores.tolist()))
+    assert set(by_key) == {key for key, s in zip(keys, reference) if s > 0}, terms
+    np.testing.assert_allclose([by_key[key] for key in sorted(by_key)], reference[reference > 0], rtol=1e-9)
+    return by_key
+
+
+def zipf_index(state, monkeypatch, n=2500):
+    """An index of Zipf rows in one of four states, and its rows: ``built`` (several batches joined),
+    ``tight`` (the same, of :func:`zipf_rows`' tight rows), ``pending`` (rows replaced and deleted since:
+    dead columns and a second segment), ``merged``."""
+    monkeypatch.setattr(keyword_index, "MERGE_ROWS", 10**9)
+    rows = zipf_rows(n, tight=state == "tight")
+    items = list(rows.items())
+    index = KeywordIndex.build([items[i : i + 600] for i in range(0, n, 600)], generation=1)
+    if state in ("pending", "merged"):
+        rng = np.random.default_rng(5)
+        fresh = zipf_rows(400, seed=9)
+        changed = {int(key): fresh[i] for i, key in enumerate(rng.choice(n + 200, 400, replace=False))}
+        index.upsert(changed.items())
+        rows.update(changed)
+        gone = rng.choice(n + 200, 150, replace=False).tolist()
+        index.delete(gone)
+        for key in gone:
+            rows.pop(key, None)
+        if state == "merged":
+            index.merge()
+    return index, rows
+
+
+@pytest.mark.parametrize("check", [1, 16])
+@pytest.mark.parametrize("state", ["built", "tight", "pending", "merged"])
+def test_the_pruned_top_k_is_the_exhaustive_top_k(state, check, monkeypatch, caplog):
+    """Keys, order (ties by key) and scores of every top k equal the brute force over the unpruned scores,
+    for k from 1 to more than the matches, with and without a key filter, the k-th score brought up to
+    date before every term or only before those of ``check`` postings or more; and the pruning did stop
+    early (postings looked up instead of scored) on part of the queries."""
+    monkeypatch.setattr(keyword_index, "_CHECK", check)
+    index, rows = zipf_index(state, monkeypatch)
+    rng = np.random.default_rng(2)
+    allowed = np.sort(rng.choice(len(rows) + 300, len(rows) // 3, replace=False))  # some keys not stored
+    kept = set(allowed.tolist())
+    stopped = 0
+    for terms in zipf_queries(40):
+        by_key = exhaustive(index, rows, terms)
+        for k in (1, 2, 5, 10, 50, len(by_key) + 5):
+            for keys in (None, allowed):
+                eligible = sorted((-s, key) for key, s in by_key.items() if keys is None or key in kept)
+                with caplog.at_level(logging.DEBUG, logger=keyword_index.logger.name):
+                    caplog.clear()
+                    found, scores = index.top(terms, k, keys)
+                assert found.tolist() == [key for _, key in eligible[:k]], (terms, k)
+                assert scores.tolist() == [-s for s, _ in eligible[:k]], (terms, k)
+                if by_key:
+                    _, _, scored, total, looked_up = caplog.records[-1].args
+                    stopped += scored < total and looked_up > 0
+    assert stopped > 100
+
+
+def test_lookups_equal_the_scores_of_the_exhaustive_path(monkeypatch):
+    monkeypatch.setattr(keyword_index, "_CHECK", 1)
+    index, rows = zipf_index("pending", monkeypatch)
+    probe = np.array([*range(-3, len(rows) + 250, 3)], dtype=np.int64)  # stored, deleted and unknown keys
+    for terms in zipf_queries(12):
+        by_key = exhaustive(index, rows, terms)
+        expected = [by_key.get(key, 0.0) for key in probe.tolist()]
+        assert index.lookup(terms, probe).tolist() == expected
+        found, scores, looked = index.top_and_lookup(terms, 10, None, probe)
+        assert looked.tolist() == expected
+        best = sorted((-s, key) for key, s in by_key.items())[:10]
+        assert found.tolist() == [key for _, key in best] and scores.tolist() == [-s for s, _ in best]
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_term_ceilings_bound_every_contribution_at_any_average(block, monkeypatch):
+    """Each term's ceiling is the largest ``tf / (tf + norm)`` over its postings (NumPy on the dense
+    matrix), and the bounds derived from it for other averages hold for every row."""
+    monkeypatch.setattr(keyword_index, "_SCATTER_BLOCK", block)
+    rng = np.random.default_rng(block)
+    terms = 40  # the last ones held by no row
+    rows = [(key, rng.integers(0, 30, rng.integers(1, 20)).astype(np.int32)) for key in range(60)]
+    segment = _Segment.of(rows, terms)
+    reference, ceilings = segment.ceilings()
+    lengths = np.array([len(ids) for _, ids in rows], dtype=np.float64)
+    assert reference == lengths.mean()
+    counts = segment.counts.toarray().astype(np.float64)
+    ratios = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * lengths / reference)), 0.0)
+    np.testing.assert_array_equal(ceilings, ratios.max(axis=1))
+    assert (ceilings[30:] == 0).all() and (ceilings[:30] > 0).all()
+    weights = rng.uniform(0.5, 3.0, terms + 5)
+    for average in (reference / 3, reference * 0.9, reference, reference * 1.3, reference * 4):
+        query = keyword_index._Query(np.arange(terms + 5), weights, average)  # 5 terms beyond the segment's
+        bounds = segment.bounds(query)
+        ratios = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * lengths / average)), 0.0)
+        assert (weights[:terms] * ratios.max(axis=1) <= bounds[:terms] * (1 + 1e-12)).all()  # (ulps apart at most)
+        assert (bounds[terms:] == 0).all()
+        if average <= reference:  # a shorter average lowers every ratio: the ceiling itself bounds them
+            np.testing.assert_array_equal(bounds[:terms], weights[:terms] * ceilings)
