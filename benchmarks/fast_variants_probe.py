@@ -3,7 +3,13 @@ teacher pass. Each variant is scored on the test labels (nDCG@10) and on the hel
 (MRR@10, the label-free signal ``distill`` uses), with the same sampling, held-aside split and proxy as
 :func:`isotrope.distill.distill_table`. Fits use the training rows only (held-aside chunks out).
 
+Besides the held-aside chunks' agreement among themselves (``distill.neighbour_agreement``), each cell records two
+agreements measured as retrieval compares: held-aside chunks, and the proxy's pseudo-queries, against the fit chunks
+(the table's 10 nearest against the teacher's). ``--rules`` prints what label-free rules pick among the candidates
+("c:SHAPE:TABLE") of the groups mix and low. docs/results/fast-small-corpora.md has the results.
+
     python -m benchmarks.fast_variants_probe --cache-dir .cache/isotrope --sets S/sick-para S/20ng-topic
+    python -m benchmarks.fast_variants_probe --cache-dir .cache/isotrope --sets S/sick-para S/20ng-topic --rules
 """
 
 from __future__ import annotations
