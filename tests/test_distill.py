@@ -78,7 +78,7 @@ def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     np.testing.assert_array_equal(first, again)
     assert report == report_again
     assert report["teacher_texts"] == 200 and report["held_aside"] == 60
-    mixes = {f"mix {lam:g}{shape}" for lam in distill.MIX_LAMBDAS for shape in ("", " center")}  # the default mixes
+    mixes = {f"mix {lam:g} center" for lam in distill.MIX_LAMBDAS}  # the default mixes, in the second shaping only
     assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"} | mixes
     assert not np.array_equal(first, other)  # another seed samples other texts
     assert first.shape == inputs.shape and first.dtype == np.float32
@@ -210,19 +210,20 @@ def test_another_shaping_needs_a_margin_of_agreement(teacher, inputs, monkeypatc
 
 
 def test_a_mix_candidate_is_half_the_unfitted_table_and_half_the_fit(teacher, inputs, monkeypatch):
-    """``mixes``: MIX of the unfitted table and the rest of the fit at that strength, in validation and in the
-    final table (against the two ends computed on their own)."""
+    """``mixes``: MIX of the unfitted table and the rest of the fit at that strength, tried in the shapings after the
+    first, in validation and in the final table (against the two ends computed on their own)."""
     texts = make_sentences(300, seed=4)
     unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
-    agreements = iter([0.5, 0.6, 0.5, 0.6])  # unfitted, then the one candidate: chosen in both runs
+    agreements = iter([0.5, 0.6, 0.5, 0.6])  # unfitted, then the one candidate (lam 0.1; mix 0.1 center): chosen
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
     fitted, fit_report = distill_table(
         teacher, texts, inputs, samples=250, lambdas=(0.1,), mixes=(), margin=-100.0, shapes=distill.SHAPES[:1]
     )
     mixed, report = distill_table(
-        teacher, texts, inputs, samples=250, lambdas=(), mixes=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1]
+        teacher, texts, inputs, samples=250, lambdas=(), mixes=(0.1,), margin=-100.0, shapes=("whiten-partial", "center")
     )
-    assert list(report["validation"]["agreement"]) == ["unfitted", "mix 0.1"] and report["reason"].startswith("lam mix 0.1:")
+    assert list(report["validation"]["agreement"]) == ["unfitted", "mix 0.1 center"]
+    assert report["reason"].startswith("lam mix 0.1 center:") and report["shape"] == "center"
     assert report["fitted"] and report["lam"] == fit_report["lam"] == 0.1 and report["mix"] == distill.MIX == 0.5
     assert fit_report["mix"] == 0.0
     np.testing.assert_allclose(mixed, 0.5 * unfitted.astype(np.float64) + 0.5 * fitted, rtol=1e-5, atol=1e-6)

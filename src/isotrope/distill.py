@@ -48,9 +48,10 @@ DEFAULT_TEACHER = "all-MiniLM-L6-v2"
 DEFAULT_DISTILL_SAMPLES = 10000
 #: candidate regularisation strengths, as multiples of the mean diagonal of A^T A
 LAMBDAS = (10.0, 3.0, 1.0)
-#: candidates halfway between the unfitted table and the fit at each of these strengths (``MIX`` of each):
-#: on one-sentence paraphrases and newsgroup posts they agree better with the teacher's neighbours and score
-#: higher than either end (sick-para 89.79 against 88.58, 20ng-topic 49.25 against 48.20 nDCG@10;
+#: candidates halfway between the unfitted table and the fit at each of these strengths (``MIX`` of each), in the
+#: shapings other than the default: centred, on one-sentence paraphrases and newsgroup posts, they agree better with
+#: the teacher's neighbours and score higher than either end (sick-para 89.92 against 88.58, 20ng-topic 49.25 against
+#: 48.20 nDCG@10); in the default shaping they never gained (STS-B + SICK-R 72.32 against 72.35;
 #: docs/results/fast-small-corpora.md)
 MIX_LAMBDAS = (3.0, 1.0, 0.3)
 MIX = 0.5
@@ -348,9 +349,9 @@ def distill_table(
     Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
     :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
     so the solves run without the transformer and its V x d float64 accumulators; every table here
-    is float32 (the solves run in float32 anyway). The tables tried are the fit at each of ``lambdas`` and,
-    for each of ``mixes``, :data:`MIX` of the unfitted table and the rest of the fit at that strength. Each is
-    tried in each of ``shapes``: it is a candidate when its shaped static vectors of the held-aside chunks find
+    is float32 (the solves run in float32 anyway). The tables tried are the fit at each of ``lambdas``, in each
+    of ``shapes``, and, for each of ``mixes``, :data:`MIX` of the unfitted table and the rest of the fit at that
+    strength, in each of ``shapes`` but the first. A table in a shaping it is a candidate when its shaped static vectors of the held-aside chunks find
     the teacher's nearest neighbours better than the unfitted table's do in the first shaping
     (:func:`neighbour_agreement`) and its pseudo-query MRR@10 interval against that unfitted table does not lie
     wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto). The candidate of
@@ -422,7 +423,7 @@ def distill_table(
         tried = [(False, table)] if relative in lambdas else []
         tried += [(True, MIX * prior + (1 - MIX) * table)] if relative in mixes else []
         for mixed, tried_table in tried:
-            for shape in shapes:
+            for shape in shapes[1:] if mixed else shapes:
                 name = f"mix {relative:g}" if mixed else f"{relative:g}"
                 names.append(name if shape == SHAPES[0] else f"{name} {shape}")
                 rows.append(reciprocal_ranks(tried_table, chunk_bags, proxy, shape))
