@@ -417,6 +417,28 @@ def rules(results: dict[str, dict[str, dict[str, Any]]]) -> None:
                     key = key if best > base.get(signal, -1.0) else "unfitted"
                     picks.append(f"{name} {key[2:] if key.startswith('c:') else key} {cell[key]['ndcg@10']}")
                 print(f"[{tables_name}] {signal}{'' if veto else ' (no veto)'}: " + "; ".join(picks))
+    print("[product: mixes in center, SHAPE_MARGIN] agreement: " + "; ".join(product_rule(results)))
+
+
+def _best_kept(cell: dict[str, dict[str, Any]], keys: list[str]) -> tuple[float, str]:
+    """The best agreement (and its key) of ``keys`` not vetoed and above the unfitted table's; else (-1, unfitted)."""
+    found = [(cell[k]["agreement"], k) for k in keys if k in cell and cell[k]["vs_unfitted"][2] >= 0]
+    return max((f for f in found if f[0] > cell["unfitted"]["agreement"]), default=(-1.0, "unfitted"))
+
+
+def product_rule(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The pick of :func:`isotrope.distill.distill_table`'s rule, per set: the fits in both shapings and the mixes in
+    ``center``, the product's veto, and a centred candidate only when it agrees better by more than SHAPE_MARGIN."""
+    default, other = distill.SHAPES
+    fits = [f"lam-{lam:g}" for lam in distill.LAMBDAS]
+    mixes = [f"mix-{lam:g}-{distill.MIX:g}" for lam in distill.MIX_LAMBDAS]
+    picks = []
+    for name, cell in results.items():
+        mine = _best_kept(cell, [f"c:{default}:{t}" for t in fits])
+        theirs = _best_kept(cell, [f"c:{other}:{t}" for t in fits + mixes])
+        key = theirs[1] if theirs[0] > max(mine[0], cell["unfitted"]["agreement"]) + distill.SHAPE_MARGIN else mine[1]
+        picks.append(f"{name} {key[2:] if key.startswith('c:') else key} {cell[key]['ndcg@10']}")
+    return picks
 
 
 def main() -> None:
