@@ -12,6 +12,7 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
   teacher vector) that the default adds;
 * ``fit-always``: the fit the proxy ranks best, even when its interval does not clear the margin;
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
+* ``no-mixes``: without the candidates halfway between the unfitted table and a fit (the rule before them);
 * ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
 * ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
 
@@ -42,7 +43,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sentence-windows": {"windows": "sentences"},
     "no-query-rows": {"query_weight": 0.0},
     "fit-always": {"margin": -100.0},
-    **{f"lam-{lam:g}": {"lambdas": (lam,), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
+    **{f"lam-{lam:g}": {"lambdas": (lam,), "mixes": (), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
+    "no-mixes": {"mixes": ()},
     **{f"query-weight-{weight:g}": {"query_weight": weight} for weight in (0.3, 3.0)},
 }
 

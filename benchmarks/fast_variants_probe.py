@@ -3,7 +3,13 @@ teacher pass. Each variant is scored on the test labels (nDCG@10) and on the hel
 (MRR@10, the label-free signal ``distill`` uses), with the same sampling, held-aside split and proxy as
 :func:`isotrope.distill.distill_table`. Fits use the training rows only (held-aside chunks out).
 
+Besides the held-aside chunks' agreement among themselves (``distill.neighbour_agreement``), each cell records two
+agreements measured as retrieval compares: held-aside chunks, and the proxy's pseudo-queries, against the fit chunks
+(the table's 10 nearest against the teacher's). ``--rules`` prints what label-free rules pick among the candidates
+("c:SHAPE:TABLE") of the groups mix and low. docs/results/fast-small-corpora.md has the results.
+
     python -m benchmarks.fast_variants_probe --cache-dir .cache/isotrope --sets S/sick-para S/20ng-topic
+    python -m benchmarks.fast_variants_probe --cache-dir .cache/isotrope --sets S/sick-para S/20ng-topic --rules
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import numpy as np
 from scipy import sparse
 
 from isotrope import distill
-from isotrope.backbones.hf import HFBackbone
 from isotrope.backbones.static import _input_embeddings
+from isotrope.config import EncoderConfig
 from isotrope.distill_proxy import fitted_chain, make_proxy, token_bags
 from isotrope.evaluate.data import load_beir
+from isotrope.evaluate.harness import Evaluator
 from isotrope.evaluate.tasks import document_text, eval_retrieval
-from isotrope.pseudo_queries import paired_interval, reciprocal_ranks_at_10
+from isotrope.pseudo_queries import build_pseudo_queries, paired_interval, reciprocal_ranks_at_10
 from isotrope.transforms.base import apply_chain
 
 TEACHER = "all-MiniLM-L6-v2"
@@ -37,7 +44,8 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
         return pickle.loads(path.read_bytes())
     data = load_beir(folder, "test")
     texts = [document_text(data.corpus[d]) for d in data.corpus]
-    teacher = HFBackbone(TEACHER)
+    # the transformer as the harness holds it: its token states come from (and go to) the cache
+    teacher = Evaluator(cache_dir=cache)._backbone(EncoderConfig(model=TEACHER), None)
     rng = np.random.default_rng(0)
     sample, parents, n_chunks = distill.teacher_texts(texts, distill.DEFAULT_DISTILL_SAMPLES, rng, "none")
     n_held = distill.held_aside_count(n_chunks)
@@ -47,6 +55,9 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
     q_bags, q_parents, q_scale = distill.query_rows(sample, teacher, 1.0)
     q_bags = sparse.csr_matrix(sparse.diags(1 / np.maximum(q_scale, 1e-12)) @ q_bags)  # unscaled: rows sum to 1
     passed = distill.teacher_pass(teacher, sample, np.flatnonzero(held))
+    # the teacher's vectors of the proxy's pseudo-queries (the same ones make_proxy cut): what retrieval compares
+    made = build_pseudo_queries([sample[i] for i in held_chunks], n_held, proxy.proxy, seed=0) if proxy else []
+    pq_vectors = distill.teacher_pass(teacher, [q.text for q in made], np.zeros(0, np.int64)).vectors if made else None
     inputs = _input_embeddings(TEACHER)
     state = {
         "sample": sample,
@@ -54,6 +65,7 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
         "proxy": proxy,
         "bags": passed.bags,
         "vectors": passed.vectors,
+        "pq_vectors": pq_vectors,
         "q_bags": q_bags,
         "q_parents": q_parents,
         "t0_fit": distill.initial_table(passed.fit_sums, inputs),
@@ -63,6 +75,34 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
     }
     path.write_bytes(pickle.dumps(state))
     return state
+
+
+#: token windows ("windows" group): WINDOW_WORDS words at a stride of half that, from chunks longer than that
+WINDOW_WORDS = 12
+
+
+def word_windows(text: str) -> list[str]:
+    words = text.split()
+    if len(words) <= WINDOW_WORDS:
+        return []
+    step = WINDOW_WORDS // 2
+    return [" ".join(words[i : i + WINDOW_WORDS]) for i in range(0, len(words) - step, step)]
+
+
+def prepare_windows(folder: Path, cache: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The budget a small corpus leaves (10,000 teacher texts less its chunks) spent on word windows of its
+    chunks, each with its own teacher vector: their bags, vectors and chunks (a seeded sample of every window)."""
+    path = cache / f"probe-{folder.name}-words.pkl"
+    if path.is_file():
+        return pickle.loads(path.read_bytes())
+    found = [(window, parent) for parent, text in enumerate(state["sample"]) for window in word_windows(text)]
+    room = distill.DEFAULT_DISTILL_SAMPLES - len(state["sample"])
+    picked = np.sort(np.random.default_rng(1).choice(len(found), size=min(room, len(found)), replace=False))
+    teacher = Evaluator(cache_dir=cache)._backbone(EncoderConfig(model=TEACHER), None)
+    passed = distill.teacher_pass(teacher, [found[i][0] for i in picked], np.zeros(0, np.int64))
+    windows = {"bags": passed.bags, "vectors": passed.vectors, "parents": np.array([found[i][1] for i in picked])}
+    path.write_bytes(pickle.dumps(windows))
+    return windows
 
 
 class Probe:
@@ -80,14 +120,20 @@ class Probe:
         self.train_chunks = np.flatnonzero(~self.held)
         q_held = np.isin(state["q_parents"], state["held_chunks"])
         self.q_train = np.flatnonzero(~q_held)
+        self._bags: dict[tuple[str, ...], sparse.csr_matrix] = {}
+        self._fits: dict[tuple[float, bool], np.ndarray] = {}
+        self.windows: dict[str, Any] | None = None  # prepare_windows(), for the "windows" group
 
     def unfitted(self, final: bool) -> tuple[np.ndarray, None]:
         """The context-averaged table (over every sampled chunk when ``final``, else the fit chunks only)."""
         return self.s["t0_all" if final else "t0_fit"], None
 
     def bags(self, texts: list[str], weights: np.ndarray | None = None) -> sparse.csr_matrix:
-        ids = self.tok(texts, add_special_tokens=False, truncation=True, max_length=8192)["input_ids"]
-        return self.weigh(token_bags(ids, self.s["vocab"], self.s["special"]), weights)
+        key = tuple(texts)
+        if key not in self._bags:  # the corpus and the queries are tokenized once per set
+            ids = self.tok(texts, add_special_tokens=False, truncation=True, max_length=8192)["input_ids"]
+            self._bags[key] = token_bags(ids, self.s["vocab"], self.s["special"])
+        return self.weigh(self._bags[key], weights)
 
     @staticmethod
     def weigh(bags: sparse.csr_matrix, weights: np.ndarray | None) -> sparse.csr_matrix:
@@ -97,6 +143,16 @@ class Probe:
         sums = np.asarray(weighted.sum(axis=1)).ravel()
         return sparse.csr_matrix(sparse.diags(1 / np.maximum(sums, 1e-12)) @ weighted)
 
+    def plain_fit(self, lam: float, final: bool) -> np.ndarray:
+        """The product's fit at ``lam`` (pseudo-query rows weight 1, no token weights), solved once per set."""
+        if (lam, final) not in self._fits:
+            self._fits[(lam, final)] = self.fit(lam, final=final)
+        return self._fits[(lam, final)]
+
+    def mix(self, lam: float, alpha: float, final: bool) -> np.ndarray:
+        """``alpha`` of the unfitted table and ``1 - alpha`` of the fit at ``lam`` (a convex mix)."""
+        return alpha * self.unfitted(final)[0] + (1 - alpha) * self.plain_fit(lam, final)
+
     def fit(
         self,
         lam: float,
@@ -105,6 +161,7 @@ class Probe:
         prior: np.ndarray | None = None,
         query_only: bool = False,
         final: bool = False,
+        window_weight: float = 0.0,
     ) -> np.ndarray:
         s = self.s
         chunks = np.arange(len(self.held)) if final else self.train_chunks
@@ -125,12 +182,30 @@ class Probe:
             a, t = sparse.vstack([chunk_bags, q_bags]).tocsr(), np.vstack([y, q_y])
         else:
             a, t = chunk_bags, y
+        if window_weight > 0 and self.windows is not None:  # each chunk's windows weigh window_weight x its row
+            parents = self.windows["parents"]
+            rows = np.flatnonzero(np.isin(parents, chunks))
+            w = np.sqrt(window_weight / np.bincount(parents)[parents[rows]])
+            a = sparse.vstack([a, sparse.diags(w) @ self.windows["bags"][rows]]).tocsr()
+            t = np.vstack([t, w[:, None] * self.windows["vectors"][rows]])
         prior = s["t0_all" if final else "t0_fit"] if prior is None else prior
         return distill.solve_table(a, t, prior, lam * distill.lambda_scale(a))
 
-    def evaluate(self, make: Any, weights: np.ndarray | None = None, shape: str = "whiten-partial") -> dict:
+    def teacher_vectors(self, texts: list[str]) -> np.ndarray:
+        """The teacher's vector of each of ``texts`` from its pass (every document of a small corpus is sampled)."""
+        where = {text: i for i, text in enumerate(self.s["sample"])}
+        missing = sum(text not in where for text in texts)
+        if missing:
+            raise ValueError(f"{missing} documents are not in the teacher's sample")
+        return self.s["vectors"][[where[text] for text in texts]]
+
+    def evaluate(
+        self, make: Any, weights: np.ndarray | None = None, shape: str = "whiten-partial", teacher_docs: bool = False
+    ) -> dict:
         """``make(final)`` -> (document table, query table or None): fitted without the held-aside chunks
-        (final False: the proxy and agreement) or with them (final True: the labels, as the product's final fit)."""
+        (final False: the proxy and agreement) or with them (final True: the labels, as the product's final fit).
+        ``teacher_docs``: the documents get the teacher's own vectors (from the distillation's pass), the queries
+        the table's (unshaped; the labels only)."""
         doc_table, query_table = make(True)
         query_table = doc_table if query_table is None else query_table
         s = self.s
@@ -138,6 +213,10 @@ class Probe:
         chain = fitted_chain(shape, np.asarray(self.bags(corpus_texts, weights) @ doc_table, dtype=np.float32))
 
         def encode(texts: list[str], kind: str) -> np.ndarray:
+            if teacher_docs:
+                if kind == "query":
+                    return np.asarray(self.bags(texts) @ query_table, dtype=np.float32)
+                return self.teacher_vectors(texts).astype(np.float32)
             table = query_table if kind == "query" else doc_table
             return apply_chain(chain, np.asarray(self.bags(texts, weights) @ table, dtype=np.float32))
 
@@ -148,13 +227,40 @@ class Probe:
         proxy = s["proxy"]
         chunk_bags = self.weigh(s["bags"][self.train_chunks], weights).astype(np.float32)
         pchain = fitted_chain(shape, np.asarray(chunk_bags @ doc_table, dtype=np.float32))
+        fit_docs = apply_chain(pchain, np.asarray(chunk_bags @ doc_table, dtype=np.float32))
         queries = apply_chain(pchain, np.asarray(self.weigh(proxy.queries, weights) @ query_table, dtype=np.float32))
         docs = apply_chain(
             pchain, np.asarray(sparse.vstack([self.weigh(proxy.documents, weights), chunk_bags]) @ doc_table, dtype=np.float32)
         )
         rr = reciprocal_ranks_at_10(queries, docs, proxy.targets.tolist())
         held = apply_chain(pchain, np.asarray(self.weigh(s["bags"][s["held_chunks"]], weights) @ doc_table, dtype=np.float32))
-        return {"ndcg@10": round(ndcg, 2), "proxy": rr, "agreement": round(agreement(held, s["vectors"][s["held_chunks"]]), 4)}
+        held_q = apply_chain(pchain, np.asarray(self.weigh(s["bags"][s["held_chunks"]], weights) @ query_table, dtype=np.float32))
+        teacher_fit, teacher_held = s["vectors"][self.train_chunks], s["vectors"][s["held_chunks"]]
+        out = {
+            "ndcg@10": round(ndcg, 2),
+            "proxy": rr,
+            "agreement": round(agreement(held, teacher_held), 4),
+            # what retrieval compares: held-aside texts (unseen, as queries are) against the fit chunks (seen, as
+            # a store's documents are by the final fit), their 10 nearest by the table against the teacher's
+            "agreement_held_fit": round(overlap(held_q, fit_docs, teacher_held, teacher_fit), 4),
+        }
+        if s.get("pq_vectors") is not None:
+            out["agreement_query_fit"] = round(overlap(queries, fit_docs, s["pq_vectors"], teacher_fit), 4)
+        return out
+
+
+def overlap(
+    queries: np.ndarray, documents: np.ndarray, teacher_queries: np.ndarray, teacher_documents: np.ndarray, k: int = 10
+) -> float:
+    """How many of each query's ``k`` nearest documents (cosine) by the table are among the teacher's ``k``, in [0, 1]."""
+
+    def top(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+        q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+        d = d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+        return np.argpartition(-(q @ d.T), k, axis=1)[:, :k]
+
+    mine, theirs = top(queries, documents), top(teacher_queries, teacher_documents)
+    return float(np.mean([len(np.intersect1d(x, y)) for x, y in zip(mine, theirs)])) / k
 
 
 def agreement(vectors: np.ndarray, teacher: np.ndarray, k: int = 10) -> float:
@@ -174,6 +280,12 @@ def sif_weights(state: dict[str, Any], a: float) -> np.ndarray:
     return a / (a + p)
 
 
+#: the candidates of the "mix" group: each table in the product's two shapings; a mix (lam, alpha) is alpha of the
+#: unfitted table and 1 - alpha of the fit at lam
+CANDIDATE_SHAPES = distill.SHAPES
+MIXES = ((1.0, 0.25), (1.0, 0.5), (1.0, 0.75), (3.0, 0.5), (0.3, 0.5))
+LOW_MIXES = ((0.3, 0.25), (0.3, 0.75), (0.1, 0.25), (0.1, 0.5), (0.1, 0.75))
+
 #: the shapings compared ("shapes"): the product's whiten-partial, plain centring, and whitening half as strong
 SHAPES = ("center", "center,whiten(power=-0.125),l2", "whiten-partial")
 
@@ -182,7 +294,34 @@ def variants(probe: Probe, groups: list[str]) -> list[tuple[str, Callable[[], di
     """(name, job) for every variant of the asked groups: base (lam), qtable, sif, shapes."""
 
     def fitted(lam: float, shape: str = "whiten-partial", weights: np.ndarray | None = None) -> Callable[[], dict]:
+        if weights is None:
+            return lambda: probe.evaluate(lambda f: (probe.plain_fit(lam, f), None), shape=shape)
         return lambda: probe.evaluate(lambda f: (probe.fit(lam, weights=weights, final=f), None), weights=weights, shape=shape)
+
+    def mixed(lam: float, alpha: float, shape: str) -> Callable[[], dict]:
+        return lambda: probe.evaluate(lambda f: (probe.mix(lam, alpha, f), None), shape=shape)
+
+    window_fits: dict[tuple[float, float, bool], np.ndarray] = {}  # shared by the shapings (query weights: negative)
+
+    def windowed(lam: float, weight: float, shape: str) -> Callable[[], dict]:
+        def make(final: bool) -> tuple[np.ndarray, None]:
+            if (lam, weight, final) not in window_fits:
+                window_fits[(lam, weight, final)] = probe.fit(lam, final=final, window_weight=weight)
+            return window_fits[(lam, weight, final)], None
+
+        return lambda: probe.evaluate(make, shape=shape)
+
+    def weighted(lam: float, weight: float, shape: str) -> Callable[[], dict]:
+        def make(final: bool) -> tuple[np.ndarray, None]:
+            if (lam, -weight, final) not in window_fits:
+                window_fits[(lam, -weight, final)] = probe.fit(lam, query_weight=weight, final=final)
+            return window_fits[(lam, -weight, final)], None
+
+        return lambda: probe.evaluate(make, shape=shape)
+
+    def teacher_docs(lam: float | None) -> Callable[[], dict]:
+        make = probe.unfitted if lam is None else (lambda f: (probe.plain_fit(lam, f), None))
+        return lambda: probe.evaluate(make, teacher_docs=True)
 
     def unfitted(shape: str) -> Callable[[], dict]:
         return lambda: probe.evaluate(probe.unfitted, shape=shape)
@@ -208,37 +347,135 @@ def variants(probe: Probe, groups: list[str]) -> list[tuple[str, Callable[[], di
     if "shapes" in groups:
         todo += [(f"shape-{shape}-lam-{lam:g}", fitted(lam, shape)) for shape in SHAPES for lam in (10.0, 3.0, 1.0)]
         todo += [(f"shape-{shape}-unfitted", unfitted(shape)) for shape in SHAPES]
+    if "mix" in groups:  # candidates "c:SHAPE:TABLE" for the rules (see rules())
+        for shape in CANDIDATE_SHAPES:
+            todo += [(f"c:{shape}:lam-{lam:g}", fitted(lam, shape)) for lam in (100.0, 30.0, 10.0, 3.0, 1.0, 0.3)]
+            todo += [(f"c:{shape}:unfitted", unfitted(shape))]
+            todo += [(f"c:{shape}:mix-{lam:g}-{a:g}", mixed(lam, a, shape)) for lam, a in MIXES]
+    if "low" in groups:  # weaker fits and their mixes with the unfitted table
+        for shape in CANDIDATE_SHAPES:
+            todo += [(f"c:{shape}:lam-0.1", fitted(0.1, shape))]
+            todo += [(f"c:{shape}:mix-{lam:g}-{a:g}", mixed(lam, a, shape)) for lam, a in LOW_MIXES]
+    if "abtt" in groups:  # two more shapings: all-but-the-top, and none (cosine of the means)
+        for shape in ("abtt", "none"):
+            todo += [(f"c:{shape}:lam-{lam:g}", fitted(lam, shape)) for lam in (3.0, 1.0, 0.3)]
+            todo += [(f"c:{shape}:unfitted", unfitted(shape)), (f"c:{shape}:mix-0.3-0.5", mixed(0.3, 0.5, shape))]
+    if "qweight" in groups:  # the pseudo-query rows weighing more than each chunk's own row
+        for shape in CANDIDATE_SHAPES:
+            todo += [(f"c:{shape}:qw-{w:g}-lam-{lam:g}", weighted(lam, w, shape)) for w in (3.0, 10.0) for lam in (1.0, 0.3)]
+    if "windows" in groups:
+        for shape in CANDIDATE_SHAPES:
+            todo += [(f"c:{shape}:words-{w:g}-lam-{lam:g}", windowed(lam, w, shape)) for w in (1.0, 3.0) for lam in (3.0, 1.0)]
+    if "teacher-docs" in groups:
+        todo += [(f"teacher-docs:lam-{lam:g}", teacher_docs(lam)) for lam in (3.0, 1.0, 0.3)]
+        todo += [("teacher-docs:unfitted", teacher_docs(None))]
     return todo
+
+
+#: label-free signals a rule can choose by (each cell's keys)
+SIGNALS = ("agreement", "agreement_held_fit", "agreement_query_fit")
+
+
+#: the tables a rule chooses among (in each of CANDIDATE_SHAPES): the product's, and wider sets
+TABLE_SETS = {
+    "product": ("lam-10", "lam-3", "lam-1"),
+    "+unfitted": ("lam-10", "lam-3", "lam-1", "unfitted"),
+    "+lam 30,100": ("lam-100", "lam-30", "lam-10", "lam-3", "lam-1", "unfitted"),
+    "+mixes": ("lam-10", "lam-3", "lam-1", "unfitted", *(f"mix-{lam:g}-{a:g}" for lam, a in MIXES)),
+    "all": ("lam-100", "lam-30", "lam-10", "lam-3", "lam-1", "lam-0.3", "unfitted", *(f"mix-{lam:g}-{a:g}" for lam, a in MIXES)),
+    "all+low": (
+        "lam-100",
+        "lam-30",
+        "lam-10",
+        "lam-3",
+        "lam-1",
+        "lam-0.3",
+        "lam-0.1",
+        "unfitted",
+        *(f"mix-{lam:g}-{a:g}" for lam, a in MIXES + LOW_MIXES),
+    ),
+}
+
+
+def rules(results: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """What each rule picks among the "mix" candidates of each set, with no label: of a set of tables
+    (:data:`TABLE_SETS`) in each shaping, the candidate of best ``signal`` whose pseudo-query interval against the
+    unfitted whiten-partial table does not lie wholly below 0 (the product's veto; "no veto": every candidate);
+    the unfitted whiten-partial table when none beats it. Prints the pick and its nDCG@10 per set."""
+    for tables_name, tables in TABLE_SETS.items():
+        for signal in SIGNALS:
+            for veto in (True, False):
+                picks = []
+                for name, cell in results.items():
+                    base = cell["unfitted"]
+                    found = [
+                        (cell[key][signal], key)
+                        for key in (f"c:{shape}:{table}" for shape in CANDIDATE_SHAPES for table in tables)
+                        if key in cell and signal in cell[key] and (not veto or cell[key]["vs_unfitted"][2] >= 0)
+                    ]
+                    best, key = max(found, default=(-1.0, "unfitted"))
+                    key = key if best > base.get(signal, -1.0) else "unfitted"
+                    picks.append(f"{name} {key[2:] if key.startswith('c:') else key} {cell[key]['ndcg@10']}")
+                print(f"[{tables_name}] {signal}{'' if veto else ' (no veto)'}: " + "; ".join(picks))
+    print("[product: mixes in center, SHAPE_MARGIN] agreement: " + "; ".join(product_rule(results)))
+
+
+def _best_kept(cell: dict[str, dict[str, Any]], keys: list[str]) -> tuple[float, str]:
+    """The best agreement (and its key) of ``keys`` not vetoed and above the unfitted table's; else (-1, unfitted)."""
+    found = [(cell[k]["agreement"], k) for k in keys if k in cell and cell[k]["vs_unfitted"][2] >= 0]
+    return max((f for f in found if f[0] > cell["unfitted"]["agreement"]), default=(-1.0, "unfitted"))
+
+
+def product_rule(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The pick of :func:`isotrope.distill.distill_table`'s rule, per set: the fits in both shapings and the mixes in
+    ``center``, the product's veto, and a centred candidate only when it agrees better by more than SHAPE_MARGIN."""
+    default, other = distill.SHAPES
+    fits = [f"lam-{lam:g}" for lam in distill.LAMBDAS]
+    mixes = [f"mix-{lam:g}-{distill.MIX:g}" for lam in distill.MIX_LAMBDAS]
+    picks = []
+    for name, cell in results.items():
+        mine = _best_kept(cell, [f"c:{default}:{t}" for t in fits])
+        theirs = _best_kept(cell, [f"c:{other}:{t}" for t in fits + mixes])
+        key = theirs[1] if theirs[0] > max(mine[0], cell["unfitted"]["agreement"]) + distill.SHAPE_MARGIN else mine[1]
+        picks.append(f"{name} {key[2:] if key.startswith('c:') else key} {cell[key]['ndcg@10']}")
+    return picks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", type=Path, required=True)
     parser.add_argument("--sets", type=Path, nargs="+", required=True, help="BEIR folders")
-    parser.add_argument("--variants", nargs="+", default=["base"], choices=["base", "qtable", "sif", "shapes"])
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["base"],
+        choices=["base", "qtable", "sif", "shapes", "mix", "low", "abtt", "qweight", "windows", "teacher-docs"],
+    )
+    parser.add_argument("--rules", action="store_true", help="only print what each selection rule picks from --out's cells")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fast_variants_probe.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if args.rules:
+        rules({folder.name: results[folder.name] for folder in args.sets})
+        return
     for folder in args.sets:
         probe = Probe(folder, prepare(folder, args.cache_dir))
+        if "windows" in args.variants:
+            probe.windows = prepare_windows(folder, args.cache_dir, probe.s)
         cell = results.setdefault(folder.name, {})
         base = probe.evaluate(probe.unfitted)
-        cell["unfitted"] = {
-            "ndcg@10": base["ndcg@10"],
-            "proxy_mrr": round(100 * float(base["proxy"].mean()), 2),
-            "agreement": base["agreement"],
-        }
+        cell["unfitted"] = {"proxy_mrr": round(100 * float(base["proxy"].mean()), 2)}
+        cell["unfitted"].update((key, value) for key, value in base.items() if key != "proxy")
         print(folder.name, "unfitted", cell["unfitted"], flush=True)
         for name, job in variants(probe, args.variants):
             out = job()
             mean, low, high = paired_interval(100 * (out["proxy"] - base["proxy"]))
             cell[name] = {
-                "ndcg@10": out["ndcg@10"],
                 "proxy_mrr": round(100 * float(out["proxy"].mean()), 2),
                 "vs_unfitted": [round(mean, 2), round(low, 2), round(high, 2)],
-                "agreement": out["agreement"],
             }
+            cell[name].update((key, value) for key, value in out.items() if key != "proxy")
             print(folder.name, name, cell[name], flush=True)
             args.out.write_text(json.dumps(results, indent=1))
 

@@ -78,7 +78,8 @@ def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     np.testing.assert_array_equal(first, again)
     assert report == report_again
     assert report["teacher_texts"] == 200 and report["held_aside"] == 60
-    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"}
+    mixes = {f"mix {lam:g} center" for lam in distill.MIX_LAMBDAS}  # the default mixes, in the second shaping only
+    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"} | mixes
     assert not np.array_equal(first, other)  # another seed samples other texts
     assert first.shape == inputs.shape and first.dtype == np.float32
 
@@ -107,7 +108,7 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     import isotrope.distill_proxy as proxy_module
 
     texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=())
+    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
     rng = np.random.default_rng(0)
     calls: list[np.ndarray] = []
 
@@ -119,7 +120,7 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
     agreements = iter([0.5, 0.55, 0.6])  # unfitted, lam 1, lam 0.1: the weaker fit agrees best
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
     means = report["validation"]["vs_unfitted"]
     best = "0.1"
     assert report["validation"]["mrr@10"]["unfitted"] == pytest.approx(100 * calls[0].mean(), abs=0.01)
@@ -145,16 +146,16 @@ def test_a_vetoed_fit_gives_way_to_the_next_best_agreement(teacher, inputs, monk
     )
     agreements = iter([0.5, 0.55, 0.6])  # lam 0.1 agrees best, but the proxy vetoes it
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
+    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
     assert report["fitted"] is True and report["lam"] == 1.0 and "vetoed: lam 0.1 -30.00" in report["reason"]
 
 
 def test_no_fit_that_agrees_better_with_the_teacher_keeps_the_unfitted_table(teacher, inputs, monkeypatch):
     texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=())
+    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
     agreements = iter([0.5, 0.4, 0.5])  # unfitted, lam 1, lam 0.1: none above the unfitted table
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1])
+    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
     assert report["fitted"] is False and "agreement with the teacher's neighbours" in report["reason"]
     assert report["validation"]["agreement"] == {"unfitted": 0.5, "1": 0.4, "0.1": 0.5}
     np.testing.assert_array_equal(table, unfitted)
@@ -181,11 +182,51 @@ def test_the_fit_and_its_shaping_are_chosen_together_by_agreement(teacher, input
 
     monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
     monkeypatch.setattr(distill, "neighbour_agreement", fake_agreement)
-    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=("whiten-partial", "center"))
+    _, report = distill_table(
+        teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=("whiten-partial", "center"), mixes=()
+    )
     assert report["fitted"] is True and report["lam"] == 1.0 and report["shape"] == "center"
     assert report["reason"].startswith("lam 1 center: neighbour agreement 0.5000 -> 0.6500")
     assert list(report["validation"]["agreement"]) == ["unfitted", "1", "1 center", "0.1", "0.1 center"]
     assert seen.count(("ranks", "center")) == seen.count(("agreement", "center")) == 2
+
+
+@pytest.mark.parametrize(("centred", "chosen"), [(0.61, "whiten-partial"), (0.63, "center")])
+def test_another_shaping_needs_a_margin_of_agreement(teacher, inputs, monkeypatch, centred, chosen):
+    """The default shaping's best candidate is kept unless another shaping's agrees better by more than
+    ``SHAPE_MARGIN`` (0.02): 0.61 against 0.60 keeps it, 0.63 does not."""
+    import isotrope.distill_proxy as proxy_module
+
+    base = np.random.default_rng(1).uniform(0.4, 1.0, 300)
+    monkeypatch.setattr(
+        proxy_module, "reciprocal_ranks", lambda table, fit_bags, proxy, shape="whiten-partial": base[: len(proxy.targets)]
+    )
+    agreements = iter([0.5, 0.6, centred])  # unfitted, lam 1, lam 1 centred
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    _, report = distill_table(
+        teacher, make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,), mixes=(), shapes=("whiten-partial", "center")
+    )
+    assert distill.SHAPE_MARGIN == 0.02 and report["fitted"] is True and report["shape"] == chosen
+
+
+def test_a_mix_candidate_is_half_the_unfitted_table_and_half_the_fit(teacher, inputs, monkeypatch):
+    """``mixes``: MIX of the unfitted table and the rest of the fit at that strength, tried in the shapings after the
+    first, in validation and in the final table (against the two ends computed on their own)."""
+    texts = make_sentences(300, seed=4)
+    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
+    agreements = iter([0.5, 0.6, 0.5, 0.6])  # unfitted, then the one candidate (lam 0.1; mix 0.1 center): chosen
+    monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
+    fitted, fit_report = distill_table(
+        teacher, texts, inputs, samples=250, lambdas=(0.1,), mixes=(), margin=-100.0, shapes=distill.SHAPES[:1]
+    )
+    mixed, report = distill_table(
+        teacher, texts, inputs, samples=250, lambdas=(), mixes=(0.1,), margin=-100.0, shapes=("whiten-partial", "center")
+    )
+    assert list(report["validation"]["agreement"]) == ["unfitted", "mix 0.1 center"]
+    assert report["reason"].startswith("lam mix 0.1 center:") and report["shape"] == "center"
+    assert report["fitted"] and report["lam"] == fit_report["lam"] == 0.1 and report["mix"] == distill.MIX == 0.5
+    assert fit_report["mix"] == 0.0
+    np.testing.assert_allclose(mixed, 0.5 * unfitted.astype(np.float64) + 0.5 * fitted, rtol=1e-5, atol=1e-6)
 
 
 def test_neighbour_agreement_in_a_shaping_matches_brute_force():
@@ -295,7 +336,9 @@ def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_the
     monkeypatch.setattr(distill, "solve_table", recording_solve)
     agreements = iter([0.5, 0.6])  # the fit agrees better than the unfitted table: it is kept
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    _, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1])
+    _, report = distill_table(
+        teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1], mixes=()
+    )
     assert report["fitted"] is True and len(seen["held"]) == report["held_aside"] == 66
     assert set(report["held_aside_chunks"]) == {distill.text_key(t) for t in seen["held"]}
     held_rows = len(distill.query_rows(seen["held"], teacher, 1.0)[1])
