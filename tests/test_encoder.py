@@ -79,24 +79,9 @@ def test_batches_keep_the_input_order(plain):
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)
 
 
-def test_a_transformer_on_the_cpu_batches_fewer_tokens_with_the_same_vectors(plain, tiny_glove_path, monkeypatch, tmp_path):
-    assert plain.max_batch_tokens == encoder_module.CPU_BATCH_TOKENS < encoder_module.BATCH_TOKENS
+def test_torch_and_static_tables_batch_the_default_tokens(plain, tiny_glove_path):
+    assert plain.max_batch_tokens == encoder_module.BATCH_TOKENS > encoder_module.CPU_BATCH_TOKENS  # onnx: tests/test_onnx.py
     assert ShapedEncoder.create(tiny_glove_path, shape="none").max_batch_tokens == encoder_module.BATCH_TOKENS
-    assert ShapedEncoder.load(plain.save(tmp_path / "e"), device="cpu").max_batch_tokens == encoder_module.CPU_BATCH_TOKENS
-    texts = [LONG] * plain.batch_size + TEXTS
-    widths: list[int] = []
-    forward = plain.backbone.forward
-
-    def spy(input_ids, *args):
-        widths.append(input_ids.size)
-        return forward(input_ids, *args)
-
-    monkeypatch.setattr(plain.backbone, "forward", spy)
-    small = plain.encode(texts)
-    # one batch of batch_size texts would hold more: the token cap split them
-    assert max(widths) <= encoder_module.CPU_BATCH_TOKENS < plain.batch_size * len(plain.tokenizer(LONG)["input_ids"])
-    monkeypatch.setattr(plain, "max_batch_tokens", encoder_module.BATCH_TOKENS)
-    np.testing.assert_allclose(small, plain.encode(texts), atol=1e-5)
 
 
 def test_cls_and_prompt_mask_pooling(tiny_bert_path, reference):

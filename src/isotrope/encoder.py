@@ -143,18 +143,20 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
 
 #: padded tokens per batch (short texts go in big batches, long ones in small)
 BATCH_TOKENS = 16384
-#: the same for a transformer on the CPU, where larger batches add activations, not speed
+#: the same for ONNX Runtime on the CPU, where larger batches grow its memory arena, not its speed
 #: (all-MiniLM-L6-v2, 128 chunks of <= 256 tokens, 1 thread, 16,384 -> 4,096 tokens a batch: peak RSS
-#: over the loaded model torch +291 -> +232 MB, onnx +309 -> +115, onnx-int8-per-channel +308 -> +110;
-#: CPU time -8 %, -10 %, -4 %)
+#: over the loaded model onnx +309 -> +115 MB, onnx-int8-per-channel +308 -> +110; CPU time -10 %, -4 %).
+#: torch keeps :data:`BATCH_TOKENS`: its smaller batches fragmented the heap (1,526 such chunks: peak
+#: RSS 955 -> 1,072 MB)
 CPU_BATCH_TOKENS = 4096
 
 
 def batch_tokens(backbone: Backbone) -> int:
-    """Padded tokens per batch for ``backbone``: :data:`CPU_BATCH_TOKENS` for a transformer on the
-    CPU (torch or ONNX Runtime), else :data:`BATCH_TOKENS`."""
+    """Padded tokens per batch for ``backbone``: :data:`CPU_BATCH_TOKENS` for ONNX Runtime on the CPU,
+    else :data:`BATCH_TOKENS`."""
     device = getattr(backbone, "device", None)
-    return CPU_BATCH_TOKENS if getattr(device, "type", None) == "cpu" else BATCH_TOKENS
+    onnx = getattr(backbone, "backend", "torch") != "torch"
+    return CPU_BATCH_TOKENS if onnx and getattr(device, "type", None) == "cpu" else BATCH_TOKENS
 
 
 class ShapedEncoder:
