@@ -104,6 +104,7 @@ PIPELINE_STAGES = (
     ("isotrope.ingest.pipeline", "_embed", "embed"),
     ("isotrope.ingest.plan:ChunkWriter", "add", "write"),
     ("isotrope.ingest.plan:Target", "finish", "finish (index build, default search)"),
+    ("isotrope.search:Collection", "fit_default_search", "default search (in finish)"),
 )
 
 

@@ -30,11 +30,15 @@ machine run many times faster without thread hand-offs.
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# ONNX exports (a ``fast`` teacher's among them: isotrope.backbones.static.teacher_backend) go to a
+# throw-away cache, never the user's ~/.cache
+os.environ.setdefault("ISOTROPE_CACHE_DIR", tempfile.mkdtemp(prefix="isotrope-test-cache-"))
 
 from pathlib import Path
 

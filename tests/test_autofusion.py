@@ -11,11 +11,14 @@ import pytest
 from conftest import GLOVE_WORDS
 from isotrope.autofusion import (
     ALPHAS,
+    MIN_DECIDING,
     PROPERTY,
+    QUERIES,
     choose,
     fit_default_search,
     ndcg_gain,
     pseudo_query_ranks,
+    query_budget,
     stored_default,
     unlearned_chunks,
 )
@@ -223,3 +226,24 @@ def test_index_chooses_the_default_search_of_a_store_without_one_and_keeps_a_cho
     assert report.added > 0 and "default_search" not in report.seconds
     with Collection.open(uri) as collection:
         assert collection.store.properties[PROPERTY] == chosen
+
+
+def test_a_transformer_makes_pseudo_queries_in_proportion_to_the_store(tiny_bert_path, encoder, monkeypatch) -> None:
+    bert = ShapedEncoder.create(tiny_bert_path, shape="none")
+    # a static table costs nothing: the full count, whatever the store
+    assert query_budget(encoder, 1000) == query_budget(encoder, 10**6) == QUERIES
+    # a transformer: a tenth of the store's chunks, never below what the passage proxy needs, never above the cap
+    assert [query_budget(bert, n) for n in (100, 600, 1526, 5183, 10**6)] == [MIN_DECIDING, MIN_DECIDING, 153, 519, QUERIES]
+    texts = _texts(400)
+    encoded: list[int] = []
+    original = bert.encode
+
+    def counting(batch, *args, **kwargs):
+        encoded.append(len(batch))
+        return original(batch, *args, **kwargs)
+
+    monkeypatch.setattr(bert, "encode", counting)
+    choice = fit_default_search(texts, original(texts), bert, "cosine", store_size=1000)
+    assert choice["proxy"] == "passage" and choice["query_budget"] == 100
+    assert choice["pseudo_queries"] == len(build_pseudo_queries(texts, 100, "passage")) <= 100
+    assert sum(encoded) == 2 * choice["pseudo_queries"]  # each query's sentence and its chunk's rest, nothing else

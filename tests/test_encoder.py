@@ -79,6 +79,11 @@ def test_batches_keep_the_input_order(plain):
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)
 
 
+def test_torch_and_static_tables_batch_the_default_tokens(plain, tiny_glove_path):
+    assert plain.max_batch_tokens == encoder_module.BATCH_TOKENS > encoder_module.CPU_BATCH_TOKENS  # onnx: tests/test_onnx.py
+    assert ShapedEncoder.create(tiny_glove_path, shape="none").max_batch_tokens == encoder_module.BATCH_TOKENS
+
+
 def test_cls_and_prompt_mask_pooling(tiny_bert_path, reference):
     cls = ShapedEncoder.create(tiny_bert_path, pooling="cls", device="cpu")
     np.testing.assert_allclose(cls.encode(TEXTS), [l2(reference(t)[0]) for t in TEXTS], atol=1e-5)

@@ -298,3 +298,42 @@ def test_export_and_quantisation_run_in_a_child_process(tiny_bert_path, tmp_path
     with pytest.raises(RuntimeError, match=r"^ONNX export of .*missing.*failed: ") as error:
         onnx.build_in_child("export", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert "\n" not in str(error.value)
+
+
+def test_a_fast_table_is_distilled_from_the_onnx_teacher_as_from_torch(tiny_bert_path, monkeypatch):
+    from isotrope.backbones import static
+
+    assert static.teacher_backend() == "onnx"  # onnxruntime and the exporter are installed here, no GPU
+    texts = make_sentences(300, seed=7)
+    model = f"fast:{tiny_bert_path}"
+    onnx = ShapedEncoder.create(model, shape="none", distill_samples=150).fit(texts)
+    monkeypatch.setattr(static, "TEACHER_BACKEND", "torch")
+    torch_fit = ShapedEncoder.create(model, shape="none", distill_samples=150).fit(texts)
+    assert (onnx.metadata["distill"]["teacher_backend"], torch_fit.metadata["distill"]["teacher_backend"]) == ("onnx", "torch")
+    chosen = ("fitted", "lam", "shape")
+    assert {k: onnx.metadata["distill"].get(k) for k in chosen} == {k: torch_fit.metadata["distill"].get(k) for k in chosen}
+    probe = make_sentences(40, seed=8)
+    assert cosines(onnx.encode(probe), torch_fit.encode(probe)).min() >= FP32_COSINE
+
+
+def test_onnx_on_the_cpu_batches_fewer_tokens_with_the_same_vectors(tiny_bert_path, monkeypatch, tmp_path):
+    from isotrope import encoder as encoder_module
+
+    onnx = ShapedEncoder.create(tiny_bert_path, device="cpu", backend="onnx")
+    assert onnx.max_batch_tokens == encoder_module.CPU_BATCH_TOKENS < encoder_module.BATCH_TOKENS
+    assert ShapedEncoder.load(onnx.save(tmp_path / "e"), device="cpu").max_batch_tokens == encoder_module.CPU_BATCH_TOKENS
+    long = " ".join(make_sentences(12, seed=9))
+    texts = [long] * onnx.batch_size + make_sentences(5)
+    widths: list[int] = []
+    forward = onnx.backbone.forward
+
+    def spy(input_ids, *args):
+        widths.append(input_ids.size)
+        return forward(input_ids, *args)
+
+    monkeypatch.setattr(onnx.backbone, "forward", spy)
+    small = onnx.encode(texts)
+    # one batch of batch_size texts would hold more: the token cap split them
+    assert max(widths) <= encoder_module.CPU_BATCH_TOKENS < onnx.batch_size * len(onnx.tokenizer(long)["input_ids"])
+    monkeypatch.setattr(onnx, "max_batch_tokens", encoder_module.BATCH_TOKENS)
+    np.testing.assert_allclose(small, onnx.encode(texts), atol=1e-5)

@@ -24,6 +24,12 @@ labels rate it 4.0 below). Where only it can be built (chunks of one or two sent
 dense, the side every trained encoder here held within 0.5 of the best on such corpora
 (docs/results/hybrid-default.md), and the evidence is stored beside that choice.
 
+Cost. Each ``passage`` pseudo-query encodes its sentence and the rest of its chunk: about one chunk's tokens.
+A static table (``--model fast``, GloVe) costs nothing and takes :data:`QUERIES`; a transformer takes at
+most :data:`COSTLY_SHARE` of the store's chunks (:func:`query_budget`), never fewer than the
+:data:`MIN_DECIDING` the ``passage`` proxy needs to be used at all. Fewer pseudo-queries widen the
+interval, which only makes the fallback to the better single side likelier: the rule stays safe.
+
 The choice, its evidence and the rule are stored as the store property :data:`PROPERTY` (JSON);
 :func:`stored_default` reads it back. A store without it searches :data:`UNCALIBRATED_MODE`.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -39,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.backbones import is_static_source
 from isotrope.encoder import ShapedEncoder
 from isotrope.fusion import DEFAULT_CANDIDATES, zscores
 from isotrope.lexical import analyze, bm25_matrix
@@ -59,6 +67,18 @@ MARGIN = 0.0
 SAMPLE = 5000
 QUERIES = 600
 MIN_QUERIES = 30
+#: pseudo-queries the ``passage`` proxy must give to be used (fewer: the ``masked`` fallback)
+MIN_DECIDING = 2 * MIN_QUERIES
+#: a transformer encoder's pseudo-queries at most, as a share of the store's chunks (each costs about a chunk)
+COSTLY_SHARE = 0.10
+
+
+def query_budget(encoder: ShapedEncoder, store_size: int, n_queries: int = QUERIES) -> int:
+    """Pseudo-queries to make for a store of ``store_size`` chunks: ``n_queries`` with a static table; with a
+    transformer, :data:`COSTLY_SHARE` of the store, at least :data:`MIN_DECIDING`, at most ``n_queries``."""
+    if is_static_source(encoder.config.model):
+        return n_queries
+    return min(n_queries, max(MIN_DECIDING, math.ceil(COSTLY_SHARE * store_size)))
 
 
 def ndcg_gain(ranks: np.ndarray) -> np.ndarray:
@@ -96,7 +116,7 @@ def _queries(
 ) -> tuple[list[PseudoQuery], str]:
     pool = len(texts) if sources is None else len(sources)
     queries = build_pseudo_queries(texts, n_queries, DEFAULT_PROXY, seed=seed, sources=sources)
-    if len(queries) >= min(MIN_QUERIES * 2, max(MIN_QUERIES, pool // 10)):
+    if len(queries) >= min(MIN_DECIDING, max(MIN_QUERIES, pool // 10)):
         return queries, DEFAULT_PROXY
     queries = build_pseudo_queries(texts, n_queries, FALLBACK_PROXY, seed=seed, sources=sources)
     if len(queries) < MIN_QUERIES:
@@ -133,12 +153,15 @@ def fit_default_search(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Choose the default search (mode and dense weight) on pseudo-queries from ``texts`` (a sample of
-    the stored chunks, ``vectors`` their stored vectors); the choice with its evidence and rule."""
+    the stored chunks, ``vectors`` their stored vectors); the choice with its evidence and rule.
+    ``n_queries``: the most pseudo-queries, fewer with a transformer on a small store (:func:`query_budget`)."""
     started, started_cpu = time.perf_counter(), time.process_time()
     texts = list(texts)
+    size = max(store_size or len(texts), len(texts))
     sources = unlearned_chunks(texts, encoder)
+    budget = query_budget(encoder, size, n_queries)
     try:
-        queries, proxy = _queries(texts, n_queries, seed, sources)
+        queries, proxy = _queries(texts, budget, seed, sources)
     except ValueError as error:
         logger.info("default search: %s; keeping %s", error, UNCALIBRATED_MODE)
         return {
@@ -161,7 +184,6 @@ def fit_default_search(
         dense[rows, cols] = exact_scores(query_vectors[rows], rest_vectors, metric)[np.arange(len(rows)), np.arange(len(rows))]
         rest_bm25 = bm25_matrix(terms, [query_terms[i] for i in rows], [analyze(d) for _, d in rests])
         lexical[rows, cols] = rest_bm25[np.arange(len(rows)), np.arange(len(rows))]
-    size = max(store_size or len(texts), len(texts))
     candidates = max(10, min(len(texts), round(DEFAULT_CANDIDATES * len(texts) / size)))
     gains = 100 * ndcg_gain(pseudo_query_ranks(dense, lexical, targets, candidates))
     choice = choose(gains, proxy, n_splits, seed)
@@ -169,6 +191,7 @@ def fit_default_search(
         {
             "proxy": proxy,
             "pseudo_queries": len(queries),
+            "query_budget": budget,
             "sample_chunks": len(texts),
             "query_chunks": "every sampled chunk" if sources is None else f"{len(sources)} held aside from the fast fit",
             "store_chunks": size,
