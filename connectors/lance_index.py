@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
