@@ -94,8 +94,8 @@ class LanceRows:
     def _writable(self) -> Any:
         """The pylance dataset writes and index builds go through, opened on first use (sharing the read
         dataset's caches) and kept at the latest version by its own writes. Nothing here imports
-        ``lancedb``: its native library beside pylance's cost an indexing process about 150 MB and a cold
-        search 1.4 s, for the same Lance engine."""
+        ``lancedb``: its native library is a second copy of the Lance engine, whose import and code paged in
+        by the writes cost a 1,526-chunk ingestion 130 MB of its 1.3 GB peak."""
         if self._writer is None:
             self._writer = self._open(session=None if self._lance is None else self._lance.session())
         return self._writer
