@@ -120,9 +120,11 @@ def lancedb_hybrid(store, reranker):
     """LanceDB's own hybrid query on the store's table: vector leg + full-text leg on its ``terms`` index."""
     from lancedb.query import FullTextOperator, MatchQuery
 
+    table = store.lancedb_table()
+
     def query(pair):
         terms = " ".join(query_terms(pair[0]))
-        builder = store._table.search(query_type="hybrid", vector_column_name="vector", fts_columns="terms")
+        builder = table.search(query_type="hybrid", vector_column_name="vector", fts_columns="terms")
         text = MatchQuery(terms, "terms", operator=FullTextOperator.OR)
         return builder.vector(pair[1]).text(text).distance_type("cosine").limit(10).rerank(reranker).to_arrow()
 

@@ -422,7 +422,7 @@ def lancedb_keyword_bare(store: Any) -> Callable[[str], Any]:
     from isotrope.connectors.lance_lexical import TERMS
     from isotrope.lexical import query_terms
 
-    table = store._table
+    table = store.lancedb_table()
     return lambda text: (
         table.search(" ".join(query_terms(text)), query_type="fts", fts_columns=TERMS)
         .limit(K)
@@ -441,7 +441,7 @@ def lancedb_hybrid_bare(path: Path, encoder_dir: Path) -> Callable[[str], Any]:
     from isotrope.lexical import query_terms
 
     store, encoder = LanceDBStore(path), ShapedEncoder.load(encoder_dir)
-    table, settings = store._table, store._index_settings(K, True)
+    table, settings = store.lancedb_table(), store._index_settings(K, True)
 
     def search(text: str) -> Any:
         vector, terms = encoder.encode([text], kind="query")[0], " ".join(query_terms(text))
@@ -477,7 +477,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     result["auto_index"] = store.index_info()
     ids: list[str] = []
     exact = faiss.IndexFlatIP(store.dim)
-    for batch in store._table.to_lance().to_batches(columns=["id", "vector"], batch_size=65_536):
+    for batch in store._dataset().to_batches(columns=["id", "vector"], batch_size=65_536):
         ids.extend(batch.column("id").to_pylist())
         exact.add(_to_numpy(batch.column("vector"), store.dim, batch.column("id"), "vector"))
     truth = exact.search(queries, K)[1]
@@ -491,9 +491,9 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
         if name == "auto":  # the index ingestion built and calibrated, as it is
             pass
         elif name == "flat":
-            for index in store._table.list_indices():
-                if "vector" in index.columns:
-                    store._table.drop_index(index.name)
+            for name_, _, columns in store._indices():
+                if "vector" in columns:
+                    store._writable().drop_index(name_)
             store._vector_index = False
         else:
             plan = index_plan.lancedb_ivf_pq_for(max(n, index_plan.EXACT_BELOW), store.dim)

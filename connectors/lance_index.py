@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -20,8 +21,28 @@ from .lance_rows import LanceRows, to_numpy
 logger = logging.getLogger(__name__)
 
 LANCE_DISTANCE = {"ip": "dot", "cosine": "cosine", "l2": "l2"}
-#: the index types ``index`` names, as ``lancedb.index`` config classes (imported when an index is built)
-INDEX_TYPES = {"ivf_pq": "IvfPq", "hnsw_sq": "HnswSq"}
+#: the index types ``index`` names, as pylance's index types
+INDEX_TYPES = {"ivf_pq": "IVF_PQ", "hnsw_sq": "IVF_HNSW_SQ"}
+#: ``lancedb.index`` config classes :meth:`LanceVectorIndex.create_index` takes, as pylance's index types
+_LANCEDB_CONFIGS = {
+    "IvfPq": "IVF_PQ",
+    "IvfSq": "IVF_SQ",
+    "IvfFlat": "IVF_FLAT",
+    "HnswSq": "IVF_HNSW_SQ",
+    "HnswPq": "IVF_HNSW_PQ",
+    "HnswFlat": "IVF_HNSW_FLAT",
+}
+#: a ``lancedb.index`` config's parameters, as pylance's ``create_index`` names them
+_LANCEDB_PARAMS = {
+    "num_partitions": "num_partitions",
+    "num_sub_vectors": "num_sub_vectors",
+    "num_bits": "num_bits",
+    "max_iterations": "max_iters",
+    "sample_rate": "sample_rate",
+    "m": "m",
+    "ef_construction": "ef_construction",
+    "target_partition_size": "target_partition_size",
+}
 #: delta segments of the vector index (one per commit that adds rows to it) merged into one from this many on
 _MAX_INDEX_SEGMENTS = 4
 #: the index asked for ("auto" or an index type) and the search breadth calibrated when it was built
@@ -35,6 +56,15 @@ _META_PARAMS = "isotrope.index_params"
 #: at every ef; 20 rows taken instead of 100, 0.8 to 1.3 ms less a query on a loaded machine)
 REFINE = 10
 REFINE_SQ = 2
+
+
+def _from_lancedb(config: Any) -> tuple[str, dict[str, Any]]:
+    """A ``lancedb.index`` vector index config as pylance's index type and ``create_index`` parameters."""
+    kind = _LANCEDB_CONFIGS.get(type(config).__name__)
+    if kind is None:
+        raise ValueError(f"unsupported index config {type(config).__name__}; expected one of {', '.join(_LANCEDB_CONFIGS)}")
+    values = {ours: getattr(config, theirs, None) for theirs, ours in _LANCEDB_PARAMS.items()}
+    return kind, {name: value for name, value in values.items() if value is not None}
 
 
 class LanceVectorIndex(LanceRows):
@@ -105,23 +135,24 @@ class LanceVectorIndex(LanceRows):
         outside the index by brute force, which made a 100,000-row store answer in 54 ms, not 10 ms.
         Each addition is a delta segment that every query searches too (13 of them at 100,000 rows: 11.9
         against 8.4 ms a query merged), so from ``_MAX_INDEX_SEGMENTS`` on, all are merged into one (76 ms)."""
-        name = next(i.name for i in self._table.list_indices() if "vector" in i.columns)
-        stats = self._table.index_stats(name)
-        if stats.num_unindexed_rows:
-            merge = stats.num_indices if stats.num_indices >= _MAX_INDEX_SEGMENTS else 0  # 0: a new delta
-            self._table.to_lance().optimize.optimize_indices(index_names=[name], num_indices_to_merge=merge)
-            self._table.checkout_latest()
+        name = next(name for name, _, columns in self._indices() if "vector" in columns)
+        stats = self.index_stats(name)
+        if stats["num_unindexed_rows"]:
+            merge = stats["num_indices"] if stats["num_indices"] >= _MAX_INDEX_SEGMENTS else 0  # 0: a new delta
+            self._writable().optimize.optimize_indices(index_names=[name], num_indices_to_merge=merge)
             self._vector_index = False
 
-    def _planned_config(self) -> Any:
-        import lancedb.index
+    def index_stats(self, name: str) -> dict[str, Any]:
+        """Lance's statistics of the index ``name`` (``num_indexed_rows``, ``num_unindexed_rows``, ``num_indices``, ...)."""
+        return dict(self._dataset().stats.index_stats(name))
 
-        distance = LANCE_DISTANCE[self.metric]
+    def _planned_index(self) -> tuple[str, dict[str, Any]]:
+        """The pylance index type and parameters of the index ``index`` asks for at the table's size."""
         if self.index != AUTO:
-            return getattr(lancedb.index, INDEX_TYPES.get(self.index, "IvfPq"))(distance_type=distance)
+            return INDEX_TYPES.get(self.index, "IVF_PQ"), {}
         plan = index_plan.lancedb_index_for(max(len(self), index_plan.EXACT_BELOW), self.dim)
         assert plan is not None  # at EXACT_BELOW rows or more the plan is an index, never exact search
-        return getattr(lancedb.index, INDEX_TYPES[plan.pop("type")])(distance_type=distance, **plan)
+        return INDEX_TYPES[plan.pop("type")], plan
 
     def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
         """Set the search breadth (``ef`` of an HNSW index, else ``nprobe``) to the smallest reaching
@@ -179,25 +210,27 @@ class LanceVectorIndex(LanceRows):
     def create_index(self, config: Any = None) -> None:
         """Build (or rebuild) the ANN index on ``vector``.
 
-        ``config`` is a ``lancedb.index`` config (``IvfPq``, ``HnswSq``, ...) whose distance type
-        must match the store's metric; by default one of ``index`` with LanceDB's defaults (IVF_PQ for "flat").
+        ``config`` is a ``lancedb.index`` config (``IvfPq``, ``HnswSq``, ...: read, not imported here) whose
+        distance type must match the store's metric; by default one of ``index`` (IVF_PQ for "flat"), an IVF_PQ
+        index with the index plan's partitions and sub-vectors (:func:`index_plan.lancedb_ivf_pq_for`) where not
+        given. Built through pylance, named as LanceDB names it (``vector_idx``).
         """
         distance = LANCE_DISTANCE[self.metric]
         if config is None:
-            config = self._planned_config()
-        elif getattr(config, "distance_type", distance) != distance:
-            raise ValueError(
-                f"index distance_type {config.distance_type!r} does not match the store metric {self.metric!r} ({distance!r})"
-            )
+            kind, build = self._planned_index()
+        else:
+            kind, build = _from_lancedb(config)
+            if getattr(config, "distance_type", distance) != distance:
+                raise ValueError(
+                    f"index distance_type {config.distance_type!r} does not match the store metric {self.metric!r} ({distance!r})"
+                )
+        if "PQ" in kind:  # Lance needs the sub-vectors of PQ: the index plan's, and its partitions where none are given
+            build = {**index_plan.lancedb_ivf_pq_for(len(self), self.dim), **build}
         self._vector_index = False
-        self._table.create_index("vector", config=config, replace=True)
+        self._writable().create_index("vector", kind, name="vector_idx", metric=distance, replace=True, **build)
         self._indexed_rows = len(self)
         self._compaction_due = True
-        params = {
-            name: getattr(config, name)
-            for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction")
-            if isinstance(getattr(config, name, None), int)
-        }
+        params = {name: build[name] for name in ("num_partitions", "num_sub_vectors", "m", "ef_construction") if name in build}
         meta = {_META_PARAMS: json.dumps(params)}
         if "Hnsw" in (self.vector_index or "") and "num_partitions" in params:
             self.nprobe = params["num_partitions"]  # every graph searched: ef alone sets the breadth
@@ -214,16 +247,18 @@ class LanceVectorIndex(LanceRows):
         apart). Done at the first commit after an index build, O(n) work as the build is."""
         self._compaction_due = False
         with self._rows_kept():
-            self._table.to_lance().optimize.compact_files()
-            self._table.checkout_latest()
+            self._writable().optimize.compact_files()
         self._vector_index = False
 
     def optimize(self) -> None:
-        """Compact files, add new rows to the indexes and prune old versions (LanceDB's ``optimize``);
-        an auto table also gets the index its size calls for, rebuilt and recalibrated."""
+        """Compact files, prune versions older than a week and add new rows to the indexes (what LanceDB.s
+        ``optimize`` does); an auto table also gets the index its size calls for, rebuilt and recalibrated."""
         self._vector_index = False
         with self._rows_kept():
-            self._table.optimize()
+            writer = self._writable()
+            writer.optimize.compact_files()
+            writer.cleanup_old_versions(older_than=timedelta(days=7))
+            writer.optimize.optimize_indices()
         self._vector_index = False
         if self.index == AUTO and len(self) >= index_plan.EXACT_BELOW:
             self.create_index()

@@ -73,7 +73,7 @@ class LanceLexicalIndex(LanceRows):
         if TERMS in self._schema.names:
             return
         logger.warning("table %r in %s has no lexical terms: analyzing its %d texts", self.table_name, self.path, len(self))
-        self._table.add_columns(pa.field(TERMS, pa.string()))
+        self._writable().add_columns(pa.field(TERMS, pa.string()))
         schema = pa.schema([pa.field("id", pa.string()), pa.field(TERMS, pa.string())])
 
         def batches() -> Iterator[pa.RecordBatch]:
@@ -82,20 +82,17 @@ class LanceLexicalIndex(LanceRows):
                 yield pa.RecordBatch.from_arrays([batch.column("id"), pa.array(terms, pa.string())], schema=schema)
 
         reader = pa.RecordBatchReader.from_batches(schema, batches())
-        self._table.merge_insert("id").when_matched_update_all().execute(reader)
+        self._writable().merge_insert("id").when_matched_update_all().execute(reader)
         self._lexical_state = "stale"
 
     def _refresh_lexical_index(self) -> None:
         """Make the full-text index exact: add appended rows to it, or rebuild it after deletes and updates."""
         self._ensure_terms_column()
         if self._lexical_state == "appended" and self.has_lexical_index:
-            name = next(i.name for i in self._table.list_indices() if TERMS in i.columns)
-            self._table.to_lance().optimize.optimize_indices(index_names=[name])
-            self._table.checkout_latest()
+            name = next(name for name, _, columns in self._indices() if TERMS in columns)
+            self._writable().optimize.optimize_indices(index_names=[name])
         else:
-            from lancedb.index import FTS
-
-            self._table.create_index(TERMS, config=FTS(**_FTS_CONFIG), replace=True)
+            self._writable().create_scalar_index(TERMS, "INVERTED", name=f"{TERMS}_idx", replace=True, **_FTS_CONFIG)
         self._vector_index = False
         self._write_term_stats()
         self._set_meta({META_LEXICAL_ROWS: self.rows_signature()})

@@ -204,9 +204,10 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
 def test_lance_table_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
     store = open_store("lance", tmp_path)
     contents = fill(store)
-    for index in store._table.list_indices():
-        store._table.drop_index(index.name)
-    store._table.drop_columns(["terms"])
+    dataset = store._writable()
+    for name, _, _ in store._indices():
+        dataset.drop_index(name)
+    dataset.drop_columns(["terms"])
     store = LanceDBStore(tmp_path / "lance")
     assert not store.has_lexical_index
     assert_lexical_exact("lance", store, contents)

@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("faiss")
 pytest.importorskip("lancedb")
+from lance import LanceDataset
+
 from isotrope.connectors.faiss_store import FaissStore
 from isotrope.connectors.lancedb_store import LanceDBStore
 
@@ -55,13 +57,13 @@ def test_appending_new_ids_equals_upserting_them(kind, tmp_path):
 def test_lance_appends_unless_an_upsert_is_possible(tmp_path, monkeypatch):
     store = open_store("lancedb", tmp_path)
     merges = []
-    merge_insert = type(store._table).merge_insert
+    merge_insert = LanceDataset.merge_insert
 
     def spy(self, on):
         merges.append(on)
         return merge_insert(self, on)
 
-    monkeypatch.setattr(type(store._table), "merge_insert", spy)
+    monkeypatch.setattr(LanceDataset, "merge_insert", spy)
     store.add(*batch(0, 40, 1))  # an empty table: appended
     store.add(*batch(40, 40, 2), new_ids=True)  # the caller knows the ids are new
     assert merges == [] and len(store) == 80

@@ -103,8 +103,8 @@ def test_duplicated_rows_are_repaired_by_the_next_run(docs, tmp_path, tiny_glove
     store = f"lancedb:{tmp_path / 'store'}"
     index(docs, store, tiny_glove_path)
     with Collection.open(store) as collection:  # what two unserialised writers used to leave
-        table = collection.store._table
-        table.add(table.to_arrow().slice(0, 5))
+        dataset = collection.store._writable()
+        dataset.insert(dataset.to_table().slice(0, 5))
         assert len(collection.store) == 17
     with caplog.at_level("WARNING"):
         report = index(docs, store, tiny_glove_path)

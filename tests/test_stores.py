@@ -556,16 +556,16 @@ def test_lance_rows_written_after_the_ann_index_is_built_are_added_to_it(tmp_pat
     store.add(ids_of(1200), data[:1200])
     store.add(ids_of(1500)[1200:], data[1200:])
     store.commit()
-    name = next(i.name for i in store._table.list_indices() if "vector" in i.columns)
-    stats = store._table.index_stats(name)
-    assert (stats.num_indexed_rows, stats.num_unindexed_rows) == (1500, 0)
+    name = next(name for name, _, columns in store._indices() if "vector" in columns)
+    stats = store.index_stats(name)
+    assert (stats["num_indexed_rows"], stats["num_unindexed_rows"]) == (1500, 0)
     assert store.vector_index == "IvfPq" and len(store) == 1500
     more = make_data("clustered", 600, seed=9)
     for start in range(0, 600, 100):  # one delta segment per commit, merged into one from the fourth on
         store.add(ids_of(2100)[1500 + start : 1600 + start], more[start : start + 100])
         store.commit()
-        stats = store._table.index_stats(name)
-        assert stats.num_unindexed_rows == 0 and stats.num_indices <= 4
+        stats = store.index_stats(name)
+        assert stats["num_unindexed_rows"] == 0 and stats["num_indices"] <= 4
     reference = filled("memory", tmp_path, np.vstack([data, more]), "cosine")
     assert recall(reference.search(more[:20], K), store.search(more[:20], K)) >= 0.9
 
@@ -582,3 +582,46 @@ def test_lance_vector_index_follows_index_changes_and_empty_tables_search(tmp_pa
     assert LanceDBStore(tmp_path / "lance").vector_index == "IvfPq"  # what a fresh handle reads
     store.restore(unindexed)
     assert store.vector_index == LanceDBStore(tmp_path / "lance").vector_index
+
+
+LANCE_WRITER = """
+    import sys
+    import numpy as np
+    from isotrope.connectors.lancedb_store import LanceDBStore
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((400, 16)).astype(np.float32)
+    store = LanceDBStore(sys.argv[1], dim=16, metric="cosine", index="ivf_pq", threshold=300, raw_dim=4)
+    store.add([f"d{i}" for i in range(400)], data, [f"text {i}" for i in range(400)], [{"n": i} for i in range(400)])
+    store.add(["d3"], data[:1], ["replaced"])  # an upsert: a merge on id
+    store.update_vectors(["d5"], data[6:7])
+    store.delete(["d4"])
+    store.set_properties(step="1")
+    store.commit()
+    reopened = LanceDBStore(sys.argv[1])
+    assert len(reopened) == 399 and reopened.vector_index == "IvfPq" and reopened.has_lexical_index
+    assert reopened.search(data[:2], 3)[0] and reopened.lexical_search(["replaced"], 1)[0][0].id == "d3"
+    print(sorted(name for name in sys.modules if name.split(".")[0] == "lancedb"))
+"""
+
+
+def test_lance_store_writes_indexes_and_searches_without_lancedb(tmp_path):
+    """Every write, index build and search goes through pylance alone: ``import lancedb`` (its own copy of the
+    Lance engine, beside pylance's) never happens."""
+    result = run_child(LANCE_WRITER, tmp_path / "lance")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_lancedb_reads_a_table_the_store_wrote(tmp_path):
+    """The table stays a LanceDB table: LanceDB lists and opens it, and reads the rows and indexes the store wrote."""
+    import lancedb
+
+    data = make_data("clustered", 300)
+    store = filled("lance", tmp_path, data, metric="cosine", index="flat")
+    store.delete([ids_of(300)[0]])
+    store.commit()
+    table = lancedb.connect(tmp_path / "lance").open_table("chunks")
+    assert table.count_rows() == 299
+    assert {i.index_type for i in table.list_indices()} == {"FTS"}
+    hits = table.search(data[1], vector_column_name="vector").distance_type("cosine").limit(K).to_arrow()
+    assert hits.column("id").to_pylist() == [h.id for h in store.search(data[1:2], K)[0]]
