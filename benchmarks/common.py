@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO_ROOT, peak_rss_mb, set_threads, thread_env
+from benchmarks.harness import REPO_ROOT, OthersCpu, peak_rss_mb, set_threads, thread_env
 
 #: the transformer every comparison uses, and sentence-transformers' max_seq_length for it
 MODEL = "all-MiniLM-L6-v2"
@@ -47,20 +47,22 @@ def run_child(module: str, args: list[str], threads: int, timeout: float | None 
     """Run ``python -m module ARGS --threads N --json-out FILE`` in a fresh process and return its JSON.
 
     The child reports its own peak RSS (:func:`child_main` adds it); ``process_wall_s`` is the
-    child's whole life seen from here, interpreter start and imports included.
+    child's whole life seen from here, interpreter start and imports included, and ``others_cpu_s`` /
+    ``others_cpu_share`` the CPU time other processes used meanwhile (:class:`~benchmarks.harness.OthersCpu`).
     """
     with tempfile.TemporaryDirectory(prefix="isotrope-bench-") as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, "-m", module, *args, "--threads", str(threads), "--json-out", str(out)]
         env = {**os.environ, **thread_env(threads), "PYTHONPATH": _pythonpath()}
-        start = time.perf_counter()
+        start, others = time.perf_counter(), OthersCpu()
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        wall = time.perf_counter() - start
+        wall, others_cpu = time.perf_counter() - start, others.figures()
         if done.returncode != 0 or not out.is_file():
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"{' '.join(command)} exited with code {done.returncode}:\n{tail}")
         result = json.loads(out.read_text())
     result["process_wall_s"] = wall
+    result.update(others_cpu or {})
     return result
 
 

@@ -19,7 +19,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import load_now, machine_info, wait_for_load
+from benchmarks.harness import OthersCpu, load_now, machine_info, wait_for_load
 from benchmarks.scale import passages, read_sentences
 from isotrope.config import EncoderConfig
 from isotrope.ingest.loaders import Document
@@ -29,7 +29,7 @@ from isotrope.search import Collection
 
 def measure(data_dir: Path, n: int, model: str, store_kind: str) -> dict:
     """One ingestion of ``n`` passages into a new store: its steps' seconds and the choice's share."""
-    load_at_start = wait_for_load()
+    load_at_start, others = wait_for_load(), OthersCpu()
     documents = [Document(f"p{i}", text) for i, (_, text) in enumerate(passages(read_sentences(data_dir), n))]
     with tempfile.TemporaryDirectory(prefix="isotrope-default-search-") as tmp:
         uri = f"{store_kind}:{Path(tmp) / 'store'}"
@@ -48,6 +48,7 @@ def measure(data_dir: Path, n: int, model: str, store_kind: str) -> dict:
         "choice": {key: choice.get(key) for key in ("mode", "alpha", "proxy", "pseudo_queries", "sample_chunks")},
         "load_average_at_start": load_at_start,
         "load_average_at_end": load_now(),
+        **(others.figures() or {}),
         "machine": machine_info(),
     }
 

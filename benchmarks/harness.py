@@ -2,7 +2,9 @@
 
 Every topic runs under :func:`measured`: it records the load average before and after and refuses to
 write a result when the 1-minute load at the start is above :data:`MAX_LOAD` (``--allow-loaded``
-writes it marked ``"loaded": true``, which the renderer refuses to cite). Sides of a comparison are
+writes it marked ``"loaded": true``, which the renderer refuses to cite). The load at the end counts
+the run's own threads, so it also records the CPU time every *other* process used while it ran
+(:class:`OthersCpu`); above :data:`MAX_OTHERS_CPU` of the machine, the result is marked loaded. Sides of a comparison are
 timed by :func:`alternate` in rounds whose order rotates, each run's wall and CPU time recorded, and
 summarised as median and spread. :func:`set_threads` pins torch, ONNX Runtime (through
 ``OMP_NUM_THREADS``, which isotrope's sessions read), OpenMP/BLAS and faiss, and returns what it set.
@@ -33,6 +35,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 #: the 1-minute load average above which a result is not written (unless --allow-loaded)
 MAX_LOAD = 1.0
+#: the share of the machine's CPU time other processes may use during a run before it counts as loaded
+MAX_OTHERS_CPU = 0.10
+#: ... once they used at least this many CPU seconds (/proc/stat counts in ticks: a short run's share is noise)
+MIN_OTHERS_CPU_S = 1.0
 LIBRARIES = (
     "isotrope", "torch", "onnxruntime", "onnx", "transformers", "tokenizers", "sentence-transformers", "optimum",
     "optimum-onnx", "numpy", "faiss-cpu", "lancedb", "pylance", "pyarrow", "llama-index-core",
@@ -95,6 +101,46 @@ def cpu_seconds() -> float:
     """User + system CPU time of this process (all threads) and its finished children."""
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def machine_cpu_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (user, nice, system, irq, softirq in /proc/stat),
+    None where /proc is missing."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(value) for value in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class OthersCpu:
+    """CPU time other processes used while a run went on: the machine's busy time less this process's and its
+    waited-for children's (:func:`cpu_seconds`), as seconds and as a share of every core's wall time."""
+
+    start_machine: float | None = field(default_factory=lambda: machine_cpu_seconds())
+    start_own: float = field(default_factory=cpu_seconds)
+    start_wall: float = field(default_factory=time.perf_counter)
+
+    def figures(self) -> dict[str, float] | None:
+        end_machine = machine_cpu_seconds()
+        if self.start_machine is None or end_machine is None:
+            return None
+        others = max(0.0, (end_machine - self.start_machine) - (cpu_seconds() - self.start_own))
+        capacity = (time.perf_counter() - self.start_wall) * (os.cpu_count() or 1)
+        return {"others_cpu_s": round(others, 1), "others_cpu_share": round(others / capacity, 4) if capacity else 0.0}
+
+
+def loaded_by_others(figures: Mapping[str, float] | None) -> bool:
+    """Whether other processes used more than :data:`MAX_OTHERS_CPU` of the machine during a run
+    (:meth:`OthersCpu.figures`), warning when they did."""
+    if not figures or figures["others_cpu_s"] < MIN_OTHERS_CPU_S or figures["others_cpu_share"] <= MAX_OTHERS_CPU:
+        return False
+    logger.warning(
+        "other processes used %.0f %% of the CPU during the run: it counts as loaded", 100 * figures["others_cpu_share"]
+    )
+    return True
 
 
 def summarize(wall: list[float], cpu: list[float] | None = None) -> dict[str, Any]:
@@ -299,9 +345,12 @@ def check_load(allow_loaded: bool, limit: float = MAX_LOAD) -> bool:
 def measured(topic: str, command: str, mode: str, allow_loaded: bool, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run ``work`` under the discipline and return the result document (``work``'s figures under ``"result"``)."""
     loaded = check_load(allow_loaded)
-    before, cpu_start, start = load_now(), cpu_seconds(), time.perf_counter()
+    before, cpu_start, start, others = load_now(), cpu_seconds(), time.perf_counter(), OthersCpu()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     result = work()
+    others_cpu = others.figures()
+    if loaded_by_others(others_cpu):
+        loaded = True
     return {
         "topic": topic,
         "command": command,
@@ -310,6 +359,7 @@ def measured(topic: str, command: str, mode: str, allow_loaded: bool, work: Call
         "loaded": loaded,
         "load_average_before": before,
         "load_average_after": load_now(),
+        **(others_cpu or {}),
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(cpu_seconds() - cpu_start, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),

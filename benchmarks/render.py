@@ -66,6 +66,12 @@ def runs(entry: dict[str, Any]) -> str:
     return ", ".join(f"{t:.3g}" for t in entry.get("runs_s", []))
 
 
+def others_cpu(document: dict[str, Any]) -> str:
+    """``, other processes N % of the CPU`` where the result recorded it (older results did not)."""
+    share = document.get("others_cpu_share")
+    return "" if share is None else f", other processes {100 * share:.1f} % of the CPU"
+
+
 def provenance(document: dict[str, Any]) -> str:
     """One line: command, machine, load before/after, threads, commit, date."""
     machine = document["machine"]
@@ -73,7 +79,8 @@ def provenance(document: dict[str, Any]) -> str:
     set_to = ", ".join(f"{name} {value}" for name, value in threads.items() if name != "requested")
     return (
         f"`{document['command']}` on {machine['cpu']} ({machine['usable_cores']} cores, {machine['ram_gb']} GB), "
-        f"load {document['load_average_before'][0]:.2f} before / {document['load_average_after'][0]:.2f} after, "
+        f"load {document['load_average_before'][0]:.2f} before / {document['load_average_after'][0]:.2f} after"
+        f"{others_cpu(document)}, "
         f"{threads.get('requested', '?')} threads ({set_to}), commit {machine['git_commit']}, {document['started'][:10]}"
     )
 

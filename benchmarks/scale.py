@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import child_main, child_parser, run_child
-from benchmarks.harness import machine_info, wait_for_load
+from benchmarks.harness import MAX_LOAD, loaded_by_others, machine_info, wait_for_load
 
 logger = logging.getLogger(__name__)
 
@@ -514,17 +514,20 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
                 .limit(K)
                 .select(["id", "text", "metadata", "_distance"])
             )
-            if indexed:
-                query = query.nprobes(store.nprobe)
-                if store.refine:
-                    query = query.refine_factor(store.refine)
+            for setting, value in store._index_settings(K, True).items():  # the store's breadth: nprobes, refine, ef
+                query = getattr(query, setting)(value)
             return query.to_arrow()
 
         found = [[position[hit.id] for hit in hits] for hits in ours(queries)]
+        bare_found: list[list[int]] = [[] for _ in queries]
+        answers = bare(queries)
+        for query_index, row_id in zip(answers.column("query_index").to_pylist(), answers.column("id").to_pylist()):
+            bare_found[query_index].append(position[row_id])
         row = {
             "build_s": build_s,
             **store.index_info(),
             "recall_at_10": recall_at_10(found, truth),
+            "bare_recall_at_10": recall_at_10(bare_found, truth),
             **time_pair(ours, bare, queries, args.single, args.batch_repeats),
         }
         result[name] = row
@@ -614,6 +617,13 @@ def run(
             )
             search["load_average_at_start"] = load
             result["stores"][kind] = {"indexing": indexing, "search": search}
+            result["loaded"] = result.get("loaded", False) or any(
+                [
+                    indexing["load_average_before_after"][0] > MAX_LOAD,
+                    load[0] > MAX_LOAD,
+                    *map(loaded_by_others, (indexing, search)),
+                ]
+            )
             out.write_text(json.dumps(result, indent=2))
     finally:
         if not keep:

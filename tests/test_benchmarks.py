@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,7 +95,27 @@ def test_load_guard_refuses_a_busy_machine_unless_allowed(monkeypatch):
     result = measured("encode", "cmd", "quick", True, lambda: {"x": 1})
     assert result["loaded"] is True and result["result"] == {"x": 1}
     monkeypatch.setattr(harness.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    monkeypatch.setattr(harness, "machine_cpu_seconds", lambda: 100.0)  # nothing else ran
     assert measured("encode", "cmd", "quick", False, lambda: {})["loaded"] is False
+
+
+def test_cpu_used_by_other_processes_during_a_run_marks_it_loaded(monkeypatch):
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    busy = iter([100.0, 160.0])  # the machine's busy seconds at the start and the end: 60 s not ours
+    monkeypatch.setattr(harness, "machine_cpu_seconds", lambda: next(busy))
+    result = measured("encode", "cmd", "quick", False, lambda: {"x": 1})
+    assert result["loaded"] is True and result["others_cpu_s"] >= 59.0 and result["others_cpu_share"] > 0.1
+    assert "other processes" in render.provenance({**document(), "others_cpu_share": 0.004})
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="/proc/stat is Linux's")
+def test_others_cpu_sees_a_process_this_one_has_not_waited_for():
+    others = harness.OthersCpu()
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nwhile time.process_time() < 1.2: pass"])
+    os.waitid(os.P_PID, spinner.pid, os.WEXITED | os.WNOWAIT)  # it has exited, unreaped: its CPU is not ours yet
+    figures = others.figures()
+    spinner.wait()
+    assert figures is not None and figures["others_cpu_s"] >= 1.0
 
 
 def test_alternate_rotates_the_order_and_records_wall_and_cpu_time():
