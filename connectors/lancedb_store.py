@@ -59,6 +59,7 @@ from isotrope.stores.filters import to_lance
 from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
 from isotrope.stores.rows import chunks, dumps_metadata
 
+from .lance_exact import HeldVectors
 from .lance_index import INDEX_TYPES, LANCE_DISTANCE, META_EF, META_INDEX, META_NPROBES, LanceVectorIndex
 from .lance_lexical import TERMS, LanceLexicalIndex
 from .lance_rows import ID_CHUNK, PROPERTY, id_filter, read_args, vector_array
@@ -171,6 +172,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
         self._lance = None  # the pylance dataset reads go through (see _dataset)
+        self._held = HeldVectors()  # a small table's vectors, for exact search without a scan
         self._storage_options = storage_options
         self._db = None  # LanceDB's connection: only to find a table at a URI, and for lancedb_table()
         self._writer = None  # the pylance dataset writes go through (see _writable)
@@ -401,6 +403,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._writer = None
         self._db = None
         self._lance = None
+        self._held = HeldVectors()
 
     # ------------------------------------------------------------------ indexes
 
@@ -427,7 +430,18 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     def _nearest(
         self, dataset: Any, query: np.ndarray, k: int, condition: str | None, columns: list[str], with_text: bool
     ) -> pa.Table:
-        """One query's ``k`` nearest rows through pylance's scanner (``_rowid`` too without text)."""
+        """One query's ``k`` nearest rows (``_rowid`` too without text): from the vectors held in memory when
+        the table has no ANN index and no filter applies (:mod:`.lance_exact`), else through pylance's scanner."""
+        held = None if condition or self.vector_index is not None else self._held.nearest(dataset, query, k, self.metric)
+        if held is not None:
+            rows, distances = held
+            wanted = [column for column in columns if column != "_distance"]
+            taken = dataset._take_rows(rows.tolist(), columns=wanted) if wanted and len(rows) else None
+            found = {name: taken.column(name) if taken else pa.array([], pa.string()) for name in wanted}
+            found["_distance"] = pa.array(distances, pa.float32())
+            if not with_text:
+                found["_rowid"] = pa.array(rows, pa.uint64())
+            return pa.table(found)
         settings = self._index_settings(k, with_text)
         nearest = {"column": "vector", "q": query, "k": k, "metric": LANCE_DISTANCE[self.metric], **settings}
         return dataset.scanner(**read_args(columns, condition, not with_text), nearest=nearest).to_table()
