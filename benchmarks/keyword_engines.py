@@ -236,17 +236,21 @@ class _Lines(logging.Handler):
 def postings_read(index: Any, exact: Exact, terms: list[list[str]], k: int) -> dict[str, int]:
     """How many postings the store's index scored and looked up for the queries' top ``k`` (early stop),
     against the postings of their terms (what scoring them all reads), and how many of these top k equal
-    the exact BM25 top k. Counts, not times: meaningful on a loaded machine."""
-    from isotrope.connectors.keyword_index import logger
+    the exact BM25 top k. Counts, not times: meaningful on a loaded machine. The early stop is forced on
+    (``PRUNE_ROWS`` and ``PRUNE_FROM`` 0) so that the counts describe it at every size."""
+    from isotrope.connectors import keyword_index
 
+    logger, saved = keyword_index.logger, (keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM)
     lines, level = _Lines(), logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.DEBUG)
+    keyword_index.PRUNE_ROWS = keyword_index.PRUNE_FROM = 0
     try:
         agree = sum(agrees(index.top(query, k)[0].tolist(), exact.scores(query), k) for query in terms)
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)
+        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
     counts = np.array([line[2:5] for line in lines.args], dtype=np.int64).reshape(-1, 3)
     return {
         f"top{k}_exact": agree,
@@ -265,6 +269,7 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
     from isotrope.connectors import keyword_index
 
     def cpu(query: list[str], k: int, prune_from: float) -> float:
+        keyword_index.PRUNE_ROWS = 0
         keyword_index.PRUNE_FROM = prune_from  # type: ignore[assignment]
         best = math.inf
         for _ in range(repeats):
@@ -273,7 +278,7 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
             best = min(best, time.process_time() - start)
         return best
 
-    saved = keyword_index.PRUNE_FROM
+    saved = keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM
     out: dict[str, Any] = {}
     try:
         for k in depths:
@@ -300,7 +305,7 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
                 },
             }
     finally:
-        keyword_index.PRUNE_FROM = saved
+        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
     return out
 
 
