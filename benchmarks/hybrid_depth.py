@@ -90,7 +90,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         for split, row in result["splits"].items():
             for name in ("frozen", "default"):
                 hybrid = row.get(f"hybrid_{name}")
-                if hybrid is None:
+                if hybrid is None or (name == "default" and hybrid["alpha"] == DEFAULT_ALPHA):  # the frozen row's
                     continue
                 top = hybrid[str(max(depths))]
                 cells = [f"{hybrid[str(d)]:.2f} ({hybrid[str(d)] - top:+.2f})" for d in depths[:-1]] + [f"{top:.2f}"]
