@@ -8,7 +8,8 @@ so upserts and deletes never leave it approximate. Its top k stops early and sta
 the rare terms have set a k-th score above what the frequent terms left can add, those are only looked
 up for the rows still in the running instead of scored in full; the same bounds per range of columns
 (the frequent terms' ceilings per range, one byte each) stop scoring a range early where the query's
-terms are sparse (a query with few postings scores them all: :data:`PRUNE_FROM`). Rows changed since the last merge sit in a small second matrix; the key's column
+terms are sparse. Small segments and queries with few postings score them all (:data:`PRUNE_ROWS`,
+:data:`PRUNE_FROM`). Rows changed since the last merge sit in a small second matrix; the key's column
 in the large one is dead meanwhile. ``merge`` folds them in once :data:`MERGE_ROWS` are pending or dead;
 the file keeps both as they are (version 2), so a save never holds a merged copy beside the index.
 
@@ -237,9 +238,11 @@ class _Segment:
         search in their postings) for the rows seen, which drop out as soon as their score plus what is
         left falls below the k-th. The bounds are also kept per range of columns (:meth:`reach`: block-max,
         as in the live-block filtering of Mallia et al., WSDM 2021): a range whose unseen rows can no longer
-        reach the k-th is scored no further, its rows seen are looked up the terms they lack, in order. Each
-        row's terms are added in the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows, a query whose postings here number fewer
-        than :data:`PRUNE_FROM`, or one asking for as many rows as are live, scores every posting."""
+        reach the k-th is scored no further; its rows seen get the terms they lack afterwards, in order (binary
+        searches, or that term's postings in the stopped ranges where cheaper). Each row's terms are added in
+        the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
+        a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
+        every posting."""
         norm, total = self.norm(query.average), self.buffer()
         prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
         check = _CHECK if prunes else math.inf
