@@ -50,9 +50,10 @@ MERGE_ROWS = 50_000
 VERSION = 2
 #: the live rows of a segment and its postings of a query's terms from which its top k stops early: below
 #: either, scoring every posting costs less CPU than the bounds and lookups (``python -m
-#: benchmarks.keyword_engines --profile``, 200 real queries: at 100,000 rows scoring every posting cost less at
-#: every depth and size of query; at 1,000,000 the early stop cost less from 2**12 postings on, for the top 10)
-PRUNE_ROWS = 300_000
+#: benchmarks.keyword_engines --profile``, 200 real queries: scoring every posting cost less at 100,000 rows at
+#: every depth, as much for the top 10 and less for the top 50 and 200 at 300,000; at 1,000,000 the early stop
+#: cost 0.35 of it for the top 10, from 2**12 postings on)
+PRUNE_ROWS = 500_000
 PRUNE_FROM = 4096
 
 #: a term's live columns in a segment (ascending) and its counts there
