@@ -453,13 +453,18 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         index into place. A commit of settings or properties alone leaves the index file as it is."""
         if not self._dirty and not self._conn.in_transaction:
             return
+        keyword = self._stage_keyword()
+        if self._lagging and not self._deferring:
+            # saved (or as saved): the keyword index leaves memory while the index is filled from SQLite, the
+            # peak of a bulk load; read from its file on next use (rebuilt from the open transaction's rows
+            # should this commit fail before SQLite commits)
+            self._keyword = None
         if not self._deferring and self._factory == AUTO:
             self._follow_plan()
         elif not self._deferring:
             self._train_if_due()
         if not self._deferring:
             self._catch_up()
-        keyword = self._stage_keyword()
         if not self._dirty:
             self._conn.execute("COMMIT")
             self._install_keyword(keyword)

@@ -6,8 +6,12 @@ live rows (N, each term's live document frequency, the average length) computed 
 so upserts and deletes never leave it approximate. Its top k stops early and stays exact (MaxScore,
 :meth:`_Segment.best`): each term's largest contribution is bounded by a ceiling kept per term, so once
 the rare terms have set a k-th score above what the frequent terms left can add, those are only looked
-up for the rows still in the running instead of scored in full. Rows changed since the last merge sit in
-a small second matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in.
+up for the rows still in the running instead of scored in full; the same bounds per range of columns
+(the frequent terms' ceilings per range, one byte each) stop scoring a range early where the query's
+terms are sparse. Small segments and queries with few postings score them all (:data:`PRUNE_ROWS`,
+:data:`PRUNE_FROM`). Rows changed since the last merge sit in a small second matrix; the key's column
+in the large one is dead meanwhile. ``merge`` folds them in once :data:`MERGE_ROWS` are pending or dead;
+the file keeps both as they are (version 2), so a save never holds a merged copy beside the index.
 
 The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
 compares it with the generation committed in SQLite and rebuilds the index from the stored texts when
@@ -20,6 +24,7 @@ deleted rows in its statistics, bm25s cannot update a row.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,8 +43,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FILE_NAME = "keyword.npz"
-#: rows changed since the last merge beyond which a change merges them into the large matrix
+#: rows changed since the last merge (pending, and dead in the large matrix) beyond which a change merges
+#: them into the large matrix
 MERGE_ROWS = 50_000
+#: the layout of ``keyword.npz``: 2 keeps dead columns and pending rows (1: merged, read as 2 without them)
+VERSION = 2
+#: the live rows of a segment and its postings of a query's terms from which its top k stops early: below
+#: either, scoring every posting costs less CPU than the bounds and lookups (``python -m
+#: benchmarks.keyword_engines --profile``, 200 real queries: scoring every posting cost less at 100,000 rows at
+#: every depth, as much for the top 10 and less for the top 50 and 200 at 300,000; at 1,000,000 the early stop
+#: cost 0.35 of it for the top 10, from 2**12 postings on)
+PRUNE_ROWS = 500_000
+PRUNE_FROM = 4096
 
 #: a term's live columns in a segment (ascending) and its counts there
 Postings = tuple[np.ndarray, np.ndarray]
@@ -64,6 +79,7 @@ class _Segment:
         self.length_sum = float(self.lengths.sum())
         self._norm: tuple[float, np.ndarray] | None = None  # (average length, each column's BM25 length norm)
         self._ceilings: tuple[float, np.ndarray] | None = None  # (reference average, each term's ceiling)
+        self._ranges: _Ranges | None = None  # the frequent terms' ceilings per range of columns
         self._local = threading.local()
 
     def norm(self, average: float) -> np.ndarray:
@@ -80,6 +96,33 @@ class _Segment:
             reference = self.length_sum / self.alive if self.alive else 1.0
             self._ceilings = (reference, _ceilings(self.counts, _length_norm(self.lengths, reference)))
         return self._ceilings
+
+    def ranges(self) -> _Ranges:
+        """Each frequent term's ceiling in each range of ``2**shift`` columns (at the reference of
+        :meth:`ceilings`; saved with the index)."""
+        if self._ranges is None:
+            reference, ceilings = self.ceilings()
+            self._ranges = _range_ceilings(
+                self.counts, _length_norm(self.lengths, reference), ceilings, _range_shift(len(self.keys))
+            )
+        return self._ranges
+
+    def reach(self, query: _Query, parts: list[Postings]) -> tuple[int, np.ndarray]:
+        """``(shift, reach)``: ``reach[t, r]``, the most the query's terms ``t...`` add to the score of a row of
+        columns ``r * 2**shift ...``: each term's :meth:`bounds` scaled by its ceiling in that range (a term
+        of few postings: its bound in the ranges holding it), 0 in ranges without it."""
+        bounds = self.bounds(query)
+        ranges, (reference, ceilings) = self.ranges(), self.ceilings()
+        count = (len(self.keys) - 1 >> ranges.shift) + 1 if len(self.keys) else 1
+        per = np.zeros((len(parts) + 1, count))
+        scale = max(1.0, query.average / reference)
+        for t, (term, (columns, _)) in enumerate(zip(query.terms.tolist(), parts)):
+            row = ranges.rows[term] if term < len(ranges.rows) else -1
+            if row >= 0:
+                per[t] = query.weights[t] * np.minimum(1.0, ceilings[term] * scale * ranges.ceilings[row] / _LEVELS)
+            elif len(columns):
+                per[t, columns >> ranges.shift] = bounds[t]
+        return ranges.shift, np.cumsum(per[::-1], axis=0)[::-1]
 
     def bounds(self, query: _Query) -> np.ndarray:
         """The most each query term adds to the score of a row of this segment: its weight times its ceiling,
@@ -194,21 +237,39 @@ class _Segment:
         brought up to date before each term of ``_CHECK`` postings or more; once the k-th of them exceeds the most the terms left can add (:meth:`bounds`), a row
         that none of the terms so far holds cannot rank, so the terms left are only looked up (binary
         search in their postings) for the rows seen, which drop out as soon as their score plus what is
-        left falls below the k-th. Each row's terms are added in the same order either way (the same
-        floats)."""
+        left falls below the k-th. The bounds are also kept per range of columns (:meth:`reach`: block-max,
+        as in the live-block filtering of Mallia et al., WSDM 2021): a range whose unseen rows can no longer
+        reach the k-th is scored no further; its rows seen get the terms they lack afterwards, in order (binary
+        searches, or that term's postings in the stopped ranges where cheaper). Each row's terms are added in
+        the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
+        a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
+        every posting."""
         norm, total = self.norm(query.average), self.buffer()
+        prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
+        check = _CHECK if prunes else math.inf
         left = np.append(np.cumsum(self.bounds(query)[::-1])[::-1], 0.0)  # left[t]: the most terms t... add
+        # reach[t, r]: the same for the rows of range r (columns >> shift); one range when not pruning
+        shift, reach = self.reach(query, parts) if prunes else (62, left[:, None])
+        ended = len(parts)
+        switch = np.full(reach.shape[1], ended)  # per range, the term from which its rows are only looked up
         leaders, kth = np.zeros(0, np.int64), 0.0  # the k best rows seen (all, while fewer) and the k-th score
         touched: list[np.ndarray] = []  # the columns of each term scored
         scored = searched = term = checked = 0
         try:
             while term < len(parts) and left[term] >= kth * _MARGIN:
                 columns, counts = parts[term]
+                if kth > 0 and len(switch) > 1:  # ranges whose rows seen by no term so far cannot rank any more
+                    switch[(switch == ended) & (reach[term] < kth * _MARGIN)] = term
+                    if (switch < ended).all():
+                        break
+                    if (switch < ended).any():
+                        scoring = (switch == ended)[columns >> shift]
+                        columns, counts = columns[scoring], counts[scoring]
                 total[columns] += _contribution(query.weights[term], counts, norm[columns])
                 touched.append(columns)
                 scored += len(columns)
                 term += 1
-                if term < len(parts) and len(parts[term][0]) >= _CHECK:  # worth knowing whether to score it
+                if term < len(parts) and len(parts[term][0]) >= check:  # worth knowing whether to score it
                     leaders, kth = _leaders(total, leaders, touched[checked:], kth, k, allowed)
                     checked = term
             if scored * 128 < len(self.keys):  # the rows scored (sorted), from their postings or the whole buffer
@@ -217,20 +278,29 @@ class _Segment:
                 candidates = np.flatnonzero(total)
             if allowed is not None:
                 candidates = candidates[allowed[candidates]]
-            candidates = candidates[total[candidates] + left[term] >= kth * _MARGIN]
-            for rest in range(term, len(parts)):
+            home = candidates >> shift if len(switch) > 1 else np.zeros(len(candidates), np.int64)
+            after = np.minimum(switch[home], term)  # each candidate's first term not in its total yet
+            for rest in range(int(after.min(initial=term)), len(parts)):
                 partial = total[candidates]
                 kth = max(kth, _kth(partial, k))
-                candidates = candidates[partial + left[rest] >= kth * _MARGIN]
+                kept = partial + reach[after, home] >= kth * _MARGIN
+                candidates, home, after = candidates[kept], home[kept], after[kept]
                 columns, counts = parts[rest]
-                if len(candidates) * len(columns).bit_length() > len(columns):  # cheaper to score its postings
+                needs = after == rest  # every candidate from ``term`` on
+                if int(needs.sum()) * len(columns).bit_length() > len(columns):  # cheaper to score its postings
+                    if rest < term:  # only in the ranges that stopped before it (the others have it)
+                        scoring = switch[columns >> shift] <= rest
+                        columns, counts = columns[scoring], counts[scoring]
                     total[columns] += _contribution(query.weights[rest], counts, norm[columns])
                     touched.append(columns)
                     scored += len(columns)
                 else:
-                    hit, scores = _term_scores(parts[rest], query.weights[rest], norm, candidates)
-                    total[candidates[hit]] += scores
-                    searched += len(candidates)
+                    asking = candidates[needs]
+                    hit, scores = _term_scores(parts[rest], query.weights[rest], norm, asking)
+                    total[asking[hit]] += scores
+                    searched += len(asking)
+                after[needs] = rest + 1
+            candidates = candidates[total[candidates] >= kth * _MARGIN]
             return candidates, total[candidates], scored, searched
         finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
             for columns in touched:
@@ -286,7 +356,7 @@ class KeywordIndex:
 
     def _changed(self) -> None:
         self._recent = None
-        if len(self._pending) > MERGE_ROWS:
+        if len(self._pending) + len(self._main.keys) - self._main.alive > MERGE_ROWS:
             self.merge()
 
     def _pending_segment(self) -> _Segment:
@@ -370,16 +440,20 @@ class KeywordIndex:
     # ------------------------------------------------------------------ the file
 
     def save(self, directory: Path) -> Path:
-        """Merge, then write the index under a temporary name (fsynced); the caller renames it into place
-        once SQLite has committed :attr:`generation`."""
-        self.merge()
+        """Write the index under a temporary name (fsynced); the caller renames it into place once SQLite
+        has committed :attr:`generation`. The large matrix is written as it is, dead columns included, and
+        the rows pending beside it as their term ids: no merged copy is made (at a million rows a merge
+        held a second copy of the matrix at the commit that builds the FAISS index)."""
         # a name of its own: threads of one process, or two readers rebuilding a lagging index, may save at once
         tmp = directory / f"{FILE_NAME}.{os.getpid()}-{threading.get_ident()}.tmp"
         main = self._main
         reference, ceilings = main.ceilings()
+        ranges = main.ranges()
+        pending = list(self._pending.values())
         with open(tmp, "wb") as handle:
             np.savez(
                 handle,
+                version=np.int64(VERSION),
                 generation=np.int64(self.generation),
                 vocabulary=np.array(list(self._vocabulary), dtype=object).astype(str),
                 indptr=main.counts.indptr,
@@ -389,6 +463,12 @@ class KeywordIndex:
                 lengths=main.lengths,
                 reference=np.float64(reference),
                 ceilings=ceilings,
+                range_shift=np.int64(ranges.shift),
+                range_terms=np.flatnonzero(ranges.rows >= 0),
+                range_ceilings=ranges.ceilings,
+                pending_keys=np.fromiter(self._pending, dtype=np.int64, count=len(pending)),
+                pending_lengths=np.fromiter(map(len, pending), dtype=np.int64, count=len(pending)),
+                pending_terms=np.concatenate(pending) if pending else np.zeros(0, np.int32),
             )
             handle.flush()
             os.fsync(handle.fileno())
@@ -418,10 +498,17 @@ class KeywordIndex:
     def load(cls, directory: Path) -> KeywordIndex | None:
         """The index saved in ``directory``; None if there is none or it cannot be read."""
         path = directory / FILE_NAME
-        if not path.is_file():
-            return None
+        return cls.read(path) if path.is_file() else None
+
+    @classmethod
+    def read(cls, path: Path) -> KeywordIndex | None:
+        """The index saved in the file ``path`` (a file of version 1, merged, holds no pending rows); None if
+        it cannot be read or is of a later version."""
         try:
             with np.load(path, allow_pickle=False) as saved:
+                version = int(saved["version"]) if "version" in saved.files else 1
+                if version > VERSION:
+                    raise ValueError(f"version {version}; this isotrope reads up to {VERSION}")
                 index = cls(int(saved["generation"]))
                 index._vocabulary = {term: i for i, term in enumerate(saved["vocabulary"].tolist())}
                 counts = _csr_matrix(
@@ -430,6 +517,13 @@ class KeywordIndex:
                 index._main = _Segment(counts, saved["keys"], saved["lengths"])
                 if "ceilings" in saved.files:  # else (a file of an earlier version) computed on first use
                     index._main._ceilings = (float(saved["reference"]), saved["ceilings"])
+                if version > 1:
+                    rows = np.full(counts.shape[0], -1, dtype=np.int64)
+                    rows[saved["range_terms"]] = np.arange(len(saved["range_terms"]))
+                    index._main._ranges = _Ranges(int(saved["range_shift"]), rows, saved["range_ceilings"])
+                    ends = np.cumsum(saved["pending_lengths"])
+                    terms = np.split(saved["pending_terms"], ends[:-1]) if len(ends) else []
+                    index._pending = dict(zip(saved["pending_keys"].tolist(), terms))
         except (OSError, ValueError, KeyError) as error:
             logger.warning("%s cannot be read (%s)", path, error)
             return None
@@ -504,6 +598,53 @@ def _ceilings(counts: csr_matrix, norm: np.ndarray) -> np.ndarray:
         if len(held):
             ceilings[held] = np.maximum.reduceat(ratio, indptr[held] - start)
     return ceilings
+
+
+class _Ranges(NamedTuple):
+    """The ceilings of a segment's frequent terms per range of ``2**shift`` columns: ``rows[term]`` (-1: not
+    kept) is the term's row of ``ceilings``, whose entries are its ceiling in each range as a fraction of its
+    ceiling over all columns, in :data:`_LEVELS` steps rounded up (0: no posting in the range)."""
+
+    shift: int
+    rows: np.ndarray
+    ceilings: np.ndarray
+
+
+#: the most column ranges a segment is cut into, and their least width (a power of two)
+_RANGES = 2048
+_RANGE_WIDTH = 128
+#: steps of a term's ceiling per range (one byte)
+_LEVELS = 255
+
+
+def _range_shift(columns: int) -> int:
+    """The power of two of the range width for a segment of ``columns``."""
+    return (max(_RANGE_WIDTH, -(-columns // _RANGES)) - 1).bit_length()
+
+
+def _range_ceilings(counts: csr_matrix, norm: np.ndarray, ceilings: np.ndarray, shift: int) -> _Ranges:
+    """:class:`_Ranges` of the terms holding at least a quarter as many postings as there are ranges (the
+    others' bounds come from their postings at query time), a block of terms at a time."""
+    indptr = counts.indptr
+    count = (counts.shape[1] - 1 >> shift) + 1 if counts.shape[1] else 1
+    held = np.diff(indptr)
+    kept = np.flatnonzero(held >= max(1, count // 4))
+    rows = np.full(counts.shape[0], -1, dtype=np.int64)
+    rows[kept] = np.arange(len(kept))
+    levels = np.zeros((len(kept), count), dtype=np.uint8)
+    for first, last in _term_blocks(indptr):
+        start, end = indptr[first], indptr[last]
+        term = np.repeat(np.arange(first, last), held[first:last])
+        keep = rows[term] >= 0
+        if not keep.any():
+            continue
+        tf, columns, term = counts.data[start:end][keep], counts.indices[start:end][keep], term[keep]
+        ratio = tf / (tf + norm[columns])  # the expression of _contribution: the same floats
+        level = np.minimum(np.ceil(ratio / ceilings[term] * _LEVELS * (1 + 1e-9)), _LEVELS).astype(np.uint8)
+        place = rows[term] * count + (columns >> shift)  # runs of one term and range where columns are sorted
+        runs = np.flatnonzero(np.r_[True, place[1:] != place[:-1]])
+        np.maximum.at(levels.reshape(-1), place[runs], np.maximum.reduceat(level, runs))
+    return _Ranges(shift, rows, levels)
 
 
 def _length_norm(lengths: np.ndarray, average: float) -> np.ndarray:

@@ -154,3 +154,57 @@ def test_faiss_keeps_a_bulk_load_out_of_the_index_until_it_ends_and_stays_exact(
     assert caplog.text == ""  # the committed file holds every row
     assert top_ids(reopened, queries) == exact(queries, data, np.setdiff1d(np.arange(1500), np.arange(50, 60)))
     reopened.close()
+
+
+def _bulk_load(store, data: np.ndarray) -> None:
+    """``data`` added inside ``deferred_index()`` with a text per row, committing every 700 rows but the
+    last ones (as ingestion leaves them to the commit that builds the index)."""
+    texts = [f"row{i} word{i % 7} word{i % 11} common" for i in range(len(data))]
+    with store.deferred_index():
+        for start in range(0, len(data), 700):
+            part = slice(start, start + 700)
+            if start:
+                store.commit()
+            store.add([str(i) for i in range(start, start + len(data[part]))], data[part], texts[part])
+
+
+def test_the_keyword_index_leaves_memory_while_a_bulk_load_builds_the_index(tmp_path, monkeypatch):
+    """The commit after a bulk load saves the keyword index first and drops it while the ANN index is
+    built from SQLite (the load's memory peak); keyword search then reads it back from its file, exact."""
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
+    held = []
+    original = store._build
+    monkeypatch.setattr(store, "_build", lambda factory: (held.append(store._keyword), original(factory)))
+    _bulk_load(store, draw(3000, 24))
+    queries = ["word3 row5", "common word10", "row2999 word1"]
+    expected = [[(h.id, h.score) for h in row] for row in store.lexical_search(queries, 5)]  # the index in memory
+    store.commit()
+    assert held == [None] and store._keyword is None
+    assert [[(h.id, h.score) for h in row] for row in store.lexical_search(queries, 5)] == expected
+    assert store._keyword is not None and store._keyword.generation == store._committed_generation()
+
+
+def test_a_failed_bulk_commit_keeps_keyword_search_exact(tmp_path, monkeypatch):
+    """If building the index fails once the keyword index has left memory, keyword search inside the open
+    transaction still sees its rows (the index rebuilt from them), and the next commit keeps them."""
+    monkeypatch.setattr(index_plan, "EXACT_BELOW", 1000)
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
+    original = store._build
+    _bulk_load(store, draw(3000, 25))
+    expected = [[(h.id, h.score) for h in row] for row in store.lexical_search(["word3 row5", "row2999"], 5)]
+
+    def fails(factory: str) -> None:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(store, "_build", fails)
+    with pytest.raises(MemoryError):
+        store.commit()
+    assert store._keyword is None
+    assert [[(h.id, h.score) for h in row] for row in store.lexical_search(["word3 row5", "row2999"], 5)] == expected
+    monkeypatch.setattr(store, "_build", original)
+    store.commit()
+    store.close()
+    reopened = FaissStore(tmp_path / "s")
+    assert [[(h.id, h.score) for h in row] for row in reopened.lexical_search(["word3 row5", "row2999"], 5)] == expected
+    assert reopened.has_lexical_index

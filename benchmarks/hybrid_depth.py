@@ -1,0 +1,129 @@
+"""Hybrid search's quality against its candidate depth (issue #32): how many candidates each side must give.
+
+Hybrid search fuses the union of the dense and the keyword top ``candidates`` (``isotrope.fusion``,
+default :data:`~isotrope.fusion.DEFAULT_CANDIDATES`); the keyword side's cost grows with that depth (its
+early stop prunes less the lower the k-th score). For each retrieval set (BEIR folder) and model, the
+corpus is indexed into a FAISS store as ``isotrope eval retrieval --mode hybrid`` does, and hybrid's
+nDCG@10 is scored at each depth, at the frozen alpha and at the alpha of the store's own default search
+(when that is hybrid). Every split with qrels is scored: SciFact's ``train`` queries are the tuning set (the
+fusion defaults were chosen on them), every ``test`` split is report-only. Quality only, deterministic::
+
+    OMP_NUM_THREADS=1 python -m benchmarks.hybrid_depth --data-dir ../shared/data \\
+        --sets retrieval/scifact .cache/isotrope/sets/sick-para .cache/isotrope/sets/stsb-para \\
+        .cache/isotrope/sets/20ng-topic .cache/isotrope/sets/scifact-lower --models all-MiniLM-L6-v2 fast \\
+        --cache-dir .cache/isotrope --out benchmarks/results/hybrid_depth.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from isotrope.config import EncoderConfig
+from isotrope.evaluate.data import load_beir
+from isotrope.evaluate.harness import Evaluator
+from isotrope.evaluate.metrics import ndcg_at_k
+from isotrope.evaluate.store_retrieval import beir_documents, index_documents
+from isotrope.evaluate.tasks import document_text
+from isotrope.fusion import DEFAULT_ALPHA, search_store
+from isotrope.search import Collection
+
+DEPTHS = (25, 50, 100, 200)
+SPLITS = ("train", "test")
+K = 10
+
+
+def scored(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> float:
+    """nDCG@10 (x100) of ``mode`` over the dataset's queries, hybrid with ``depth`` candidates a side."""
+    query_ids = list(dataset.queries)
+    texts = [dataset.queries[q] for q in query_ids]
+    vectors = collection.encoder.encode(texts, kind="query") if mode != "lexical" else None
+    hits = search_store(collection.store, texts, vectors, K, mode=mode, alpha=alpha, candidates=max(depth, K))
+    run = {q: {h.id: h.score for h in row} for q, row in zip(query_ids, hits)}
+    return round(100.0 * ndcg_at_k(run, dataset.qrels, K), 2)
+
+
+def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) -> dict[str, Any]:
+    """One set and model: per split, dense, lexical and hybrid at each depth (frozen and default alpha)."""
+    splits = {s: load_beir(folder, s) for s in SPLITS if (folder / "qrels" / f"{s}.tsv").is_file()}
+    corpus = next(iter(splits.values()))
+    documents = [text for text in map(document_text, corpus.corpus.values()) if text]
+    encoder, _ = Evaluator(cache_dir=cache_dir).fit(EncoderConfig(model=model), documents)
+    ids, texts = beir_documents(corpus)
+    result: dict[str, Any] = {"set": folder.name, "model": model, "depths": list(depths), "splits": {}}
+    with (
+        tempfile.TemporaryDirectory(prefix="isotrope-depth-") as tmp,
+        Collection.create(f"faiss:{Path(tmp) / 'faiss'}", encoder, metric="cosine") as collection,
+    ):
+        index_documents(collection, ids, texts, encoder.encode(texts, kind="document"))
+        collection.fit_default_search()  # as `isotrope index` does: the store's own choice, no label read
+        mode, alpha, _ = collection.default_search()
+        result["default_search"] = {"mode": mode, "alpha": alpha}
+        alphas = {"frozen": DEFAULT_ALPHA, **({"default": alpha} if mode == "hybrid" else {})}
+        for split, dataset in splits.items():
+            row: dict[str, Any] = {
+                "queries": len(dataset.queries),
+                "role": "tuning" if split == "train" else "report-only",
+                "dense": scored(collection, dataset, "dense"),
+                "lexical": scored(collection, dataset, "lexical"),
+            }
+            for name, value in alphas.items():
+                row[f"hybrid_{name}"] = {
+                    "alpha": value,
+                    **{str(depth): scored(collection, dataset, "hybrid", value, depth) for depth in depths},
+                }
+            result["splits"][split] = row
+            print(json.dumps({"set": folder.name, "model": model, "split": split, **row}), flush=True)
+    return result
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown: set x model x split rows, hybrid's nDCG@10 at each depth and its change from the largest."""
+    depths = results[0]["depths"] if results else list(DEPTHS)
+    head = " | ".join(f"hybrid @{d}" for d in depths)
+    lines = [f"| set | split (role) | encoder | alpha | dense | lexical | {head} |", "|---" * (6 + len(depths)) + "|"]
+    for result in results:
+        for split, row in result["splits"].items():
+            for name in ("frozen", "default"):
+                hybrid = row.get(f"hybrid_{name}")
+                if hybrid is None or (name == "default" and hybrid["alpha"] == DEFAULT_ALPHA):  # the frozen row's
+                    continue
+                top = hybrid[str(max(depths))]
+                cells = [f"{hybrid[str(d)]:.2f} ({hybrid[str(d)] - top:+.2f})" for d in depths[:-1]] + [f"{top:.2f}"]
+                lines.append(
+                    f"| {result['set']} | {split} ({row['role']}) | {result['model']} | {hybrid['alpha']} ({name}) | "
+                    f"{row['dense']:.2f} | {row['lexical']:.2f} | {' | '.join(cells)} |"
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True, help="the shared data folder (sets named relative to it)")
+    parser.add_argument("--sets", nargs="+", required=True, help="BEIR folders (relative to --data-dir, or paths)")
+    parser.add_argument("--models", nargs="+", default=["all-MiniLM-L6-v2"])
+    parser.add_argument("--depths", default=",".join(map(str, DEPTHS)))
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table", action="store_true", help="print the table of an existing --out file")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
+    depths = sorted(int(d) for d in args.depths.split(","))
+    results = []
+    for name in args.sets:
+        folder = args.data_dir / name if (args.data_dir / name).is_dir() else Path(name)
+        for model in args.models:
+            results.append(run(folder, model, args.cache_dir, depths))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
