@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import logging
@@ -199,7 +200,7 @@ class StaticBackbone(TokenizedBackbone):
                 self._tables[index], self.distill_report = distill_table(
                     _noting_backend(teacher(model), runtimes),  # a temporary: distill_table drops it after its pass
                     texts,
-                    _input_embeddings(model),
+                    functools.partial(_input_embeddings, model),  # loaded after the teacher's pass
                     samples=self.distill_samples,
                     seed=self.seed,
                     show_progress=show_progress,
