@@ -112,7 +112,7 @@ def default_teacher(model: str) -> Any:
 
 
 def _noting_backend(backbone: Any, runtimes: list[str]) -> Any:
-    runtimes.append(getattr(backbone, "backend", "torch"))
+    runtimes.append(backbone.get_config().get("backend") or "torch")  # a cached backbone records its backend too
     return backbone
 
 
