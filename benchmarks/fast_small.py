@@ -16,6 +16,9 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
 * ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
 * ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
 
+``--teacher-backend`` runs the distillation's teacher on that runtime (default: the product's,
+:func:`isotrope.backbones.static.teacher_backend`); its cells are keyed ``VARIANT@BACKEND``.
+
 Results are written after every cell, so a long run keeps what it finished.
 
     python -m benchmarks.fast_small --cache-dir .cache/isotrope --sets S/scifact-500 S/scifact-1000 \\
@@ -31,8 +34,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import isotrope.backbones.static
 import isotrope.distill
 from benchmarks.common import MODEL, print_and_write
+from isotrope.backbones.backends import BACKENDS
 from isotrope.config import EncoderConfig
 from isotrope.evaluate.commands import run_retrieval
 from isotrope.evaluate.harness import Evaluator
@@ -71,13 +76,17 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["teacher", "default", "unfitted"], choices=["teacher", *VARIANTS])
     parser.add_argument("--modes", nargs="*", default=[], help="also through a FAISS store: dense, lexical, hybrid")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--teacher-backend", choices=BACKENDS, help="the distillation teacher's runtime (default: the product's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result: dict[str, dict[str, Any]] = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
+    if args.teacher_backend:
+        isotrope.backbones.static.TEACHER_BACKEND = args.teacher_backend
+    suffix = f"@{args.teacher_backend}" if args.teacher_backend else ""
     for folder in args.sets:
         for variant in args.variants:
-            result.setdefault(folder.name, {})[variant] = run_cell(args.cache_dir, folder, variant, args.modes)
-            logging.info("%s / %s: %s", folder.name, variant, result[folder.name][variant]["scores"])
+            result.setdefault(folder.name, {})[variant + suffix] = cell = run_cell(args.cache_dir, folder, variant, args.modes)
+            logging.info("%s / %s%s: %s", folder.name, variant, suffix, cell["scores"])
             print_and_write(result, args.out)
 
 

@@ -59,6 +59,9 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
     made = build_pseudo_queries([sample[i] for i in held_chunks], n_held, proxy.proxy, seed=0) if proxy else []
     pq_vectors = distill.teacher_pass(teacher, [q.text for q in made], np.zeros(0, np.int64)).vectors if made else None
     inputs = _input_embeddings(TEACHER)
+    sums, held_sums = passed.take_sums()
+    t0_all = distill.initial_table(sums, inputs)
+    sums.subtract(held_sums)  # the sums over the fitting texts only
     state = {
         "sample": sample,
         "held_chunks": held_chunks,
@@ -68,8 +71,8 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
         "pq_vectors": pq_vectors,
         "q_bags": q_bags,
         "q_parents": q_parents,
-        "t0_fit": distill.initial_table(passed.fit_sums, inputs),
-        "t0_all": distill.initial_table(passed.all_sums, inputs),
+        "t0_fit": distill.initial_table(sums, inputs),
+        "t0_all": t0_all,
         "special": teacher.special_ids(),
         "vocab": teacher.vocab_size,
     }

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from conftest import make_sentences
+from isotrope.backbones.base import TokenBatch
 from isotrope.encoder import ShapedEncoder
 from isotrope.transforms.base import NotFittedError
 
@@ -74,3 +75,56 @@ def test_bert_plus_avg_concatenates_scaled_contextual_states_and_the_table(tiny_
 def test_only_a_models_own_table_can_join_it(tiny_bert_path: str) -> None:
     with pytest.raises(ValueError, match="own table"):
         ShapedEncoder.create(f"{tiny_bert_path}+static:{tiny_bert_path}")
+
+
+def _random_batches(rng: np.random.Generator, vocab: int, dim: int, count: int) -> list[TokenBatch]:
+    """Padded batches of random token ids (a few ids special, some positions padding) and random states."""
+    batches = []
+    for _ in range(count):
+        rows, width = int(rng.integers(1, 6)), int(rng.integers(2, 9))
+        ids = rng.integers(0, vocab, size=(rows, width))
+        attention = rng.random((rows, width)) < 0.8
+        batches.append(TokenBatch(rng.standard_normal((rows, width, dim)).astype(np.float32), ids, attention, ids < 3))
+    return batches
+
+
+def test_context_sums_keep_rows_for_seen_tokens_only_and_subtract_a_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sums over blocks of rows equal a dense float64 loop; subtracting the sums over some rows of each batch
+    leaves the sums over the others (to 1e-12); only the tokens seen cost a row."""
+    from isotrope.backbones import context
+
+    monkeypatch.setattr(context, "BLOCK_ROWS", 4)  # several blocks even for a tiny vocabulary
+    rng = np.random.default_rng(0)
+    vocab, dim = 60, 5
+    batches = _random_batches(rng, vocab, dim, 12)
+    picked = [np.flatnonzero(rng.random(len(batch.input_ids)) < 0.4) for batch in batches]
+    whole, part = context.ContextSums(vocab), context.ContextSums(vocab)
+    dense = {name: (np.zeros((vocab, dim)), np.zeros(vocab)) for name in ("whole", "rest")}
+    for batch, rows in zip(batches, picked):
+        whole.add(batch)
+        part.add(batch, rows=rows)
+        for row in range(len(batch.input_ids)):
+            for position in np.flatnonzero(batch.attention_mask[row] & ~batch.special_mask[row]):
+                token = batch.input_ids[row, position]
+                for name in ("whole", "rest") if row not in rows else ("whole",):
+                    dense[name][0][token] += batch.states[row, position]
+                    dense[name][1][token] += 1
+
+    def mean(name: str) -> np.ndarray:
+        sums, counts = dense[name]
+        return np.divide(sums, counts[:, None], out=np.zeros_like(sums), where=counts[:, None] > 0)
+
+    seen = int((dense["whole"][1] > 0).sum())
+    assert 20 < seen < vocab - 3  # tokens never seen have no row
+    assert len(whole._blocks) == -(-seen // 4) and part._rows < whole._rows
+    np.testing.assert_allclose(whole.table(), mean("whole"), rtol=1e-6, atol=1e-7)  # float32 table
+    np.testing.assert_array_equal(whole.counts, dense["whole"][1])
+    whole.subtract(part)
+    np.testing.assert_array_equal(whole.counts, dense["rest"][1])
+    rest = whole._gather(whole._slot[np.flatnonzero(whole.counts > 0)])
+    np.testing.assert_allclose(rest, dense["rest"][0][whole.counts > 0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(whole.table(), mean("rest"), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="never saw"):
+        part.subtract(whole)
+    with pytest.raises(ValueError, match="no texts"):
+        context.ContextSums(vocab).table()

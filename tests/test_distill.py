@@ -55,6 +55,37 @@ def test_conjugate_gradients_match_dense_least_squares():
     np.testing.assert_allclose(default[used], reference, rtol=1e-3, atol=1e-4)
 
 
+def test_a_fit_is_kept_as_the_rows_it_moved():
+    """solve_rows returns only the rows of the tokens the texts hold, equal to the whole table's solve; a fit
+    warm-starts a solve on the same texts as the whole table would, and is scored in the prior without a copy:
+    written in place (as is, or mixed with the prior's rows) and restored exactly."""
+    rng = np.random.default_rng(1)
+    n, vocab, dim, lam = 50, 30, 6, 0.1
+    dense = rng.random((n, vocab)) * (rng.random((n, vocab)) < 0.3)
+    dense[:, [0, 9, 20]] = 0
+    dense[dense.sum(axis=1) == 0, 1] = 1.0
+    bags = sparse.csr_matrix(dense / dense.sum(axis=1, keepdims=True))
+    targets, prior = rng.standard_normal((n, dim)), rng.standard_normal((vocab, dim)).astype(np.float32)
+
+    first = distill.solve_rows(bags, targets, prior, 3 * lam, iterations=5)
+    assert list(first.rows) == [t for t in range(vocab) if t not in (0, 9, 20)] and first.values.dtype == np.float32
+    np.testing.assert_array_equal(first.write(prior.copy()), solve_table(bags, targets, prior, 3 * lam, iterations=5))
+    warm_rows = distill.solve_rows(bags, targets, prior, lam, iterations=5, start=first)
+    warm_table = solve_table(bags, targets, prior, lam, iterations=5, start=first.write(prior.copy()))
+    np.testing.assert_array_equal(warm_rows.write(prior.copy()), warm_table)
+    with pytest.raises(ValueError, match="same texts"):
+        distill.solve_rows(bags[:, :-1], targets, prior[:-1], lam, start=first)
+
+    table, before = prior.copy(), prior.copy()
+    with first.applied(table) as candidate:
+        assert candidate is table
+        np.testing.assert_array_equal(candidate, first.write(prior.copy()))
+    np.testing.assert_array_equal(table, before)
+    with first.applied(table, 0.5) as candidate:
+        np.testing.assert_array_equal(candidate, 0.5 * prior + 0.5 * first.write(prior.copy()))
+    np.testing.assert_array_equal(table, before)
+
+
 def test_conjugate_gradients_need_a_positive_lambda():
     with pytest.raises(ValueError, match="positive"):
         solve_table(sparse.eye(3, format="csr"), np.zeros((3, 2)), np.zeros((3, 2)), 0.0)
@@ -322,7 +353,7 @@ def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_the
     must not have learned their sentences (their own chunk rows stay in)."""
     texts = paragraphs(220, seed=2)
     seen: dict[str, Any] = {}
-    passes, solves = distill.teacher_pass, distill.solve_table
+    passes, solves = distill.teacher_pass, distill.solve_rows
 
     def recording_pass(teacher, sample, holdout, show_progress=False):
         seen["held"] = [sample[i] for i in sorted(holdout.tolist())]
@@ -333,7 +364,7 @@ def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_the
         return solves(bags, *args, **kwargs)
 
     monkeypatch.setattr(distill, "teacher_pass", recording_pass)
-    monkeypatch.setattr(distill, "solve_table", recording_solve)
+    monkeypatch.setattr(distill, "solve_rows", recording_solve)
     agreements = iter([0.5, 0.6])  # the fit agrees better than the unfitted table: it is kept
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
     _, report = distill_table(
@@ -558,16 +589,39 @@ def test_the_teacher_is_released_before_the_table_is_solved(tiny_bert_path, inpu
         pass
 
     alive_at_solve: list[int] = []
-    solve = distill.solve_table
+    solve = distill.solve_rows
 
     def counting_solve(*args, **kwargs):
         gc.collect()
         alive_at_solve.append(sum(isinstance(thing, Teacher) for thing in gc.get_objects()))
         return solve(*args, **kwargs)
 
-    monkeypatch.setattr(distill, "solve_table", counting_solve)
+    monkeypatch.setattr(distill, "solve_rows", counting_solve)
     table, report = distill_table(
         Teacher(tiny_bert_path, device="cpu"), make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,)
     )
     assert report["fitted"] in (True, False) and alive_at_solve and set(alive_at_solve) == {0}
     assert table.dtype == np.float32
+
+
+def test_the_input_table_is_loaded_after_the_teachers_pass(teacher, inputs, monkeypatch):
+    """A loader of the input embeddings runs once the teacher is done (the two are never in memory together),
+    and gives the table an array gives."""
+    events: list[str] = []
+    passes = distill.teacher_pass
+
+    def recording_pass(*args, **kwargs):
+        events.append("pass")
+        return passes(*args, **kwargs)
+
+    def load() -> np.ndarray:
+        events.append("load")
+        return inputs
+
+    monkeypatch.setattr(distill, "teacher_pass", recording_pass)
+    texts = make_sentences(300, seed=4)
+    table, report = distill_table(teacher, texts, load, samples=250, lambdas=(1.0,), mixes=())
+    assert events == ["pass", "load"]
+    again, report_again = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0,), mixes=())
+    np.testing.assert_array_equal(table, again)
+    assert report == report_again

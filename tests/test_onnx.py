@@ -316,6 +316,21 @@ def test_a_fast_table_is_distilled_from_the_onnx_teacher_as_from_torch(tiny_bert
     assert cosines(onnx.encode(probe), torch_fit.encode(probe)).min() >= FP32_COSINE
 
 
+def test_the_evaluation_harness_distils_with_the_products_teacher(tiny_bert_path, monkeypatch, tmp_path):
+    """`isotrope eval --model fast` (and benchmarks.fast_small) fit through the cached teacher on the runtime the
+    product uses (`teacher_backend`), and the report names it."""
+    from isotrope.backbones import static
+    from isotrope.config import EncoderConfig
+    from isotrope.evaluate.harness import Evaluator
+
+    texts = make_sentences(300, seed=7)
+    for backend in ("onnx", "torch"):
+        monkeypatch.setattr(static, "TEACHER_BACKEND", backend)
+        config = EncoderConfig(model=f"fast:{tiny_bert_path}", distill_samples=150)
+        encoder, _ = Evaluator(cache_dir=tmp_path / backend).fit(config, texts)
+        assert encoder.metadata["distill"]["teacher_backend"] == backend
+
+
 def test_onnx_on_the_cpu_batches_fewer_tokens_with_the_same_vectors(tiny_bert_path, monkeypatch, tmp_path):
     from isotrope import encoder as encoder_module
 

@@ -25,7 +25,7 @@ import ctypes
 import gc
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,17 +100,27 @@ class TeacherPass:
     """What one pass of the teacher over the sample yields."""
 
     bags: sparse.csr_matrix  # (n, V): each text's non-special tokens, rows summing to 1
-    vectors: np.ndarray  # (n, d) float64: the teacher's mean-pooled sentence vectors
-    #: context sums over the fitting texts only, and over every sampled text (V x d float64 each:
-    #: set to None once their table is built, so that they do not add to the peak memory)
-    fit_sums: ContextSums | None
-    all_sums: ContextSums | None
+    vectors: np.ndarray  # (n, d) float32: the teacher's mean-pooled sentence vectors
+    #: context sums over every sampled text and over the held-aside ones alone (V x d float64 each, resident only
+    #: in the rows of the tokens they saw: the held-aside texts' are a fraction; taken by :meth:`take_sums`)
+    sums: ContextSums | None
+    held_sums: ContextSums | None
+
+    def take_sums(self) -> tuple[ContextSums, ContextSums]:
+        """The sums over every text and over the held-aside ones, which this pass then no longer holds (their
+        memory goes with the caller's references: the solves run without them)."""
+        if self.sums is None or self.held_sums is None:
+            raise ValueError("the teacher pass's context sums were already taken")
+        taken = self.sums, self.held_sums
+        self.sums = self.held_sums = None
+        return taken
 
 
 def teacher_pass(
     teacher: TokenizedBackbone, texts: Sequence[str], holdout: np.ndarray, show_progress: bool = False
 ) -> TeacherPass:
-    """Run the teacher once over ``texts``; ``holdout`` (indices) are kept out of ``fit_sums``."""
+    """Run the teacher once over ``texts``, streaming each batch's token states into the context sums (of every
+    text, and of the ``holdout`` ones: indices) and keeping only each text's bag of tokens and pooled vector."""
     from scipy import sparse
     from tqdm.auto import tqdm
 
@@ -118,15 +128,16 @@ def teacher_pass(
 
     held = np.zeros(len(texts), dtype=bool)
     held[holdout] = True
-    fit_sums, all_sums = ContextSums(teacher.vocab_size), ContextSums(teacher.vocab_size)
-    vectors = np.zeros((len(texts), teacher.dim), dtype=np.float64)
+    sums, held_sums = ContextSums(teacher.vocab_size), ContextSums(teacher.vocab_size)
+    vectors = np.zeros((len(texts), teacher.dim), dtype=np.float32)
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     values: list[np.ndarray] = []
     with tqdm(total=len(texts), desc="teacher pass", unit="text", disable=not show_progress) as progress:
         for index, batch in teacher.iter_batches(texts, "document", TEACHER_BATCH, TEACHER_BATCH_TOKENS):
-            all_sums.add(batch)
-            fit_sums.add(batch, rows=np.flatnonzero(~held[index]))
+            sums.add(batch)
+            if held[index].any():
+                held_sums.add(batch, rows=np.flatnonzero(held[index]))
             vectors[index] = pool(batch.states, batch.attention_mask, "mean")
             keep = batch.attention_mask & ~batch.special_mask
             for row, text_index in enumerate(index):
@@ -138,16 +149,7 @@ def teacher_pass(
     bags = sparse.csr_matrix(
         (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(len(texts), teacher.vocab_size)
     )
-    return TeacherPass(bags, vectors, fit_sums, all_sums)
-
-
-def _release(passed: TeacherPass, name: str) -> ContextSums:
-    """``passed.<name>``, which ``passed`` then no longer holds (its memory goes when the caller's does)."""
-    sums = getattr(passed, name)
-    if sums is None:
-        raise ValueError(f"the teacher pass's {name} were already used")
-    setattr(passed, name, None)
-    return sums
+    return TeacherPass(bags, vectors, sums, held_sums)
 
 
 def _return_freed_memory() -> None:
@@ -184,23 +186,49 @@ def lambda_scale(bags: sparse.spmatrix) -> float:
     return float(diagonal[diagonal > 0].mean())
 
 
-def solve_table(
+@dataclass
+class RowFit:
+    """A solve's table as the rows it moved: ``values`` in place of the rows ``rows`` (sorted token ids) of the
+    table it started from, every other row unchanged. Held so, a fit costs its texts' tokens' rows, not a
+    V x d copy."""
+
+    rows: np.ndarray
+    values: np.ndarray
+
+    def write(self, table: np.ndarray, mix: float = 0.0) -> np.ndarray:
+        """Write these rows into ``table`` (the prior they were solved from), in place, and return it;
+        with ``mix``, each row becomes ``mix`` of the prior's row and the rest of the fit's."""
+        table[self.rows] = mix * table[self.rows] + (1 - mix) * self.values if mix else self.values
+        return table
+
+    @contextlib.contextmanager
+    def applied(self, table: np.ndarray, mix: float = 0.0) -> Iterator[np.ndarray]:
+        """``table`` with these rows written (:meth:`write`) while the block runs, restored after: a candidate
+        table to score without copying the prior."""
+        kept = table[self.rows]
+        try:
+            yield self.write(table, mix)
+        finally:
+            table[self.rows] = kept
+
+
+def solve_rows(
     bags: sparse.spmatrix,
     targets: np.ndarray,
     table: np.ndarray,
     lam: float,
     iterations: int = CG_ITERATIONS,
-    start: np.ndarray | None = None,
+    start: np.ndarray | RowFit | None = None,
     tol: float = 1e-6,
     dtype: type = np.float32,
-) -> np.ndarray:
-    """min_T ||A T - Y||^2 + lam ||T - T0||^2 by preconditioned conjugate gradients.
+) -> RowFit:
+    """min_T ||A T - Y||^2 + lam ||T - T0||^2 by preconditioned conjugate gradients, as the rows that move.
 
-    Only the rows of tokens that occur in ``bags`` move; the others stay at ``T0``. The
-    normal equations (A^T A + lam I) T = A^T Y + lam T0 share one matrix across the output
-    dimensions, so all columns are solved as one block system. ``start`` warm-starts the
-    solve (default ``T0``). The products run in ``dtype`` (float32 halves the time of float64),
-    and the table is returned in it.
+    Only the rows of tokens that occur in ``bags`` move; the others stay at ``T0`` (``table``), so only
+    the moved rows are returned. The normal equations (A^T A + lam I) T = A^T Y + lam T0 share one matrix
+    across the output dimensions, so all columns are solved as one block system. ``start`` warm-starts
+    the solve: a whole table, or the fit of an earlier solve on the same ``bags`` (default ``T0``). The
+    products run in ``dtype`` (float32 halves the time of float64), and the rows are returned in it.
     """
     from scipy import sparse
     from scipy.sparse.linalg import LinearOperator, cg
@@ -209,6 +237,8 @@ def solve_table(
         raise ValueError(f"lam must be positive, got {lam}")
     bags = sparse.csr_matrix(bags, dtype=dtype)
     used = np.flatnonzero(bags.getnnz(axis=0))
+    if isinstance(start, RowFit) and not np.array_equal(start.rows, used):
+        raise ValueError("a fit warm-starts only a solve on the same texts' tokens")
     a = bags[:, used].tocsr()
     a_t = a.T.tocsr()
     size, dim = len(used), table.shape[1]
@@ -224,11 +254,24 @@ def solve_table(
     jacobi = LinearOperator(
         (size * dim, size * dim), dtype=dtype, matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel()
     )
-    x0 = (prior if start is None else start[used].astype(dtype)).ravel()
-    solution, _ = cg(operator, rhs.ravel(), x0=x0, rtol=tol, maxiter=iterations, M=jacobi)
-    fitted: np.ndarray = np.array(table, dtype=dtype, copy=True)
-    fitted[used] = solution.reshape(size, dim)
-    return fitted
+    x0 = start.values if isinstance(start, RowFit) else prior if start is None else start[used]
+    solution, _ = cg(operator, rhs.ravel(), x0=np.asarray(x0, dtype=dtype).ravel(), rtol=tol, maxiter=iterations, M=jacobi)
+    return RowFit(used, solution.reshape(size, dim))
+
+
+def solve_table(
+    bags: sparse.spmatrix,
+    targets: np.ndarray,
+    table: np.ndarray,
+    lam: float,
+    iterations: int = CG_ITERATIONS,
+    start: np.ndarray | None = None,
+    tol: float = 1e-6,
+    dtype: type = np.float32,
+) -> np.ndarray:
+    """The whole table :func:`solve_rows` solves for (a copy of ``table`` with the moved rows), in ``dtype``."""
+    fit = solve_rows(bags, targets, table, lam, iterations, start, tol, dtype)
+    return fit.write(np.array(table, dtype=dtype, copy=True))
 
 
 def neighbour_agreement(
@@ -331,7 +374,7 @@ def held_aside_count(n_chunks: int) -> int:
 def distill_table(
     teacher: TokenizedBackbone,
     texts: Sequence[str],
-    input_table: np.ndarray,
+    input_table: np.ndarray | Callable[[], np.ndarray],
     *,
     samples: int = DEFAULT_DISTILL_SAMPLES,
     seed: int = 0,
@@ -346,10 +389,12 @@ def distill_table(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
 
-    Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
-    :meth:`StaticBackbone.fit` does not), and the context sums as soon as their tables are built,
-    so the solves run without the transformer and its V x d float64 accumulators; every table here
-    is float32 (the solves run in float32 anyway). The tables tried are the fit at each of ``lambdas``, in each
+    ``input_table``: the teacher's input embeddings (V, d), or a function that loads them (called after the
+    teacher's pass). Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
+    :meth:`StaticBackbone.fit` does not), the context sums as soon as their tables are built and a loaded input
+    table once the tables that need it are built, so the solves run without the transformer, its accumulators
+    and its inputs; every table and target here is float32 (the solves run in float32 anyway), and each fit is
+    kept as the rows it moved (:class:`RowFit`). The tables tried are the fit at each of ``lambdas``, in each
     of ``shapes``, and, for each of ``mixes``, :data:`MIX` of the unfitted table and the rest of the fit at that
     strength, in each of ``shapes`` but the first. A table in a shaping it is a candidate when its shaped static vectors of the held-aside chunks find
     the teacher's nearest neighbours better than the unfitted table's do in the first shaping
@@ -388,13 +433,16 @@ def distill_table(
         "windows": len(passed.vectors) - n_chunks,
         "held_aside": n_held,
     }
-    final_prior = initial_table(_release(passed, "all_sums"), input_table)
+    sums, held_sums = passed.take_sums()
+    inputs = input_table() if callable(input_table) else input_table
+    del input_table  # only ``inputs`` holds a loaded table now: it goes once the priors are built
+    final_prior = initial_table(sums, inputs)
     if extra is not None:  # pseudo-query rows: a chunk's sentences -> the chunk's teacher vector
         from scipy import sparse
 
         extra_bags, extra_parents, extra_scale = extra
         passed.bags = sparse.vstack([passed.bags, extra_bags]).tocsr()
-        passed.vectors = np.vstack([passed.vectors, extra_scale[:, None] * passed.vectors[extra_parents]])
+        passed.vectors = np.vstack([passed.vectors, extra_scale.astype(np.float32)[:, None] * passed.vectors[extra_parents]])
         held = np.concatenate([held, np.isin(extra_parents, held_chunks)])
         report["query_rows"] = len(extra_parents)
     if proxy is None or not (lambdas or mixes):
@@ -405,39 +453,42 @@ def distill_table(
     train_bags = passed.bags[train]
     train_targets = passed.vectors[train]
     chunk_bags = passed.bags[np.setdiff1d(np.arange(n_chunks), held_chunks)].astype(np.float32)  # whiten-partial's fit
-    prior = initial_table(_release(passed, "fit_sums"), input_table)
+    sums.subtract(held_sums)  # the sums over the fitting texts: the held-aside ones' tokens stay out of the prior
+    prior = initial_table(sums, inputs)
+    del sums, held_sums, inputs
     scale = lambda_scale(train_bags)
-    held_bags, held_targets = passed.bags[held_chunks].astype(np.float32), passed.vectors[held_chunks]
+    held_bags, held_targets = passed.bags[held_chunks].astype(np.float32), passed.vectors[held_chunks].astype(np.float64)
 
     def agreement(table: np.ndarray, shape: str) -> float:
         return neighbour_agreement(chunk_bags @ table, held_bags @ table, held_targets, shape=shape)
 
     # candidates: the unfitted table in the default shaping, then each table in each shaping ("3", "3 center",
-    # "mix 1": MIX of the unfitted table and the rest of the fit at lam 1)
+    # "mix 1": MIX of the unfitted table and the rest of the fit at lam 1); each fit is kept as the rows it moved
+    # and scored written into the prior (restored after), so no candidate costs a copy of the table
     names, rows, agreements = ["unfitted"], [reciprocal_ranks(prior, chunk_bags, proxy)], [agreement(prior, SHAPES[0])]
     candidates: list[tuple[float, bool, str]] = [(0.0, False, SHAPES[0])]  # (lam, mixed, shaping)
-    fits: dict[float, np.ndarray] = {}
-    table = prior
+    fits: dict[float, RowFit] = {}
+    fit: RowFit | None = None
     for relative in sorted(set(lambdas) | set(mixes), reverse=True):  # strongest first: each solve warm-starts the next
-        table = fits[relative] = solve_table(train_bags, train_targets, prior, relative * scale, iterations, start=table)
-        tried = [(False, table)] if relative in lambdas else []
-        tried += [(True, MIX * prior + (1 - MIX) * table)] if relative in mixes else []
-        for mixed, tried_table in tried:
-            for shape in shapes[1:] if mixed else shapes:
-                name = f"mix {relative:g}" if mixed else f"{relative:g}"
-                names.append(name if shape == SHAPES[0] else f"{name} {shape}")
-                rows.append(reciprocal_ranks(tried_table, chunk_bags, proxy, shape))
-                agreements.append(agreement(tried_table, shape))
-                candidates.append((relative, mixed, shape))
-                logger.info(
-                    "fast: %s (lam x %.3g): neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
-                    names[-1],
-                    scale,
-                    agreements[-1],
-                    agreements[0],
-                    rows[-1].mean(),
-                    rows[0].mean(),
-                )
+        fit = fits[relative] = solve_rows(train_bags, train_targets, prior, relative * scale, iterations, start=fit)
+        tried = ([False] if relative in lambdas else []) + ([True] if relative in mixes else [])
+        for mixed in tried:
+            with fit.applied(prior, MIX if mixed else 0.0) as tried_table:
+                for shape in shapes[1:] if mixed else shapes:
+                    name = f"mix {relative:g}" if mixed else f"{relative:g}"
+                    names.append(name if shape == SHAPES[0] else f"{name} {shape}")
+                    rows.append(reciprocal_ranks(tried_table, chunk_bags, proxy, shape))
+                    agreements.append(agreement(tried_table, shape))
+                    candidates.append((relative, mixed, shape))
+                    logger.info(
+                        "fast: %s (lam x %.3g): neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
+                        names[-1],
+                        scale,
+                        agreements[-1],
+                        agreements[0],
+                        rows[-1].mean(),
+                        rows[0].mean(),
+                    )
     margin = MARGIN if margin is None else margin
     comparisons = [paired_interval(100 * (row - rows[0]), seed=seed) for row in rows[1:]]
     report["validation"] = {
@@ -478,23 +529,22 @@ def distill_table(
         f"candidates not vetoed; {mean:+.2f} [{low:.2f}, {high:.2f}] {where}" + (f" (vetoed: {vetoed})" if vetoed else ""),
     )
     logger.info("fast: %s", report["reason"])
-    best_table = fits[relative]
-    del prior, table, fits  # from here only best_table is needed
+    start = fits[relative].write(prior)  # the chosen fit, warm start of the final one
+    del prior, fit, fits, train_bags, train_targets
     # the held-aside chunks' pseudo-query rows stay out of the final fit too: their sentences are then queries the
     # table never learned, for the store's default-search calibration (isotrope.autofusion)
     final_rows = np.flatnonzero(~held | (np.arange(len(held)) < len(parents)))
     report["held_aside_chunks"] = [text_key(texts_sampled[i]) for i in held_chunks]
-    final = solve_table(
+    final = solve_rows(
         passed.bags[final_rows],
         passed.vectors[final_rows],
         final_prior,
         relative * lambda_scale(passed.bags[final_rows]),
         iterations,
-        start=best_table,
+        start=start,
     )
-    if mixed:
-        final = MIX * final_prior + (1 - MIX) * final
-    return final.astype(np.float32, copy=False), report
+    del start
+    return final.write(final_prior, MIX if mixed else 0.0), report
 
 
 def _choose(kept: list[int], agreements: list[float], default_shape: list[bool]) -> int:

@@ -12,14 +12,27 @@ from isotrope.backbones.base import TokenBatch, TokenizedBackbone
 logger = logging.getLogger(__name__)
 
 
+#: rows of a block of :class:`ContextSums` (3 MB at 384 float64 dimensions)
+BLOCK_ROWS = 1024
+
+
 class ContextSums:
-    """Running per-token sums of contextual states (special tokens left out), float64."""
+    """Running per-token sums of contextual states (special tokens left out), float64.
+
+    Only the tokens seen have a row, in blocks of :data:`BLOCK_ROWS` added as new tokens come: a whole
+    V x d float64 array (94 MB for 30,522 x 384) is resident after a few batches, however few tokens a
+    corpus holds, since NumPy backs large arrays with huge pages and any batch's tokens spread over the
+    vocabulary.
+    """
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
-        self.sums: np.ndarray | None = None
         self.counts = np.zeros(vocab_size, dtype=np.float64)
         self.norm_sum = 0.0
+        self.dim: int | None = None
+        self._slot = np.full(vocab_size, -1, dtype=np.int64)  # each token's row, -1 until it is seen
+        self._blocks: list[np.ndarray] = []
+        self._rows = 0
 
     def add(self, batch: TokenBatch, rows: np.ndarray | None = None) -> None:
         """Add the real, non-special tokens of ``batch`` (only its ``rows`` when given)."""
@@ -29,27 +42,61 @@ class ContextSums:
         if rows is not None:
             keep = keep & np.isin(np.arange(len(keep)), rows)[:, None]
         ids, states = batch.input_ids[keep], batch.states[keep].astype(np.float64)
-        if self.sums is None:
-            self.sums = np.zeros((self.vocab_size, batch.states.shape[2]), dtype=np.float64)
-        rows_of, where = np.unique(ids, return_inverse=True)  # only the tokens present: no V x d temporary
-        scatter = sparse.csr_matrix((np.ones(len(ids)), (where, np.arange(len(ids)))), shape=(len(rows_of), len(ids)))
-        self.sums[rows_of] += scatter @ states
+        self.dim = batch.states.shape[2]
+        tokens, where = np.unique(ids, return_inverse=True)  # only the tokens present: no V x d temporary
+        scatter = sparse.csr_matrix((np.ones(len(ids)), (where, np.arange(len(ids)))), shape=(len(tokens), len(ids)))
+        self._add_rows(self._place(tokens), scatter @ states)
         self.counts += np.bincount(ids, minlength=self.vocab_size)
         self.norm_sum += float(np.linalg.norm(states, axis=1).sum())
 
+    def subtract(self, part: ContextSums) -> None:
+        """Take out what ``part`` (sums over some of the same texts) added: these sums become those of the
+        other texts."""
+        tokens = np.flatnonzero(part._slot >= 0)
+        if (self._slot[tokens] < 0).any():
+            raise ValueError("context sums: the part holds tokens these sums never saw")
+        self._add_rows(self._slot[tokens], -part._gather(part._slot[tokens]))
+        self.counts -= part.counts
+        self.norm_sum -= part.norm_sum
+
     def table(self) -> np.ndarray:
         """Mean state of every token, float32 (V, d); tokens never seen get a zero row."""
-        if self.sums is None:
+        if self.dim is None:
             raise ValueError("context table: no texts to average over")
-        seen = self.counts > 0
-        table = np.zeros(self.sums.shape, dtype=np.float32)  # divided in float64, stored in float32
-        table[seen] = self.sums[seen] / self.counts[seen, None]
+        seen = np.flatnonzero(self.counts > 0)
+        table = np.zeros((self.vocab_size, self.dim), dtype=np.float32)  # divided in float64, stored in float32
+        table[seen] = self._gather(self._slot[seen]) / self.counts[seen, None]
         return table
 
     @property
     def mean_norm(self) -> float:
         """Mean Euclidean norm of the token states added."""
         return self.norm_sum / max(float(self.counts.sum()), 1.0)
+
+    def _place(self, tokens: np.ndarray) -> np.ndarray:
+        """The rows of ``tokens`` (distinct), giving the new ones the next free rows."""
+        new = tokens[self._slot[tokens] < 0]
+        self._slot[new] = np.arange(self._rows, self._rows + len(new))
+        self._rows += len(new)
+        while len(self._blocks) * BLOCK_ROWS < self._rows:
+            self._blocks.append(np.zeros((BLOCK_ROWS, self.dim or 0), dtype=np.float64))
+        return self._slot[tokens]
+
+    def _add_rows(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Add ``values`` to the rows ``slots`` (distinct)."""
+        blocks, offsets = np.divmod(slots, BLOCK_ROWS)
+        for block in np.unique(blocks):
+            mine = blocks == block
+            self._blocks[block][offsets[mine]] += values[mine]
+
+    def _gather(self, slots: np.ndarray) -> np.ndarray:
+        """The rows ``slots``, float64 (len(slots), d)."""
+        out = np.empty((len(slots), self.dim or 0), dtype=np.float64)
+        blocks, offsets = np.divmod(slots, BLOCK_ROWS)
+        for block in np.unique(blocks):
+            mine = blocks == block
+            out[mine] = self._blocks[block][offsets[mine]]
+        return out
 
 
 def context_average(

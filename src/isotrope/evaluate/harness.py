@@ -17,7 +17,7 @@ import numpy as np
 
 from isotrope.backbones import is_static_source
 from isotrope.backbones.base import TextKind, TokenizedBackbone
-from isotrope.backbones.static import StaticBackbone
+from isotrope.backbones.static import StaticBackbone, teacher_backend
 from isotrope.config import EncoderConfig
 from isotrope.corpus import iter_texts
 from isotrope.distill import fast_source
@@ -132,7 +132,9 @@ class Evaluator:
             elif self.cache_dir and backbone.needs_fit and fit_texts:
                 # context and distilled tables computed through the cached transformer (its token states are reused)
                 cast(StaticBackbone, backbone).fit(
-                    fit_texts, teacher=lambda name: self._backbone(EncoderConfig(model=name), None), show_progress=True
+                    fit_texts,
+                    teacher=lambda name: self._backbone(EncoderConfig(model=name, backend=teacher_backend()), None),
+                    show_progress=True,
                 )
             self._backbones[key] = backbone
         return self._backbones[key]
