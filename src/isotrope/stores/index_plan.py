@@ -47,8 +47,14 @@ import numpy as np
 EXACT_BELOW = 50_000
 TARGET_RECALL = 0.95
 CALIBRATION_MARGIN = 0.03
+#: recall above the target asked of pseudo-queries cut from the stored chunks (docs/SCALING.md, "Index rules")
+PSEUDO_QUERY_MARGIN = 0.01
+#: what a breadth was calibrated on (``calibrated_on`` in ``index_info()``)
+STORED_VECTORS, PSEUDO_QUERIES, GIVEN_QUERIES = "stored vectors", "pseudo-queries", "queries"
 CALIBRATION_QUERIES = 200
 CALIBRATION_K = 10
+#: how an auto FAISS IVF index stores its vectors: 8-bit scalar quantization, a quarter of float32's bytes scanned per probe
+IVF_CODES = "SQ8"
 #: a calibration query is moved as far from its stored vector as that vector's this-th nearest neighbour
 CALIBRATION_NEIGHBOUR = 10
 NPROBE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -81,7 +87,7 @@ def nlist_for(n: int) -> int:
 
 def faiss_factory_for(n: int) -> str:
     """The FAISS index_factory string ``--index auto`` builds for n rows."""
-    return "Flat" if n < EXACT_BELOW else f"IVF{nlist_for(n)},Flat"
+    return "Flat" if n < EXACT_BELOW else f"IVF{nlist_for(n)},{IVF_CODES}"
 
 
 def lancedb_ivf_pq_for(n: int, dim: int) -> dict[str, int]:
@@ -175,6 +181,16 @@ def calibration_set(
     return queries, truth
 
 
+def calibration_queries(queries: Any, pseudo: Callable[[], np.ndarray | None] | None) -> tuple[Any, str]:
+    """The queries a store calibrates on and what they are: ``queries`` given (the user's), else those
+    ``pseudo()`` makes (a store's :attr:`~isotrope.stores.base.VectorStore.calibration_queries`: pseudo-queries
+    cut from its chunks), else None: queries made from the stored vectors (a store without text)."""
+    if queries is not None:
+        return queries, GIVEN_QUERIES
+    made = None if pseudo is None else pseudo()
+    return (made, PSEUDO_QUERIES) if made is not None else (None, STORED_VECTORS)
+
+
 def calibrate_breadth(
     ladder: Sequence[int],
     keys: np.ndarray,
@@ -184,6 +200,7 @@ def calibrate_breadth(
     metric: str,
     target: float | None = None,
     queries: np.ndarray | None = None,
+    source: str = GIVEN_QUERIES,
 ) -> tuple[int, float]:
     """The smallest search breadth of ``ladder`` reaching ``target`` recall@10 against exact search, and the
     recall it reaches: the procedure every store's ``calibrate`` follows, the store supplying its engine's calls.
@@ -194,7 +211,7 @@ def calibrate_breadth(
     Without ``queries``: :data:`CALIBRATION_QUERIES` queries made from stored vectors (:func:`calibration_set`,
     seeded), the ladder as given, target :data:`TARGET_RECALL` plus :data:`CALIBRATION_MARGIN`. With
     ``queries`` (vectors of queries like the user's): the recall on them, the :func:`finer` ladder, target
-    :data:`TARGET_RECALL`.
+    :data:`TARGET_RECALL`, plus :data:`PSEUDO_QUERY_MARGIN` where ``source`` is :data:`PSEUDO_QUERIES`.
     """
     k = CALIBRATION_K
     if queries is None:
@@ -204,7 +221,8 @@ def calibrate_breadth(
         goal = TARGET_RECALL + CALIBRATION_MARGIN if target is None else target
         return calibrate(ladder, lambda value: without_sources(search(q, k + 1, value), sources, k), truth, goal)
     truth = exact_neighbours(queries, batches(), k, metric)
-    goal = TARGET_RECALL if target is None else target
+    margin = PSEUDO_QUERY_MARGIN if source == PSEUDO_QUERIES else 0.0
+    goal = TARGET_RECALL + margin if target is None else target
     return calibrate(finer(ladder), lambda value: search(queries, k, value), truth, goal)
 
 
