@@ -33,7 +33,9 @@ RERANK = 4
 Search = Callable[[np.ndarray, int, int], list[list[int]]]
 
 
-def recall_by_breadth(search: Search, ladder: list[int], queries: np.ndarray, truth: np.ndarray, sources: np.ndarray | None) -> dict[int, float]:
+def recall_by_breadth(
+    search: Search, ladder: list[int], queries: np.ndarray, truth: np.ndarray, sources: np.ndarray | None
+) -> dict[int, float]:
     """Recall@10 at each breadth; with ``sources``, each query's source row is left out of what is found."""
     from isotrope.stores import index_plan
 

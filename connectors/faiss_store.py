@@ -547,7 +547,15 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
 
         keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
         value, reached = index_plan.calibrate_breadth(
-            ladder, keys, lambda chosen: self._key_vectors(chosen.tolist()), self._iter_vectors, search, self.metric, target, q, source
+            ladder,
+            keys,
+            lambda chosen: self._key_vectors(chosen.tolist()),
+            self._iter_vectors,
+            search,
+            self.metric,
+            target,
+            q,
+            source,
         )
         setattr(self, name, value)
         logger.info("%s: %s=%d reaches recall@10 %.3f on %s", self.path, name, value, reached, source)

@@ -4,36 +4,39 @@ The rules (``--index auto``, the default):
 
 - below :data:`EXACT_BELOW` rows, exact search (FAISS ``Flat``; LanceDB without an ANN index):
   a brute-force query over 50,000 x 384 float32 costs about 2 ms on one core;
-- from there on, FAISS ``IVF{nlist},Flat`` with ``nlist`` = 4 sqrt(n) rounded to a power of two
+- from there on, FAISS ``IVF{nlist},SQ8`` with ``nlist`` = 4 sqrt(n) rounded to a power of two
   (at least 64, and at least 39 training points per list), the low end of faiss's advice (4 to
   16 sqrt(n)): more lists make each probe cheaper, so the calibrated breadth scans fewer vectors;
-  the k-means training takes 39 sample points per list (at most 200,000). LanceDB builds
-  ``IVF_HNSW_SQ``: one HNSW graph (8-bit scalar-quantized vectors, refined with the exact ones) per
-  :data:`HNSW_PARTITION_ROWS` rows, the graphs built in parallel and every one searched
+  the k-means training takes 39 sample points per list (at most 200,000). Its 8-bit codes
+  (:data:`IVF_CODES`) scan a quarter of float32's bytes per probe for a little recall at equal
+  breadth (100k passages, the same lists, real queries: 0.957 against 0.968 at 256 of 1,024), so
+  the breadth reaching 0.95 scans a third of the bytes (256 lists of codes against 192 of floats).
+  LanceDB builds ``IVF_HNSW_SQ``: one HNSW graph (8-bit scalar-quantized vectors, refined with the
+  exact ones) per :data:`HNSW_PARTITION_ROWS` rows, the graphs built in parallel and every one searched
   (``nprobes`` = partitions), so only ``ef`` sets the breadth. Its IVF_PQ (``num_partitions`` =
   sqrt(n), ``num_sub_vectors`` = dim / 8) reached only 0.943 at a million passages, at 256 of
   1,041 partitions (a quarter of the table per query): these overlapping passages spread a query's
   neighbours over many IVF lists;
-- the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes`` / ``ef``) is the smallest
-  of a doubling ladder whose recall@10 against exact search, over :data:`CALIBRATION_QUERIES`
-  queries made from the stored vectors, is at least :data:`TARGET_RECALL` plus
-  :data:`CALIBRATION_MARGIN`. A query is a random stored vector moved, in a random direction
-  orthogonal to it, by its distance to its :data:`CALIBRATION_NEIGHBOUR`-th nearest other stored
-  vector (:func:`calibration_set`), and that stored vector is left out of both the exact and the
-  searched neighbours: a stored vector itself is too easy a query (an HNSW node is linked to its
-  neighbours; an IVF point sits in its own list), and so were the midpoints of two stored vectors
-  used before (calibrated to 0.98 on midpoints, an IVF index gave 0.929 on real sentence queries
-  at a million passages). On 100,000 passages these queries' recall follows real held-out
-  sentences' within 0.03 at every breadth (a little harder); on a million overlapping passages
-  (every passage has near-duplicates) they are easier than real ones (0.977 against 0.931 at the
-  same breadth), as every query made from stored vectors is: there only queries like the real
-  ones can calibrate (docs/SCALING.md, "Index rules"). It is measured when the index is built and
-  saved with it; ``--nprobe`` / ``--ef`` override it.
+- the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes`` / ``ef``) is measured when
+  the index is built and saved with it (``--nprobe`` / ``--ef`` override it): the smallest of the
+  :func:`finer` ladder whose recall@10 against exact search reaches :data:`TARGET_RECALL` plus
+  :data:`PSEUDO_QUERY_MARGIN` on up to :data:`CALIBRATION_QUERIES` pseudo-queries cut from the stored
+  chunks (a sentence cut out of a chunk, encoded as a query: the store's
+  :attr:`~isotrope.stores.base.VectorStore.calibration_queries`, which a Collection sets), their
+  source chunk kept among the neighbours (as a real query's sentence stands in stored chunks).
+  A store without text (vectors only) calibrates on queries made from its stored vectors instead:
+  the smallest of the doubling ladder reaching :data:`TARGET_RECALL` plus :data:`CALIBRATION_MARGIN`,
+  a query being a random stored vector moved, in a random direction orthogonal to it, by its
+  distance to its :data:`CALIBRATION_NEIGHBOUR`-th nearest other stored vector
+  (:func:`calibration_set`), that stored vector left out of both the exact and the searched
+  neighbours. Those follow real queries at 100,000 passages but not on a million overlapping ones
+  (every passage has near-duplicates): there they are easier than real queries (0.977 against 0.931
+  at the same breadth), and calibrating them to 0.98 over-shot the breadth real queries need 2 to
+  4 times; pseudo-queries track real ones at both sizes (docs/SCALING.md, "Index rules").
 
 Queries like the user's calibrate best: ``isotrope calibrate STORE QUERIES`` (``Collection.calibrate``)
 encodes them, takes their exact top 10 over the stored vectors, and sets the smallest breadth of the
-:func:`finer` ladder reaching :data:`TARGET_RECALL` on them (on a million passages, IVF4096 needed 384
-lists for 0.95 with real sentence queries where the stored-vector queries were satisfied by 256).
+:func:`finer` ladder reaching :data:`TARGET_RECALL` on them.
 """
 
 from __future__ import annotations
