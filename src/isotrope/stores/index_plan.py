@@ -32,9 +32,10 @@ The rules (``--index auto``, the default):
   neighbours. Those are harder than real queries at 100,000 passages and far easier on a million
   overlapping ones (every passage has near-duplicates): calibrated to 0.98 they chose 4 times the
   breadth real queries need at 100k and too little at 1M (real 0.945). Pseudo-queries are a little
-  harder than real ones at both sizes (0.01 to 0.02 at equal breadth) and pick one step of the finer
-  ladder above what real queries need: FAISS 384 lists where 256 do at 100k, 512 where 384 do at
-  1M; LanceDB ef 192 where 128 does at 100k (docs/SCALING.md, "Index rules").
+  harder than real ones at both sizes (0.01 to 0.05 at equal breadth) and pick one or two steps of
+  the finer ladder above what real queries need: FAISS 384 lists where 256 do at 100k, 512 where 384
+  do at 1M; LanceDB ef 192 where 128 does at 100k, 256 where 128 does at 1M (docs/SCALING.md,
+  "Index rules").
 
 Queries like the user's calibrate best: ``isotrope calibrate STORE QUERIES`` (``Collection.calibrate``)
 encodes them, takes their exact top 10 over the stored vectors, and sets the smallest breadth of the
@@ -53,7 +54,7 @@ EXACT_BELOW = 50_000
 TARGET_RECALL = 0.95
 CALIBRATION_MARGIN = 0.03
 #: recall above the target asked of pseudo-queries cut from the stored chunks: none, as they are a little harder
-#: than real sentence queries (0.01 to 0.02 less recall at equal breadth at 100k and 1M; docs/SCALING.md, "Index rules")
+#: than real sentence queries (0.01 to 0.05 less recall at equal breadth at 100k and 1M; docs/SCALING.md, "Index rules")
 PSEUDO_QUERY_MARGIN = 0.0
 #: what a breadth was calibrated on (``calibrated_on`` in ``index_info()``)
 STORED_VECTORS, PSEUDO_QUERIES, GIVEN_QUERIES = "stored vectors", "pseudo-queries", "queries"
