@@ -34,7 +34,7 @@ The rules (``--index auto``, the default):
   breadth real queries need at 100k and too little at 1M (real 0.945). Pseudo-queries are a little
   harder than real ones at both sizes (0.01 to 0.05 at equal breadth) and pick one or two steps of
   the finer ladder above what real queries need: FAISS 384 lists where 256 do at 100k, 512 where 384
-  do at 1M; LanceDB ef 192 where 128 does at 100k, 256 where 128 does at 1M (docs/SCALING.md,
+  do at 1M; LanceDB ef 192 where 128 does at 100k, 384 where 128 does at 1M (docs/SCALING.md,
   "Index rules").
 
 Queries like the user's calibrate best: ``isotrope calibrate STORE QUERIES`` (``Collection.calibrate``)
