@@ -13,8 +13,9 @@ Indexing runs in a child process per store (its peak RSS is the store's), throug
 ``index_documents`` with the encoder given by ``--encoder DIR`` (a saved, e.g. ``--model fast``,
 encoder) or else ``static:all-MiniLM-L6-v2`` with ``whiten-partial`` fitted on 20,000 passages.
 Search runs in a second child per store: each index type is built on the store's own vectors
-(``FaissStore.optimize(factory)``, ``LanceDBStore.create_index``), its breadth calibrated by the
-store (index_plan: recall@10 >= 0.95 on stored vectors), and the bare library searches the very
+(``FaissStore.optimize(factory)``, ``LanceDBStore.create_index``; ``auto``: the index ingestion built), its
+breadth calibrated by the store as at ingestion (index_plan: recall@10 >= 0.95 plus a margin on pseudo-queries
+cut from the stored chunks), and the bare library searches the very
 index object the store searches, with the same settings (LanceDB ``auto``: the index ingestion built and
 calibrated, searched as it is). Single queries alternate store / bare, one query
 at a time; batches alternate whole batches. recall@10 is against exact float32 search (IndexFlatIP)
@@ -341,13 +342,14 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     from isotrope.connectors.faiss_index import params_for
-    from isotrope.connectors.faiss_store import FaissStore
+    from isotrope.search import Collection
 
     texts, queries = encoded_queries(args)
     path = Path(args.path)
     result: dict[str, Any] = {"text_modes": text_modes(f"faiss:{path}", texts, args.modes.split(","), faiss_keyword_bare)}
     result["p50_ms_single_with_encode_auto"] = collection_p50_ms(f"faiss:{path}", texts, args.single)
-    store = FaissStore(path)
+    collection = Collection.open(f"faiss:{path}")  # each index built below calibrates as ingestion's does (pseudo-queries)
+    store = collection.store
     result["auto_index"] = store.index_info()
     key_of = dict(store._conn.execute("SELECT id, key FROM items"))
     exact = faiss.IndexIDMap2(faiss.IndexFlatIP(store.dim))
@@ -356,9 +358,12 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
     truth = exact.search(queries, K)[1]
     del exact
     for name in args.types.split(","):
-        factory = faiss_types(len(store))[name]
         tick = time.perf_counter()
-        store.optimize(factory, refine=REFINE.get(name, 0))
+        if name == "auto":  # the index ingestion built and calibrated, as it is (first: the others replace it)
+            factory = store.index_factory
+        else:
+            factory = faiss_types(len(store))[name]
+            store.optimize(factory, refine=REFINE.get(name, 0))
         build_s = time.perf_counter() - tick
         store.nprobe = args.nprobe or store.nprobe
         # the very index object the store searches: two copies of one index differ by up to 20 % in
@@ -411,7 +416,7 @@ def search_faiss_child(args: argparse.Namespace) -> dict[str, Any]:
             name,
             {k: row[k] for k in ("recall_at_10", "p50_ms_single", "overhead_pct_single", "overhead_pct_batch")},
         )
-    store.close()
+    collection.close()
     return result
 
 
@@ -463,7 +468,7 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     from lancedb.index import HnswSq, IvfPq
 
     from isotrope.connectors.lance_rows import to_numpy as _to_numpy
-    from isotrope.connectors.lancedb_store import LanceDBStore
+    from isotrope.search import Collection
     from isotrope.stores import index_plan
 
     texts, queries = encoded_queries(args)
@@ -473,7 +478,8 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
     if "hybrid" in modes:
         result["text_modes"]["hybrid_bare"] = percentiles_ms(lancedb_hybrid_bare(path, args.encoder), texts)
     result["p50_ms_single_with_encode_auto"] = collection_p50_ms(f"lancedb:{path}", texts, args.single)
-    store = LanceDBStore(path)
+    collection = Collection.open(f"lancedb:{path}")  # each index built below calibrates as ingestion's does (pseudo-queries)
+    store = collection.store
     result["auto_index"] = store.index_info()
     ids: list[str] = []
     exact = faiss.IndexFlatIP(store.dim)
@@ -537,13 +543,13 @@ def search_lancedb_child(args: argparse.Namespace) -> dict[str, Any]:
             name,
             {k: row[k] for k in ("recall_at_10", "p50_ms_single", "overhead_pct_single", "overhead_pct_batch")},
         )
-    store.close()
+    collection.close()
     return result
 
 
 # -- driver ---------------------------------------------------------------------------------
 CHILDREN = {"index": index_child, "search-faiss": search_faiss_child, "search-lancedb": search_lancedb_child}
-DEFAULT_TYPES = {"faiss": "flat,ivf,hnsw,ivf_sq8,ivf_sq8_refine,ivf_sq4_refine", "lancedb": "flat,ivf_pq,ivf_hnsw_sq"}
+DEFAULT_TYPES = {"faiss": "auto,flat,ivf,hnsw,ivf_sq8,ivf_sq8_refine,ivf_sq4_refine", "lancedb": "auto,flat,ivf_pq,ivf_hnsw_sq"}
 
 
 def run(

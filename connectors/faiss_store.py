@@ -510,7 +510,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         self._use_factory(factory)
         self._build_index(self._rebuild)
         self._begin()  # the previous index's calibration does not describe this one
-        self._conn.execute("DELETE FROM meta WHERE key IN ('nprobe', 'ef_search', 'calibrated_recall')")
+        self._conn.execute("DELETE FROM meta WHERE key IN ('nprobe', 'ef_search', 'calibrated_recall', 'calibrated_on')")
         self.calibrate()
         self._save_settings({"index_factory": factory, "index_rows": str(len(self))})
 
@@ -518,9 +518,10 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         """Set nprobe / efSearch to the smallest breadth reaching ``target`` recall@10 against exact search;
         returns the settings chosen (none for exact indexes), saved at the next commit.
 
-        Without ``queries``: index_plan's calibration queries made from stored vectors, its doubling
-        ladder, target 0.95 plus its margin. With ``queries`` (vectors of queries like the user's): the
-        recall on them, the finer ladder, target 0.95.
+        Without ``queries``: those :attr:`calibration_queries` makes (pseudo-queries, where a Collection set
+        it), else index_plan's queries made from stored vectors (its doubling ladder, target 0.95 plus its
+        margin). With ``queries`` (vectors of queries like the user's): the recall on them, the finer
+        ladder, target 0.95 (:func:`index_plan.calibrate_breadth`).
         """
         self._catch_up()
         ivf = faiss.try_extract_index_ivf(self._index)
@@ -532,9 +533,10 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             if ivf is not None
             else ("ef", "ef_search", list(index_plan.EF_LADDER))
         )
+        given, source = index_plan.calibration_queries(queries, self.calibration_queries)
         q = None
-        if queries is not None:
-            q = as_vectors(queries, self.dim, "queries").copy()
+        if given is not None:
+            q = as_vectors(given, self.dim, "queries").copy()
             if self.metric == "cosine":
                 faiss.normalize_L2(q)
 
@@ -545,12 +547,21 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
 
         keys = np.array([r[0] for r in self._conn.execute("SELECT key FROM items")], dtype=np.int64)
         value, reached = index_plan.calibrate_breadth(
-            ladder, keys, lambda chosen: self._key_vectors(chosen.tolist()), self._iter_vectors, search, self.metric, target, q
+            ladder,
+            keys,
+            lambda chosen: self._key_vectors(chosen.tolist()),
+            self._iter_vectors,
+            search,
+            self.metric,
+            target,
+            q,
+            source,
         )
         setattr(self, name, value)
-        logger.info("%s: %s=%d reaches recall@10 %.3f", self.path, name, value, reached)
-        self._save_settings({meta_key: str(value), "calibrated_recall": f"{reached:.4f}"})
-        return {name: str(value), "calibrated_recall": f"{reached:.4f}"}
+        logger.info("%s: %s=%d reaches recall@10 %.3f on %s", self.path, name, value, reached, source)
+        recall = f"{reached:.4f}"
+        self._save_settings({meta_key: str(value), "calibrated_recall": recall, "calibrated_on": source})
+        return {name: str(value), "calibrated_recall": recall, "calibrated_on": source}
 
     def optimize(self, index: str | None = None, refine: int | None = None, **deprecated: Any) -> None:
         """Rebuild the index (the planned one for an auto store), recalibrate its breadth, and commit.
@@ -587,6 +598,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             info["refine"] = self.refine
         if "calibrated_recall" in meta and not self.is_exact:
             info["calibrated_recall_at_10"] = float(meta["calibrated_recall"])
+            info["calibrated_on"] = meta.get("calibrated_on", index_plan.STORED_VECTORS)
         return info
 
     def close(self) -> None:

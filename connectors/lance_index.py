@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -50,6 +50,7 @@ META_INDEX = "isotrope.index"
 META_NPROBES = "isotrope.nprobes"
 META_EF = "isotrope.ef"
 _META_RECALL = "isotrope.calibrated_recall"
+_META_SOURCE = "isotrope.calibrated_on"
 _META_PARAMS = "isotrope.index_params"
 #: candidates per hit re-ranked by exact distance by default: IVF_PQ's coarse codes need 10; IVF_HNSW_SQ's
 #: 8-bit codes 2 (200 real queries at 100,000 rows, 1 and 4 graphs: refine 2 and 10 reach the same recall@10
@@ -79,6 +80,7 @@ class LanceVectorIndex(LanceRows):
     _deferring: bool
     _indexed_rows: int
     _compaction_due: bool
+    calibration_queries: Callable[[], np.ndarray | None] | None
 
     if TYPE_CHECKING:
 
@@ -156,7 +158,8 @@ class LanceVectorIndex(LanceRows):
 
     def calibrate(self, target: float | None = None, queries: Any = None) -> dict[str, str]:
         """Set the search breadth (``ef`` of an HNSW index, else ``nprobe``) to the smallest reaching
-        ``target`` recall@10 against exact search (:func:`index_plan.calibrate_breadth`), saved in the
+        ``target`` recall@10 against exact search (:func:`index_plan.calibrate_breadth`) on ``queries``, else
+        on those :attr:`calibration_queries` makes, else on queries made from stored vectors; saved in the
         table's metadata; the settings chosen."""
         if self.vector_index is None:
             return {}
@@ -188,13 +191,15 @@ class LanceVectorIndex(LanceRows):
             setattr(self, knob, value)
             return [[positions[h.id] for h in hits] for hits in self.search(q, k)]
 
-        q = None if queries is None else as_vectors(queries, self.dim, "queries")
+        given, source = index_plan.calibration_queries(queries, self.calibration_queries)
+        q = None if given is None else as_vectors(given, self.dim, "queries")
         keys = np.arange(len(positions), dtype=np.int64)
-        value, reached = index_plan.calibrate_breadth(ladder, keys, sample, batches, search, self.metric, target, q)
+        value, reached = index_plan.calibrate_breadth(ladder, keys, sample, batches, search, self.metric, target, q, source)
         setattr(self, knob, value)
-        logger.info("table %r: %s=%d reaches recall@10 %.3f", self.table_name, knob, value, reached)
-        self._set_meta({META_EF if graph else META_NPROBES: str(value), _META_RECALL: f"{reached:.4f}"})
-        return {knob: str(value), "calibrated_recall": f"{reached:.4f}"}
+        logger.info("table %r: %s=%d reaches recall@10 %.3f on %s", self.table_name, knob, value, reached, source)
+        recall = f"{reached:.4f}"
+        self._set_meta({META_EF if graph else META_NPROBES: str(value), _META_RECALL: recall, _META_SOURCE: source})
+        return {knob: str(value), "calibrated_recall": recall, "calibrated_on": source}
 
     def index_info(self) -> dict[str, Any]:
         """The index type as asked and as built, and its search settings."""
@@ -205,6 +210,7 @@ class LanceVectorIndex(LanceRows):
             info.update(nprobe=self.nprobe, refine=self.refine, **({"ef": self.ef} if self.ef else {}))
             if _META_RECALL in meta:
                 info["calibrated_recall_at_10"] = float(meta[_META_RECALL])
+                info["calibrated_on"] = meta.get(_META_SOURCE, index_plan.STORED_VECTORS)
         return info
 
     def create_index(self, config: Any = None) -> None:

@@ -111,9 +111,11 @@ def pseudo_query_ranks(dense: np.ndarray, lexical: np.ndarray, targets: Sequence
     return out
 
 
-def _queries(
+def pseudo_queries(
     texts: Sequence[str], n_queries: int, seed: int, sources: Collection[int] | None = None
 ) -> tuple[list[PseudoQuery], str]:
+    """At most ``n_queries`` pseudo-queries cut from ``texts`` and the proxy that cut them: ``passage`` where
+    enough texts have a sentence to cut out, else ``masked``; a ValueError below :data:`MIN_QUERIES`."""
     pool = len(texts) if sources is None else len(sources)
     queries = build_pseudo_queries(texts, n_queries, DEFAULT_PROXY, seed=seed, sources=sources)
     if len(queries) >= min(MIN_DECIDING, max(MIN_QUERIES, pool // 10)):
@@ -161,7 +163,7 @@ def fit_default_search(
     sources = unlearned_chunks(texts, encoder)
     budget = query_budget(encoder, size, n_queries)
     try:
-        queries, proxy = _queries(texts, budget, seed, sources)
+        queries, proxy = pseudo_queries(texts, budget, seed, sources)
     except ValueError as error:
         logger.info("default search: %s; keeping %s", error, UNCALIBRATED_MODE)
         return {
@@ -258,8 +260,8 @@ def describe(choice: Mapping[str, Any]) -> str:
     )
 
 
-def sample_store(store: Any, size: int = SAMPLE, seed: int = 0) -> tuple[list[str], np.ndarray]:
-    """A seeded sample of a store's non-empty chunks: their texts and stored vectors."""
+def sample_chunks(store: Any, size: int = SAMPLE, seed: int = 0) -> tuple[list[str], list[str]]:
+    """The ids and texts of a seeded sample of at most ``size`` of a store's non-empty chunks."""
     ids = sorted(store.ids())
     random.Random(seed).shuffle(ids)
     texts: list[str] = []
@@ -271,6 +273,12 @@ def sample_store(store: Any, size: int = SAMPLE, seed: int = 0) -> tuple[list[st
                 texts.append(hit.text)
         if len(chosen) >= size:
             break
+    return chosen, texts
+
+
+def sample_store(store: Any, size: int = SAMPLE, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """A seeded sample of a store's non-empty chunks: their texts and stored vectors."""
+    chosen, texts = sample_chunks(store, size, seed)
     return texts, store.vectors(chosen) if chosen else np.empty((0, store.dim), dtype=np.float32)
 
 

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.autofusion import PROPERTY, SAMPLE, fit_default_search, sample_store, stored_default
+from isotrope.autofusion import PROPERTY, SAMPLE, fit_default_search, pseudo_queries, sample_chunks, sample_store, stored_default
 from isotrope.encoder import ShapedEncoder
 from isotrope.errors import EncoderMismatchError, EncoderMissingError
 from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
+from isotrope.stores import index_plan
 from isotrope.stores.base import Hit, VectorStore, as_vectors
 from isotrope.stores.filters import check_fields, parse_where
 from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
@@ -34,6 +35,8 @@ UNCALIBRATED_NOTE = (
     "Python API rather than `isotrope index`): searching dense; "
     "run `isotrope calibrate {store} --default-search` to choose it from the store's own chunks"
 )
+#: stored chunks sampled per pseudo-query that calibrates the index (chunks too short to cut one from are skipped)
+INDEX_QUERY_SAMPLE = 5
 #: the least cosine between a given vector and this encoder's vector of its text (float32 round-off aside)
 MIN_VERIFY_COSINE = 0.99
 
@@ -89,6 +92,7 @@ class Collection:
         self.path = path
         self.kind = kind
         self._told_uncalibrated = False
+        store.calibration_queries = lambda: self.index_queries()[0]  # an index built from here on calibrates on them
 
     @classmethod
     def exists(cls, uri: str | Path) -> bool:
@@ -356,6 +360,20 @@ class Collection:
         """Rebuild the store's approximate index for its current size (and compact LanceDB); the new index info."""
         self.store.optimize()
         return self.store.index_info()
+
+    def index_queries(self, n: int = index_plan.CALIBRATION_QUERIES, seed: int = 0) -> tuple[np.ndarray | None, list[str]]:
+        """Queries like real ones for calibrating the store's approximate index at build, without the user's:
+        at most ``n`` pseudo-queries cut from a seeded sample of the stored chunks (a sentence cut out of a
+        chunk, as the default search's: :func:`isotrope.autofusion.pseudo_queries`), encoded as queries, and
+        the ids of the chunks they were cut from; ``(None, [])`` where the chunks give too few."""
+        ids, texts = sample_chunks(self.store, INDEX_QUERY_SAMPLE * n, seed)
+        try:
+            queries, proxy = pseudo_queries(texts, n, seed)
+        except ValueError as error:
+            logger.info("%s: %s; the index calibrates on queries made from stored vectors", self.path, error)
+            return None, []
+        logger.info("%s: calibrating the index on %d %s pseudo-queries", self.path, len(queries), proxy)
+        return self.encoder.encode([q.text for q in queries], kind="query"), [ids[q.target] for q in queries]
 
     def calibrate(self, queries: Sequence[str], target: float | None = None) -> dict[str, Any]:
         """Set the approximate index's search breadth (IVF lists, HNSW ef) to the smallest whose recall@10

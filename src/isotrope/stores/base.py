@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -141,6 +141,13 @@ class VectorStore(Protocol):
     ``appends_new_ids``
         ``add`` takes ``new_ids=True``: the caller knows no id of the batch is stored, and the rows
         are appended without the upsert's lookup (LanceDB: no ``merge_insert`` join over the table).
+
+    Set by the caller:
+
+    ``calibration_queries``
+        None, or a function giving query vectors like real ones (or None) that ``calibrate()`` without
+        ``queries`` uses when an index is built: a :class:`~isotrope.search.Collection` sets it to
+        pseudo-queries cut from the stored chunks; without it, the queries are made from stored vectors.
     """
 
     dim: int
@@ -148,6 +155,7 @@ class VectorStore(Protocol):
     stores_raw_vectors: bool = False
     concurrent_queries: bool = False
     appends_new_ids: bool = False
+    calibration_queries: Callable[[], np.ndarray | None] | None = None
 
     def add(
         self,

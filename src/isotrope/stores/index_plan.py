@@ -4,36 +4,42 @@ The rules (``--index auto``, the default):
 
 - below :data:`EXACT_BELOW` rows, exact search (FAISS ``Flat``; LanceDB without an ANN index):
   a brute-force query over 50,000 x 384 float32 costs about 2 ms on one core;
-- from there on, FAISS ``IVF{nlist},Flat`` with ``nlist`` = 4 sqrt(n) rounded to a power of two
+- from there on, FAISS ``IVF{nlist},SQ8`` with ``nlist`` = 4 sqrt(n) rounded to a power of two
   (at least 64, and at least 39 training points per list), the low end of faiss's advice (4 to
   16 sqrt(n)): more lists make each probe cheaper, so the calibrated breadth scans fewer vectors;
-  the k-means training takes 39 sample points per list (at most 200,000). LanceDB builds
-  ``IVF_HNSW_SQ``: one HNSW graph (8-bit scalar-quantized vectors, refined with the exact ones) per
-  :data:`HNSW_PARTITION_ROWS` rows, the graphs built in parallel and every one searched
+  the k-means training takes 39 sample points per list (at most 200,000). Its 8-bit codes
+  (:data:`IVF_CODES`) scan a quarter of float32's bytes per probe for a little recall at equal
+  breadth (100k passages, the same lists, real queries: 0.957 against 0.968 at 256 of 1,024), so
+  the breadth reaching 0.95 scans a third of the bytes (256 lists of codes against 192 of floats).
+  LanceDB builds ``IVF_HNSW_SQ``: one HNSW graph (8-bit scalar-quantized vectors, refined with the
+  exact ones) per :data:`HNSW_PARTITION_ROWS` rows, the graphs built in parallel and every one searched
   (``nprobes`` = partitions), so only ``ef`` sets the breadth. Its IVF_PQ (``num_partitions`` =
   sqrt(n), ``num_sub_vectors`` = dim / 8) reached only 0.943 at a million passages, at 256 of
   1,041 partitions (a quarter of the table per query): these overlapping passages spread a query's
   neighbours over many IVF lists;
-- the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes`` / ``ef``) is the smallest
-  of a doubling ladder whose recall@10 against exact search, over :data:`CALIBRATION_QUERIES`
-  queries made from the stored vectors, is at least :data:`TARGET_RECALL` plus
-  :data:`CALIBRATION_MARGIN`. A query is a random stored vector moved, in a random direction
-  orthogonal to it, by its distance to its :data:`CALIBRATION_NEIGHBOUR`-th nearest other stored
-  vector (:func:`calibration_set`), and that stored vector is left out of both the exact and the
-  searched neighbours: a stored vector itself is too easy a query (an HNSW node is linked to its
-  neighbours; an IVF point sits in its own list), and so were the midpoints of two stored vectors
-  used before (calibrated to 0.98 on midpoints, an IVF index gave 0.929 on real sentence queries
-  at a million passages). On 100,000 passages these queries' recall follows real held-out
-  sentences' within 0.03 at every breadth (a little harder); on a million overlapping passages
-  (every passage has near-duplicates) they are easier than real ones (0.977 against 0.931 at the
-  same breadth), as every query made from stored vectors is: there only queries like the real
-  ones can calibrate (docs/SCALING.md, "Index rules"). It is measured when the index is built and
-  saved with it; ``--nprobe`` / ``--ef`` override it.
+- the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes`` / ``ef``) is measured when
+  the index is built and saved with it (``--nprobe`` / ``--ef`` override it): the smallest of the
+  :func:`finer` ladder whose recall@10 against exact search reaches :data:`TARGET_RECALL` plus
+  :data:`PSEUDO_QUERY_MARGIN` on up to :data:`CALIBRATION_QUERIES` pseudo-queries cut from the stored
+  chunks (a sentence cut out of a chunk, encoded as a query: the store's
+  :attr:`~isotrope.stores.base.VectorStore.calibration_queries`, which a Collection sets), their
+  source chunk kept among the neighbours (as a real query's sentence stands in stored chunks).
+  A store without text (vectors only) calibrates on queries made from its stored vectors instead:
+  the smallest of the doubling ladder reaching :data:`TARGET_RECALL` plus :data:`CALIBRATION_MARGIN`,
+  a query being a random stored vector moved, in a random direction orthogonal to it, by its
+  distance to its :data:`CALIBRATION_NEIGHBOUR`-th nearest other stored vector
+  (:func:`calibration_set`), that stored vector left out of both the exact and the searched
+  neighbours. Those are harder than real queries at 100,000 passages and far easier on a million
+  overlapping ones (every passage has near-duplicates): calibrated to 0.98 they chose 4 times the
+  breadth real queries need at 100k and too little at 1M (real 0.945). Pseudo-queries are a little
+  harder than real ones at both sizes (0.01 to 0.05 at equal breadth) and pick one or two steps of
+  the finer ladder above what real queries need: FAISS 384 lists where 256 do at 100k, 512 where 384
+  do at 1M; LanceDB ef 192 where 128 does at 100k, 384 where 128 does at 1M (docs/SCALING.md,
+  "Index rules").
 
 Queries like the user's calibrate best: ``isotrope calibrate STORE QUERIES`` (``Collection.calibrate``)
 encodes them, takes their exact top 10 over the stored vectors, and sets the smallest breadth of the
-:func:`finer` ladder reaching :data:`TARGET_RECALL` on them (on a million passages, IVF4096 needed 384
-lists for 0.95 with real sentence queries where the stored-vector queries were satisfied by 256).
+:func:`finer` ladder reaching :data:`TARGET_RECALL` on them.
 """
 
 from __future__ import annotations
@@ -47,8 +53,15 @@ import numpy as np
 EXACT_BELOW = 50_000
 TARGET_RECALL = 0.95
 CALIBRATION_MARGIN = 0.03
+#: recall above the target asked of pseudo-queries cut from the stored chunks: none, as they are a little harder
+#: than real sentence queries (0.01 to 0.05 less recall at equal breadth at 100k and 1M; docs/SCALING.md, "Index rules")
+PSEUDO_QUERY_MARGIN = 0.0
+#: what a breadth was calibrated on (``calibrated_on`` in ``index_info()``)
+STORED_VECTORS, PSEUDO_QUERIES, GIVEN_QUERIES = "stored vectors", "pseudo-queries", "queries"
 CALIBRATION_QUERIES = 200
 CALIBRATION_K = 10
+#: how an auto FAISS IVF index stores its vectors: 8-bit scalar quantization, a quarter of float32's bytes scanned per probe
+IVF_CODES = "SQ8"
 #: a calibration query is moved as far from its stored vector as that vector's this-th nearest neighbour
 CALIBRATION_NEIGHBOUR = 10
 NPROBE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -81,7 +94,7 @@ def nlist_for(n: int) -> int:
 
 def faiss_factory_for(n: int) -> str:
     """The FAISS index_factory string ``--index auto`` builds for n rows."""
-    return "Flat" if n < EXACT_BELOW else f"IVF{nlist_for(n)},Flat"
+    return "Flat" if n < EXACT_BELOW else f"IVF{nlist_for(n)},{IVF_CODES}"
 
 
 def lancedb_ivf_pq_for(n: int, dim: int) -> dict[str, int]:
@@ -175,6 +188,16 @@ def calibration_set(
     return queries, truth
 
 
+def calibration_queries(queries: Any, pseudo: Callable[[], np.ndarray | None] | None) -> tuple[Any, str]:
+    """The queries a store calibrates on and what they are: ``queries`` given (the user's), else those
+    ``pseudo()`` makes (a store's :attr:`~isotrope.stores.base.VectorStore.calibration_queries`: pseudo-queries
+    cut from its chunks), else None: queries made from the stored vectors (a store without text)."""
+    if queries is not None:
+        return queries, GIVEN_QUERIES
+    made = None if pseudo is None else pseudo()
+    return (made, PSEUDO_QUERIES) if made is not None else (None, STORED_VECTORS)
+
+
 def calibrate_breadth(
     ladder: Sequence[int],
     keys: np.ndarray,
@@ -184,6 +207,7 @@ def calibrate_breadth(
     metric: str,
     target: float | None = None,
     queries: np.ndarray | None = None,
+    source: str = GIVEN_QUERIES,
 ) -> tuple[int, float]:
     """The smallest search breadth of ``ladder`` reaching ``target`` recall@10 against exact search, and the
     recall it reaches: the procedure every store's ``calibrate`` follows, the store supplying its engine's calls.
@@ -194,7 +218,7 @@ def calibrate_breadth(
     Without ``queries``: :data:`CALIBRATION_QUERIES` queries made from stored vectors (:func:`calibration_set`,
     seeded), the ladder as given, target :data:`TARGET_RECALL` plus :data:`CALIBRATION_MARGIN`. With
     ``queries`` (vectors of queries like the user's): the recall on them, the :func:`finer` ladder, target
-    :data:`TARGET_RECALL`.
+    :data:`TARGET_RECALL`, plus :data:`PSEUDO_QUERY_MARGIN` where ``source`` is :data:`PSEUDO_QUERIES`.
     """
     k = CALIBRATION_K
     if queries is None:
@@ -204,7 +228,8 @@ def calibrate_breadth(
         goal = TARGET_RECALL + CALIBRATION_MARGIN if target is None else target
         return calibrate(ladder, lambda value: without_sources(search(q, k + 1, value), sources, k), truth, goal)
     truth = exact_neighbours(queries, batches(), k, metric)
-    goal = TARGET_RECALL if target is None else target
+    margin = PSEUDO_QUERY_MARGIN if source == PSEUDO_QUERIES else 0.0
+    goal = TARGET_RECALL + margin if target is None else target
     return calibrate(finer(ladder), lambda value: search(queries, k, value), truth, goal)
 
 
