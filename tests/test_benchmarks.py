@@ -97,6 +97,11 @@ def test_load_guard_refuses_a_busy_machine_unless_allowed(monkeypatch):
     monkeypatch.setattr(harness.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     monkeypatch.setattr(harness, "machine_cpu_seconds", lambda: 100.0)  # nothing else ran
     assert measured("encode", "cmd", "quick", False, lambda: {})["loaded"] is False
+    loads = iter([0.5, 0.5, 2.5])  # the guard, the load before, then a load that stays up after the run
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (next(loads, 2.5), 1.0, 1.0))
+    monkeypatch.setattr(harness, "SETTLE_S", 0.0)
+    result = measured("encode", "cmd", "quick", False, lambda: {})
+    assert result["loaded"] is True and result["load_average_after"][0] == 2.5
 
 
 def test_cpu_used_by_other_processes_during_a_run_marks_it_loaded(monkeypatch):
