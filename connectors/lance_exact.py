@@ -15,49 +15,45 @@ from typing import Any
 import numpy as np
 
 from isotrope.stores import index_plan
+from isotrope.stores.memory import exact_scores, top_k
 
 from .lance_rows import to_numpy
 
 
 class HeldVectors:
-    """One table version's row ids and vectors (float32), held while the table stays that version."""
+    """One table version's row ids and vectors (float32; unit length for ``cosine``), held while the table
+    stays that version; ``metric`` is the store's (``ip``, ``cosine``, ``l2``)."""
 
-    def __init__(self, limit: int = index_plan.EXACT_BELOW) -> None:
-        self.limit = limit
+    def __init__(self, metric: str, limit: int = index_plan.EXACT_BELOW) -> None:
+        self.metric, self.limit = metric, limit
         self._key: tuple[str, int] | None = None
         self._rows: np.ndarray | None = None  # Lance row ids, table order
         self._vectors: np.ndarray | None = None
-        self._norms: np.ndarray | None = None
 
-    def nearest(self, dataset: Any, query: np.ndarray, k: int, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """The row ids and distances of ``query``'s ``k`` nearest rows of ``dataset`` (closest first), or
-        None when the table has more rows than :attr:`limit` (the caller scans it)."""
+    def nearest(self, dataset: Any, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The row ids and Lance distances of ``query``'s ``k`` nearest rows of ``dataset`` (closest first,
+        ties in table order), or None when the table has more rows than :attr:`limit` (the caller scans it)."""
         if not self._hold(dataset):
             return None
-        assert self._rows is not None and self._vectors is not None and self._norms is not None
-        q = np.asarray(query, dtype=np.float32)
-        if metric == "l2":
-            distances = self._norms**2 - 2 * (self._vectors @ q) + float(q @ q)
-        elif metric == "cosine":
-            distances = 1 - (self._vectors @ q) / np.maximum(self._norms * np.linalg.norm(q), np.finfo(np.float32).tiny)
-        else:
-            distances = 1 - self._vectors @ q
-        k = min(k, len(distances))
-        top = np.argpartition(distances, k - 1)[:k] if 0 < k < len(distances) else np.arange(len(distances))
-        top = top[np.lexsort((top, distances[top]))]  # by distance, then table order
-        return self._rows[top], distances[top].astype(np.float32)
+        assert self._rows is not None and self._vectors is not None
+        q = np.asarray(query, dtype=np.float32)[None, :]
+        if self.metric == "cosine":  # the held vectors are unit already: the query alone is normalised
+            q = q / max(float(np.linalg.norm(q)), float(np.finfo(np.float32).tiny))
+        scores = exact_scores(q, self._vectors, "ip" if self.metric == "cosine" else self.metric, np.float32)
+        top = top_k(scores, k)[0]
+        return self._rows[top], (-scores[0, top] if self.metric == "l2" else 1 - scores[0, top])
 
     def _hold(self, dataset: Any) -> bool:
         """Read ``dataset``'s vectors unless they are held already; False when it is too large."""
         key = (dataset.uri, dataset.version)
         if key == self._key:
             return self._vectors is not None
-        self._key, self._rows, self._vectors, self._norms = key, None, None, None
+        self._key, self._rows, self._vectors = key, None, None
         if dataset.count_rows() > self.limit:
             return False
         table = dataset.to_table(columns=["id", "vector"], with_row_id=True)
-        dim = table.schema.field("vector").type.list_size
-        self._rows = table.column("_rowid").to_numpy()
-        self._vectors = to_numpy(table.column("vector"), dim, table.column("id"), "vector")
-        self._norms = np.linalg.norm(self._vectors, axis=1)
+        vectors = to_numpy(table.column("vector"), table.schema.field("vector").type.list_size, table.column("id"), "vector")
+        if self.metric == "cosine":
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.finfo(np.float32).tiny)
+        self._rows, self._vectors = table.column("_rowid").to_numpy(), vectors
         return True

@@ -172,7 +172,6 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._row_ids: dict[str, int] = {}  # id -> Lance row id, from reads of table version _row_ids_version
         self._row_ids_version = -1
         self._lance = None  # the pylance dataset reads go through (see _dataset)
-        self._held = HeldVectors()  # a small table's vectors, for exact search without a scan
         self._storage_options = storage_options
         self._db = None  # LanceDB's connection: only to find a table at a URI, and for lancedb_table()
         self._writer = None  # the pylance dataset writes go through (see _writable)
@@ -188,6 +187,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         #: whether ``add`` takes ``raw_vectors`` (the table has a ``raw_vector`` column)
         self.stores_raw_vectors = self.raw_dim is not None
         self.metric = schema.metadata[_META_METRIC.encode()].decode()
+        self._held = HeldVectors(self.metric)  # a small table's vectors, for exact search without a scan
         stored = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
         #: the index asked for: auto, flat, ivf_pq or hnsw_sq
         self.index = index or stored.get(META_INDEX, "ivf_pq")
@@ -403,7 +403,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._writer = None
         self._db = None
         self._lance = None
-        self._held = HeldVectors()
+        self._held = HeldVectors(self.metric)
 
     # ------------------------------------------------------------------ indexes
 
@@ -432,7 +432,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     ) -> pa.Table:
         """One query's ``k`` nearest rows (``_rowid`` too without text): from the vectors held in memory when
         the table has no ANN index and no filter applies (:mod:`.lance_exact`), else through pylance's scanner."""
-        held = None if condition or self.vector_index is not None else self._held.nearest(dataset, query, k, self.metric)
+        held = None if condition or self.vector_index is not None else self._held.nearest(dataset, query, k)
         if held is not None:
             rows, distances = held
             wanted = [column for column in columns if column != "_distance"]

@@ -36,10 +36,10 @@ def reference(vectors: np.ndarray, query: np.ndarray, metric: str) -> np.ndarray
 @pytest.mark.parametrize("metric", ["ip", "cosine", "l2"])
 def test_held_vectors_find_lances_exact_neighbours_with_its_distances(tmp_path, metric):
     store, vectors = filled(tmp_path, metric)
-    dataset, held = store._dataset(), HeldVectors()
+    dataset, held = store._dataset(), HeldVectors(metric)
     lance_metric = {"ip": "dot"}.get(metric, metric)
     for query in np.random.default_rng(5).standard_normal((8, DIM)).astype(np.float32):
-        rows, distances = held.nearest(dataset, query, 10, lance_metric)
+        rows, distances = held.nearest(dataset, query, 10)
         expected = reference(vectors, query, lance_metric)
         np.testing.assert_allclose(distances, np.sort(expected)[:10], rtol=1e-4, atol=1e-4)
         scan = dataset.scanner(
@@ -70,6 +70,6 @@ def test_the_store_searches_held_vectors_and_sees_its_writes(tmp_path):
 
 def test_a_table_past_the_limit_is_left_to_lances_scan(tmp_path):
     store, _ = filled(tmp_path, "ip", n=40)
-    assert HeldVectors(limit=39).nearest(store._dataset(), np.ones(DIM, np.float32), 5, "dot") is None
-    rows, _ = HeldVectors(limit=40).nearest(store._dataset(), np.ones(DIM, np.float32), 50, "dot")
+    assert HeldVectors("ip", limit=39).nearest(store._dataset(), np.ones(DIM, np.float32), 5) is None
+    rows, _ = HeldVectors("ip", limit=40).nearest(store._dataset(), np.ones(DIM, np.float32), 50)
     assert sorted(rows.tolist()) == sorted(store._dataset().to_table(with_row_id=True).column("_rowid").to_pylist())
