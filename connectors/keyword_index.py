@@ -511,9 +511,9 @@ class KeywordIndex:
                     raise ValueError(f"version {version}; this isotrope reads up to {VERSION}")
                 index = cls(int(saved["generation"]))
                 index._vocabulary = {term: i for i, term in enumerate(saved["vocabulary"].tolist())}
-                counts = _csr_matrix(
-                    (saved["data"], saved["indices"], saved["indptr"]), (len(index._vocabulary), len(saved["keys"]))
-                )
+                # terms first seen in pending rows have no row in the large matrix (:meth:`_Segment.postings`)
+                indptr = saved["indptr"]
+                counts = _csr_matrix((saved["data"], saved["indices"], indptr), (len(indptr) - 1, len(saved["keys"])))
                 index._main = _Segment(counts, saved["keys"], saved["lengths"])
                 if "ceilings" in saved.files:  # else (a file of an earlier version) computed on first use
                     index._main._ceilings = (float(saved["reference"]), saved["ceilings"])

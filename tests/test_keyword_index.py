@@ -48,6 +48,9 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
         for key in gone:
             rows.pop(key, None)
         assert_exact(index, rows)
+    novel = {95: analyze("quokkas never merge " + texts[0])}  # terms the large matrix has no row for
+    index.upsert(novel.items())
+    rows.update(novel)
     if merge_rows > 100:  # nothing merged since the build: the file keeps dead columns and pending rows
         assert index._pending and index._main.alive < len(index._main.keys)
     KeywordIndex.install(index.save(tmp_path))
