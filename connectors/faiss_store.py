@@ -642,11 +642,14 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
     def hybrid_candidates(
         self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
     ) -> Candidates:
-        """Hybrid search's candidates named by row key: the dense top ``depth``, then the keyword top ``depth``
-        and (``complete``) the dense candidates' BM25 from one pass over each query's postings; only the
+        """Hybrid search's candidates named by row key: the dense top ``depth`` (faiss releases the GIL) beside
+        the keyword top ``depth`` in a second thread, then (``complete``) the dense candidates' BM25; only the
         fused top rows are read (:func:`isotrope.fusion.search_store`)."""
-        labels, scores = self._dense_keys(queries, depth, where)
-        dense = [(row[row >= 0], row_scores[row >= 0].astype(np.float64)) for row, row_scores in zip(labels, scores)]
+
+        def dense() -> list[tuple[np.ndarray, np.ndarray]]:
+            labels, scores = self._dense_keys(queries, depth, where)
+            return [(row[row >= 0], row_scores[row >= 0].astype(np.float64)) for row, row_scores in zip(labels, scores)]
+
         return self._keyword_candidates(texts, depth, where, dense, complete)
 
     def _refined(

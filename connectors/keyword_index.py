@@ -391,15 +391,9 @@ class KeywordIndex:
         return _looked_up(query, segments, keys)
 
     def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` best ``(keys, scores)``, best first, ties by key."""
-        return self.top_and_lookup(terms, k, keys)[:2]
-
-    def top_and_lookup(
-        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key,
-        and the BM25 of each ``lookup`` key (:meth:`lookup`). Each segment gives the rows that can rank among
-        its own ``k`` best (:meth:`_Segment.best`, exact), so the ``k`` best of all are among them."""
+        """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key.
+        Each segment gives the rows that can rank among its own ``k`` best (:meth:`_Segment.best`, exact), so
+        the ``k`` best of all are among them."""
         query, segments = self._plan(terms)
         found: list[tuple[np.ndarray, np.ndarray]] = []
         scored = searched = 0
@@ -407,7 +401,6 @@ class KeywordIndex:
             columns, scores, touched, looked_up = segment.best(query, parts, k, None if keys is None else segment.holding(keys))
             found.append((columns, scores))
             scored, searched = scored + touched, searched + looked_up
-        looked = np.zeros(0) if lookup is None else _looked_up(query, segments, lookup)
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(
@@ -419,7 +412,7 @@ class KeywordIndex:
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
             found_keys, scores = found_keys[tied], scores[tied]
         order = np.lexsort((found_keys, -scores))[:k]
-        return found_keys[order], scores[order], looked
+        return found_keys[order], scores[order]
 
     def _plan(self, terms: Sequence[str]) -> tuple[_Query, list[tuple[_Segment, list[Postings]]]]:
         """The query's distinct ``terms`` held by live rows, rarest first, with their weights, and each

@@ -10,13 +10,13 @@ with the FTS5 index of before) rebuilds the index from the stored texts on first
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from isotrope.fusion import Candidates
+from isotrope.fusion import Candidates, worker_pool
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -145,24 +145,29 @@ class SqliteLexicalIndex(SqliteRows):
         texts: Sequence[str],
         k: int,
         where: Mapping[str, Any] | None,
-        dense: list[tuple[np.ndarray, np.ndarray]],
+        dense: Callable[[], list[tuple[np.ndarray, np.ndarray]]],
         complete: bool,
     ) -> Candidates:
-        """Hybrid search's candidates by row key, given each query's dense ``(keys, scores)``: its keyword top
-        ``k`` among rows matching ``where`` and (``complete``) the BM25 of its dense keys, from one pass over
-        its postings, and the stored vectors of the keyword candidates the dense lists lack."""
-        index = self._keyword_index()
-        allowed = self._allowed_keys(where)
-        lexical, bm25, missing = [], [], set[int]()
-        for text, (dense_keys, _) in zip(texts, dense):
-            keys, scores, looked = index.top_and_lookup(query_terms(text), k, allowed, dense_keys if complete else None)
-            lexical.append((keys.tolist(), scores))
-            bm25.append(looked)
-            missing.update(np.setdiff1d(keys, dense_keys).tolist() if complete else ())
+        """Hybrid search's candidates by row key: each query's keyword top ``k`` among rows matching ``where``,
+        scored in a second thread while ``dense()`` gives its dense ``(keys, scores)`` in this one; then
+        (``complete``) the BM25 of its dense keys (binary searches in the postings) and the stored vectors of
+        the keyword candidates the dense lists lack."""
+        index, allowed = self._keyword_index(), self._allowed_keys(where)
+        terms = [query_terms(text) for text in texts]
+        keyword = worker_pool().submit(lambda: [index.top(query, k, allowed) for query in terms])
+        try:
+            found = dense()
+        finally:
+            lexical = keyword.result()  # never left running beside the caller's next call
+        bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
+        missing = set[int]()
+        if complete:
+            for (keys, _), (dense_keys, _) in zip(lexical, found):
+                missing.update(np.setdiff1d(keys, dense_keys).tolist())
         found_keys, vectors = self._key_vectors(sorted(missing))
         return Candidates(
-            [(keys.tolist(), scores) for keys, scores in dense],
-            lexical,
+            [(keys.tolist(), scores) for keys, scores in found],
+            [(keys.tolist(), scores) for keys, scores in lexical],
             bm25,
             dict(zip(found_keys.tolist(), vectors)),
             self._ranked_hits,
