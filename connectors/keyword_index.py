@@ -272,10 +272,15 @@ class _Segment:
                 if term < len(parts) and len(parts[term][0]) >= check:  # worth knowing whether to score it
                     leaders, kth = _leaders(total, leaders, touched[checked:], kth, k, allowed)
                     checked = term
+            # per range, the least score a row scored so far needs to reach the k-th with what its range's terms left
+            # can add (with slack for rounding; at least > 0: a row no term scored is no candidate)
+            floor = (kth * _MARGIN - reach[np.minimum(switch, term), np.arange(len(switch))]) * _MARGIN
+            floor = np.maximum(floor, np.finfo(np.float64).tiny)
             if scored * 128 < len(self.keys):  # the rows scored (sorted), from their postings or the whole buffer
                 candidates = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+                candidates = candidates[total[candidates] >= (floor[candidates >> shift] if len(floor) > 1 else floor[0])]
             else:
-                candidates = np.flatnonzero(total)
+                candidates = np.flatnonzero(total >= (np.repeat(floor, 1 << shift)[: len(total)] if len(floor) > 1 else floor[0]))
             if allowed is not None:
                 candidates = candidates[allowed[candidates]]
             home = candidates >> shift if len(switch) > 1 else np.zeros(len(candidates), np.int64)
@@ -283,7 +288,7 @@ class _Segment:
             for rest in range(int(after.min(initial=term)), len(parts)):
                 partial = total[candidates]
                 kth = max(kth, _kth(partial, k))
-                kept = partial + reach[after, home] >= kth * _MARGIN
+                kept = partial + np.take(reach, after * reach.shape[1] + home) >= kth * _MARGIN
                 candidates, home, after = candidates[kept], home[kept], after[kept]
                 columns, counts = parts[rest]
                 needs = after == rest  # every candidate from ``term`` on
