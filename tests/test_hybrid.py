@@ -201,6 +201,20 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
     assert FaissStore(tmp_path / "faiss").has_lexical_index  # written
 
 
+def test_faiss_store_reopens_its_keyword_index_after_commits_that_add_terms(tmp_path, caplog):
+    store = open_store("faiss", tmp_path)
+    contents = fill(store)
+    extra = {"n0": ("quokkas nest beside zyzzyvas", {}), "n1": ("zyzzyvas never nest", {})}  # terms no row had
+    store.add(list(extra), make_data("random", 2, DIM, 1), [t for t, _ in extra.values()], [m for _, m in extra.values()])
+    store.commit()
+    store.close()
+    contents.update(extra)
+    store = FaissStore(tmp_path / "faiss")
+    assert_lexical_exact("faiss", store, contents, queries=[*QUERIES, "nesting zyzzyva"])
+    assert "building it" not in caplog.text and "cannot be read" not in caplog.text  # read as saved
+    store.close()
+
+
 def test_lance_table_written_before_the_lexical_index_builds_it_on_first_use(tmp_path, caplog):
     store = open_store("lance", tmp_path)
     contents = fill(store)
