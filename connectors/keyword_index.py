@@ -256,6 +256,13 @@ class _Segment:
         touched: list[np.ndarray] = []  # the columns of each term scored
         scored = searched = term = checked = 0
         try:
+            if not prunes and parts:  # every posting at once, in term order: each row's terms add up as term by term
+                columns = np.concatenate([columns for columns, _ in parts])
+                weights = np.repeat(query.weights[: len(parts)], [len(columns) for columns, _ in parts])
+                counts = np.concatenate([counts for _, counts in parts])
+                np.add.at(total, columns, _contribution(weights, counts, norm[columns]))
+                touched.append(columns)
+                scored, term = len(columns), len(parts)
             while term < len(parts) and left[term] >= kth * _MARGIN:
                 columns, counts = parts[term]
                 if kth > 0 and len(switch) > 1:  # ranges whose rows seen by no term so far cannot rank any more
@@ -650,8 +657,8 @@ def _length_norm(lengths: np.ndarray, average: float) -> np.ndarray:
     return K1 * (1 - B + B * lengths / average)
 
 
-def _contribution(weight: float, counts: np.ndarray, norm: np.ndarray) -> np.ndarray:
-    """A term's BM25 in rows where it occurs ``counts`` times, ``weight`` its ``idf * (k1 + 1)``."""
+def _contribution(weight: float | np.ndarray, counts: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """A term's BM25 in rows where it occurs ``counts`` times, ``weight`` its ``idf * (k1 + 1)`` (or each posting's)."""
     return weight * (counts / (counts + norm))
 
 
