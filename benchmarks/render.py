@@ -351,6 +351,92 @@ def render_scale(item: dict[str, Any]) -> str:
     )
 
 
+def scale_provenance(document: dict[str, Any]) -> str:
+    """One line for a ``benchmarks.scale`` result: command, machine, the load each child started at, others' CPU."""
+    machine, stores = document["machine"], document["stores"].values()
+    starts = [s["indexing"]["load_average_before_after"][0] for s in stores] + [
+        s["search"]["load_average_at_start"][0] for s in stores
+    ]
+    shares = [s[step]["others_cpu_share"] for s in stores for step in ("indexing", "search") if "others_cpu_share" in s[step]]
+    return (
+        f"`{document['command']}` on {machine['cpu']} ({machine['usable_cores']} cores, {machine['ram_gb']} GB), "
+        f"children started at load {min(starts):.2f}–{max(starts):.2f}"
+        + (f", other processes ≤ {100 * max(shares):.1f} % of the CPU" if shares else "")
+        + f", {machine['threads']} indexing threads / {machine['search_threads']} search thread, "
+        f"commit {machine['git_commit']}, {document['started'][:10]}"
+    )
+
+
+def _index_built(info: dict[str, Any]) -> str:
+    if "nprobe" in info and "ef" not in info:
+        return f"{info['index_built']}, nprobe {info['nprobe']}"
+    graphs = f" ({info['num_partitions']} graphs)" if info.get("num_partitions", 1) > 1 else ""
+    return f"{info['index_built']}{graphs}, ef {info['ef']}, refine ×{info['refine']}"
+
+
+def _scale_column(store: dict[str, Any]) -> list[str]:
+    """One store's cells of :func:`render_scale_modes` (the auto index; others in the last row)."""
+    indexing, search = store["indexing"], store["search"]
+    auto, modes = search["auto"], search.get("text_modes", {})
+    dense, hybrid = modes.get("dense"), modes.get("hybrid")
+    keyword = _p50_p99(modes.get("keyword"))
+    if modes.get("keyword_bare"):
+        keyword += f" ({_p50_p99(modes['keyword_bare'])})"
+    others = [
+        f"{e.get('index_built', kind)}: {e['recall_at_10']:.3f}, {num(e['p50_ms_single'])} ms"
+        for kind, e in search.items()
+        if kind != "auto" and isinstance(e, dict) and "recall_at_10" in e
+    ]
+    return [
+        f"{indexing['chunks']:,}",
+        f"{indexing['index_wall_s'] / 60:.1f} min" if indexing["index_wall_s"] >= 120 else f"{indexing['index_wall_s']:.1f} s",
+        f"{indexing['peak_rss_mb'] / 1000:.2f} GB",
+        f"{indexing['disk_bytes_per_chunk']:,.0f} B",
+        _index_built(search["auto_index"]),
+        f"{auto['recall_at_10']:.3f} ({auto['bare_recall_at_10']:.3f})",
+        f"{num(auto['p50_ms_single'])} / {num(auto['p99_ms_single'])} ({num(auto['bare_p50_ms_single'])})",
+        num(auto.get("p50_ms_single_with_encode") or search.get("p50_ms_single_with_encode_auto")),
+        _p50_p99(dense),
+        keyword,
+        f"{_p50_p99(hybrid)}: {hybrid['p50_ms'] / dense['p50_ms']:.2f}× dense" if hybrid and dense else "–",
+        _p50_p99(modes.get("hybrid_two_pass")),
+        _p50_p99(modes.get("hybrid_bare")),
+        "; ".join(others) or "–",
+    ]
+
+
+#: the rows of :func:`render_scale_modes`
+SCALE_ROWS = (
+    "chunks",
+    "indexing wall, keyword index included",
+    "indexing peak RSS",
+    "disk per chunk",
+    "auto index, breadth calibrated at build on pseudo-queries",
+    "dense recall@10, 200 real queries (bare library)",
+    "dense p50 / p99 ms, query vector → hits (bare library p50)",
+    "dense p50 ms, query text → hits, encoding included",
+    'dense p50 / p99 ms, `Collection.search(text, mode="dense")`, cold',
+    "keyword p50 / p99 ms, cold (bare engine)",
+    "hybrid p50 / p99 ms, cold",
+    "hybrid, the former two-pass path",
+    "LanceDB's own hybrid (RRF)",
+    "other index types: recall@10, p50",
+)
+
+
+def render_scale_modes(documents: list[dict[str, Any]]) -> str:
+    """``benchmarks.scale`` results (one store or more each) side by side, a column per store, each with its
+    provenance line; a loaded result is refused."""
+    for document in documents:
+        if document.get("loaded"):
+            raise LoadedResultError(f"`{document['command']}` ran on a loaded machine: re-run it idle; never cited")
+    stores = {name: store for document in documents for name, store in document["stores"].items()}
+    columns = [_scale_column(store) for store in stores.values()]
+    lines = "\n".join(f"- Measured with {scale_provenance(document)}." for document in documents)
+    rows = [[row, *(column[i] for column in columns)] for i, row in enumerate(SCALE_ROWS)]
+    return lines + "\n\n" + table(["", *(STORE_NAMES.get(name, name) for name in stores)], rows)
+
+
 def render_cold(result: dict[str, Any]) -> str:
     head = (
         f"`isotrope search STORE QUERY -k 3` in a fresh process, stores of {result['documents']:,} SciFact abstracts "
@@ -380,6 +466,14 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 }
 
 
+#: NAME -> the ``benchmarks.scale`` result files (``benchmarks/results/STEM.json``) shown side by side
+SCALE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "scale-1m": ("scale-1m-faiss-modes", "scale-1m-lancedb-modes"),
+    "scale-100k": ("scale-100k-modes",),
+}
+STORE_NAMES = {"faiss": "FAISS", "lancedb": "LanceDB"}
+
+
 def render_topic(document: dict[str, Any], name: str | None = None, show_loaded: bool = False) -> str:
     """A result document's table(s) with its provenance line; LoadedResultError for a loaded result
     (``show_loaded``: rendered with a warning instead, for the terminal)."""
@@ -397,8 +491,15 @@ def render_topic(document: dict[str, Any], name: str | None = None, show_loaded:
 
 
 def render_section(name: str, results_dir: Path = RESULTS_DIR) -> str:
+    if name in SCALE_SECTIONS:
+        paths = [results_dir / f"{stem}.json" for stem in SCALE_SECTIONS[name]]
+        if not all(path.is_file() for path in paths):
+            return (
+                f"Not measured under the load rule yet: {', '.join(path.name for path in paths if not path.is_file())} missing."
+            )
+        return render_scale_modes([json.loads(path.read_text()) for path in paths])
     if name not in SECTIONS:
-        raise KeyError(f"unknown benchmark table {name!r}; known: {', '.join(SECTIONS)}")
+        raise KeyError(f"unknown benchmark table {name!r}; known: {', '.join([*SECTIONS, *SCALE_SECTIONS])}")
     topic = SECTIONS[name][0]
     path = results_dir / f"{topic}.json"
     if not path.is_file():

@@ -31,9 +31,11 @@ import logging
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -569,9 +571,12 @@ def run(
     chunk_tokens: int = 256,
     nprobe: int | None = None,
     modes: str = MODES,
+    command: str = "python -m benchmarks.scale",
 ) -> dict[str, Any]:
     types = {**DEFAULT_TYPES, **(types or {})}
     result: dict[str, Any] = {
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "chunks": chunks,
         "k": K,
         "queries": queries,
@@ -728,8 +733,6 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     if sys.argv[1:2] == ["--table"]:
         print(markdown([json.loads(Path(p).read_text()) for p in sys.argv[2:]]))
         return
@@ -791,6 +794,7 @@ def main(argv: list[str] | None = None) -> None:
         args.chunk_tokens,
         args.nprobe,
         args.modes,
+        " ".join(["python -m benchmarks.scale", *(argv if argv is not None else sys.argv[1:])]),
     )
 
 

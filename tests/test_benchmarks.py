@@ -310,3 +310,50 @@ def test_the_scale_table_shows_each_mode_and_hybrid_against_dense():
     modes_row = next(line for line in text.splitlines() if line.startswith("| faiss | 2.00 / 9.00"))
     assert "| 1.00 / 3.00 |" in modes_row and "| 3.00 / 5.00 | 1.50x |" in modes_row
     assert "| faiss | ivf | 0.98 | 0.50 | 0.40 | +25.0 | 10.00 / 9.00 |" in text
+
+
+def scale_document(store_name: str, loaded: bool = False) -> dict:
+    """A ``benchmarks.scale`` result of one store (the fields :func:`render.render_scale_modes` reads)."""
+    auto = {"recall_at_10": 0.961, "bare_recall_at_10": 0.96, "p50_ms_single": 4.0, "p99_ms_single": 5.0}
+    auto |= {"bare_p50_ms_single": 3.5, "p50_ms_single_with_encode": 4.5}
+    index = {"index_built": "IVF4096,SQ8", "nprobe": 384} if store_name == "faiss" else {"index_built": "IvfHnswSq"}
+    index |= {} if store_name == "faiss" else {"num_partitions": 5, "ef": 256, "refine": 2}
+    modes = {"dense": {"p50_ms": 5.0, "p99_ms": 7.0}, "keyword": {"p50_ms": 3.0, "p99_ms": 30.0}}
+    modes |= {"keyword_bare": {"p50_ms": 2.5, "p99_ms": 20.0}, "hybrid": {"p50_ms": 9.0, "p99_ms": 60.0}}
+    store = {
+        "indexing": {"chunks": 1_083_961, "index_wall_s": 462.0, "peak_rss_mb": 2585.0, "disk_bytes_per_chunk": 4196.0}
+        | {"load_average_before_after": [0.5, 0.4, 0.3, 1.9, 1.0, 0.5], "others_cpu_share": 0.004},
+        "search": {"auto": auto, "auto_index": index, "text_modes": modes, "load_average_at_start": [0.7, 0.5, 0.4]},
+    }
+    return {
+        "command": "python -m benchmarks.scale --chunks 1000000 --data-dir DATA",
+        "started": "2026-11-27T19:00:00+00:00",
+        "loaded": loaded,
+        "machine": {"cpu": "Test CPU", "usable_cores": 2, "ram_gb": 8.0, "git_commit": "abc1234", "threads": 2}
+        | {"search_threads": 1},
+        "stores": {store_name: store},
+    }
+
+
+def test_the_scale_section_puts_each_store_in_a_column_with_its_provenance(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("faiss", "lancedb"):
+        (results / f"scale-1m-{name}-modes.json").write_text(json.dumps(scale_document(name)))
+    text = render.render_section("scale-1m", results)
+    assert text.count("- Measured with `python -m benchmarks.scale --chunks 1000000 --data-dir DATA`") == 2
+    assert "children started at load 0.50–0.70, other processes ≤ 0.4 % of the CPU" in text and "commit abc1234" in text
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    rows = {row[0]: row[1:] for row in cells}
+    assert rows["indexing wall, keyword index included"][0] == "7.7 min" and rows["indexing peak RSS"][0] == "2.58 GB"
+    assert rows["auto index, breadth calibrated at build on pseudo-queries"] == [
+        "IVF4096,SQ8, nprobe 384",
+        "IvfHnswSq (5 graphs), ef 256, refine ×2",
+    ]
+    assert rows["keyword p50 / p99 ms, cold (bare engine)"][0] == "3.00 / 30.00 (2.50 / 20.00)"
+    assert rows["hybrid p50 / p99 ms, cold"][0] == "9.00 / 60.00: 1.80× dense"
+    (results / "scale-1m-lancedb-modes.json").write_text(json.dumps(scale_document("lancedb", loaded=True)))
+    with pytest.raises(render.LoadedResultError, match="loaded"):
+        render.render_section("scale-1m", results)
+    (results / "scale-1m-lancedb-modes.json").unlink()
+    assert "scale-1m-lancedb-modes.json missing" in render.render_section("scale-1m", results)
