@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,8 @@ class SqliteLexicalIndex(SqliteRows):
         try:
             found = dense()
         finally:
-            lexical = keyword.result()  # never left running beside the caller's next call
+            wait([keyword])  # never left running beside the caller's next call, whatever dense() raised
+        lexical = keyword.result()
         bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
         missing = set[int]()
         if complete:
