@@ -6,7 +6,7 @@ batch, the encoder's activations (a few MiB to 32 MiB each) then come from the h
 blocks allocated between them pin them: the process keeps every batch's high-water mark, and the
 teacher pass, the writes and the default search's encodes stack on it. A fixed threshold keeps such
 blocks mapped and handed back as soon as they are freed (on the ingestion benchmark's LanceDB side,
-460 chunks: peak 1,011 -> 844 MB). Process-wide, as glibc's ``MALLOC_MMAP_THRESHOLD_`` variable is.
+1,526 chunks: peak 1,157 -> 959 MB, the warm-up freed in both). Process-wide, as glibc's ``MALLOC_MMAP_THRESHOLD_`` variable is.
 """
 
 from __future__ import annotations
