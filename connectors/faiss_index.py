@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import faiss
@@ -25,6 +27,18 @@ CHECK_DIM = 6720
 
 
 _READ_BLOCK = 1 << 22
+
+
+@contextmanager
+def one_core_spared() -> Iterator[None]:
+    """faiss's OpenMP threads in this thread one fewer (at least one) meanwhile: a core for a second thread's work
+    (OpenMP threads spin-wait when more want the cores than there are). OpenMP keeps the setting per thread."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, threads - 1))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def working_index(index: faiss.Index) -> faiss.Index:

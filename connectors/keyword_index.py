@@ -240,10 +240,11 @@ class _Segment:
         left falls below the k-th. The bounds are also kept per range of columns (:meth:`reach`: block-max,
         as in the live-block filtering of Mallia et al., WSDM 2021): a range whose unseen rows can no longer
         reach the k-th is scored no further; its rows seen get the terms they lack afterwards, in order (binary
-        searches, or that term's postings in the stopped ranges where cheaper). Each row's terms are added in
+        searches, or that term's postings in the stopped ranges where cheaper), and only the rows seen at or above their
+        range's floor (the k-th less what the terms left can add there) are finished. Each row's terms are added in
         the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
         a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
-        every posting."""
+        every posting, all terms in one vectorised pass."""
         norm, total = self.norm(query.average), self.buffer()
         prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
         check = _CHECK if prunes else math.inf

@@ -201,6 +201,33 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
     assert FaissStore(tmp_path / "faiss").has_lexical_index  # written
 
 
+def test_the_dense_side_spares_one_of_faiss_threads_in_its_own_thread_only():
+    import threading
+
+    import faiss
+
+    from isotrope.connectors.faiss_index import one_core_spared
+
+    def in_another_thread():
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(faiss.omp_get_max_threads()))
+        other.start()
+        other.join()
+        return seen[0]
+
+    before, elsewhere = faiss.omp_get_max_threads(), in_another_thread()
+    try:
+        faiss.omp_set_num_threads(3)
+        with one_core_spared():
+            assert faiss.omp_get_max_threads() == 2 and in_another_thread() == elsewhere  # OpenMP's setting is per thread
+        assert faiss.omp_get_max_threads() == 3
+        faiss.omp_set_num_threads(1)
+        with one_core_spared():
+            assert faiss.omp_get_max_threads() == 1  # never below one
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 def test_faiss_store_reopens_its_keyword_index_after_commits_that_add_terms(tmp_path, caplog):
     store = open_store("faiss", tmp_path)
     contents = fill(store)

@@ -15,7 +15,6 @@ import numpy as np
 
 from isotrope.encoder import ShapedEncoder
 from isotrope.ingest.chunking import Chunk
-from isotrope.ingest.heap import limit_heap_growth
 from isotrope.ingest.loaders import Document
 from isotrope.ingest.plan import ChunkWriter, DocumentSource, IngestPlan, IngestReport, Target, chunk_stream
 
@@ -32,9 +31,7 @@ def index_documents(source: DocumentSource, store: str | Path, **options: Any) -
 
 
 def run_local(plan: IngestPlan) -> IngestReport:
-    """Execute ``plan`` in this process (whose allocator then hands large freed blocks back:
-    :func:`~isotrope.ingest.heap.limit_heap_growth`)."""
-    limit_heap_growth()
+    """Execute ``plan`` in this process."""
     report = IngestReport()
     documents = plan.documents(report)
     with plan.open() as target:
