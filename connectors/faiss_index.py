@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import faiss
@@ -29,16 +27,11 @@ CHECK_DIM = 6720
 _READ_BLOCK = 1 << 22
 
 
-@contextmanager
-def one_core_spared() -> Iterator[None]:
-    """faiss's OpenMP threads in this thread one fewer (at least one) meanwhile: a core for a second thread's work
-    (OpenMP threads spin-wait when more want the cores than there are). OpenMP keeps the setting per thread."""
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(max(1, threads - 1))
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(threads)
+def leaves_a_core() -> bool:
+    """Whether faiss's OpenMP threads leave one of this process's cores idle (for a second thread's work: OpenMP
+    threads spin-wait when more want the cores than there are, and hold a core a while after each search)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return faiss.omp_get_max_threads() < cores
 
 
 def working_index(index: faiss.Index) -> faiss.Index:

@@ -148,19 +148,23 @@ class SqliteLexicalIndex(SqliteRows):
         where: Mapping[str, Any] | None,
         dense: Callable[[], list[tuple[np.ndarray, np.ndarray]]],
         complete: bool,
+        beside: bool,
     ) -> Candidates:
-        """Hybrid search's candidates by row key: each query's keyword top ``k`` among rows matching ``where``,
-        scored in a second thread while ``dense()`` gives its dense ``(keys, scores)`` in this one; then
-        (``complete``) the BM25 of its dense keys (binary searches in the postings) and the stored vectors of
-        the keyword candidates the dense lists lack."""
+        """Hybrid search's candidates by row key: each query's keyword top ``k`` among rows matching ``where``
+        (``beside``: scored in a second thread while ``dense()`` gives its dense ``(keys, scores)`` in this one),
+        then (``complete``) the BM25 of its dense keys (binary searches in the postings) and the stored vectors
+        of the keyword candidates the dense lists lack."""
         index, allowed = self._keyword_index(), self._allowed_keys(where)
         terms = [query_terms(text) for text in texts]
-        keyword = worker_pool().submit(lambda: [index.top(query, k, allowed) for query in terms])
-        try:
-            found = dense()
-        finally:
-            wait([keyword])  # never left running beside the caller's next call, whatever dense() raised
-        lexical = keyword.result()
+        if beside:
+            keyword = worker_pool().submit(lambda: [index.top(query, k, allowed) for query in terms])
+            try:
+                found = dense()
+            finally:
+                wait([keyword])  # never left running beside the caller's next call, whatever dense() raised
+            lexical = keyword.result()
+        else:
+            found, lexical = dense(), [index.top(query, k, allowed) for query in terms]
         bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
         missing = set[int]()
         if complete:

@@ -6,6 +6,7 @@ with the rows; and the collection, CLI, LlamaIndex and evaluation interfaces."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -201,31 +202,27 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
     assert FaissStore(tmp_path / "faiss").has_lexical_index  # written
 
 
-def test_the_dense_side_spares_one_of_faiss_threads_in_its_own_thread_only():
-    import threading
-
+@pytest.mark.parametrize("faiss_threads", [1, 64])
+def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads, tmp_path):
     import faiss
 
-    from isotrope.connectors.faiss_index import one_core_spared
+    from isotrope.connectors import faiss_index
 
-    def in_another_thread():
-        seen = []
-        other = threading.Thread(target=lambda: seen.append(faiss.omp_get_max_threads()))
-        other.start()
-        other.join()
-        return seen[0]
-
-    before, elsewhere = faiss.omp_get_max_threads(), in_another_thread()
+    store = open_store("faiss", tmp_path)
+    contents = fill(store)
+    queries = make_data("random", len(QUERIES), DIM, 5)
+    before = faiss.omp_get_max_threads()
     try:
-        faiss.omp_set_num_threads(3)
-        with one_core_spared():
-            assert faiss.omp_get_max_threads() == 2 and in_another_thread() == elsewhere  # OpenMP's setting is per thread
-        assert faiss.omp_get_max_threads() == 3
-        faiss.omp_set_num_threads(1)
-        with one_core_spared():
-            assert faiss.omp_get_max_threads() == 1  # never below one
+        faiss.omp_set_num_threads(faiss_threads)
+        assert faiss_index.leaves_a_core() == (faiss_threads == 1 and len(os.sched_getaffinity(0)) > 1)
+        found = search_store(store, QUERIES, queries, K)
     finally:
         faiss.omp_set_num_threads(before)
+    reference = search_store(TwoPass(store), QUERIES, queries, K)  # the generic path, by id
+    assert [[h.id for h in hits] for hits in found] == [[h.id for h in hits] for hits in reference]
+    for hits, expected in zip(found, reference):
+        np.testing.assert_allclose([h.score for h in hits], [h.score for h in expected], rtol=1e-9)
+    assert all(h.text == contents[h.id][0] for hits in found for h in hits)
 
 
 def test_faiss_store_reopens_its_keyword_index_after_commits_that_add_terms(tmp_path, caplog):
