@@ -19,9 +19,6 @@ Both sides read the same JSON-lines file (``_id`` and ``text`` = title + abstrac
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import json
 import logging
 import shutil
@@ -35,6 +32,7 @@ from typing import Any
 
 from benchmarks.common import MAX_SEQ_LENGTH, MODEL, child_main, child_parser, ratio, run_child, scifact_documents
 from benchmarks.harness import StageMemory
+from isotrope.heap import return_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -225,9 +223,7 @@ def release_warmup() -> None:
     """Free what the warm-up left behind, on every side alike, so the timed run starts as a fresh run
     would: its objects in reference cycles (the warm-up's encoder or embedding model, 80 to 90 MB until
     the collector runs) and, on glibc, the heap pages freed (``malloc_trim``; 130 to 150 MB)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return_freed_memory()
 
 
 def _child(args: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from isotrope.autofusion import stored_default
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder, default_shape, shape_value
+from isotrope.heap import return_freed_memory
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
 from isotrope.sampling import fair_sample
@@ -215,7 +216,9 @@ class Target:
 
             self.encoder = choose_shape(list(texts), self.auto_config, fitted_on=self.fitted_on(len(texts)))
             return None
-        return self.encoder.fit_sample(texts, show_progress=self.plan.show_progress, fitted_on=self.fitted_on(len(texts)))
+        raw = self.encoder.fit_sample(texts, show_progress=self.plan.show_progress, fitted_on=self.fitted_on(len(texts)))
+        return_freed_memory()  # the fit's activations: the writing and default-search stages peak on what stays
+        return raw
 
     def create(self) -> Collection:
         """The store: the existing one, or a new one with the (fitted) encoder saved beside it."""
