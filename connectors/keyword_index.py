@@ -227,8 +227,8 @@ class _Segment:
         self._norm = None
 
     def best(
-        self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None = None, read: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
         """The live (``allowed``) columns that can rank among this segment's ``k`` best for ``query`` (every
         one tied with the k-th among them) with their scores, and how many postings were scored and
         looked up. ``parts``: the query terms' postings here.
@@ -244,7 +244,8 @@ class _Segment:
         range's floor (the k-th less what the terms left can add there) are finished. Each row's terms are added in
         the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
         a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
-        every posting, all terms in one vectorised pass."""
+        every posting, all terms in one vectorised pass: then the BM25 of the columns ``read`` comes back too (the
+        floats :func:`_looked_up` gives), else None."""
         norm, total = self.norm(query.average), self.buffer()
         prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
         check = _CHECK if prunes else math.inf
@@ -314,7 +315,8 @@ class _Segment:
                     searched += len(asking)
                 after[needs] = rest + 1
             candidates = candidates[total[candidates] >= kth * _MARGIN]
-            return candidates, total[candidates], scored, searched
+            read_scores = total[read].astype(np.float64) if read is not None and not prunes else None
+            return candidates, total[candidates], scored, searched, read_scores
         finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
             for columns in touched:
                 total[columns] = 0.0
@@ -407,13 +409,30 @@ class KeywordIndex:
         """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key.
         Each segment gives the rows that can rank among its own ``k`` best (:meth:`_Segment.best`, exact), so
         the ``k`` best of all are among them."""
+        found_keys, scores, _ = self.top_and_lookup(terms, k, keys)
+        return found_keys, scores
+
+    def top_and_lookup(
+        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`top`, and the BM25 of each of ``lookup`` as :meth:`lookup` gives it: read from the scores of a
+        segment that scored every posting (hybrid search's dense candidates at no extra cost), else looked up."""
         query, segments = self._plan(terms)
         found: list[tuple[np.ndarray, np.ndarray]] = []
         scored = searched = 0
+        wanted = np.zeros(0, np.int64) if lookup is None else np.asarray(lookup, dtype=np.int64)
+        looked: np.ndarray | None = np.zeros(len(wanted))
         for segment, parts in segments:
-            columns, scores, touched, looked_up = segment.best(query, parts, k, None if keys is None else segment.holding(keys))
+            at, held = segment.find(wanted)
+            columns, scores, touched, looked_up, read = segment.best(
+                query, parts, k, None if keys is None else segment.holding(keys), at[held]
+            )
             found.append((columns, scores))
             scored, searched = scored + touched, searched + looked_up
+            if looked is not None and read is not None:
+                looked[held] += read
+            else:
+                looked = None
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(
@@ -425,7 +444,7 @@ class KeywordIndex:
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
             found_keys, scores = found_keys[tied], scores[tied]
         order = np.lexsort((found_keys, -scores))[:k]
-        return found_keys[order], scores[order]
+        return found_keys[order], scores[order], _looked_up(query, segments, wanted) if looked is None else looked
 
     def _plan(self, terms: Sequence[str]) -> tuple[_Query, list[tuple[_Segment, list[Postings]]]]:
         """The query's distinct ``terms`` held by live rows, rarest first, with their weights, and each

