@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -216,13 +217,43 @@ def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads,
         faiss.omp_set_num_threads(faiss_threads)
         assert faiss_index.leaves_a_core() == (faiss_threads == 1 and len(os.sched_getaffinity(0)) > 1)
         found = search_store(store, QUERIES, queries, K)
+        # one query: beside the dense side, the keyword side waits for the dense keys to read their BM25
+        alone = [search_store(store, [text], queries[i : i + 1], K)[0] for i, text in enumerate(QUERIES)]
     finally:
         faiss.omp_set_num_threads(before)
     reference = search_store(TwoPass(store), QUERIES, queries, K)  # the generic path, by id
-    assert [[h.id for h in hits] for hits in found] == [[h.id for h in hits] for hits in reference]
-    for hits, expected in zip(found, reference):
-        np.testing.assert_allclose([h.score for h in hits], [h.score for h in expected], rtol=1e-9)
-    assert all(h.text == contents[h.id][0] for hits in found for h in hits)
+    for ranked in (found, alone):
+        assert [[h.id for h in hits] for hits in ranked] == [[h.id for h in hits] for hits in reference]
+        for hits, expected in zip(ranked, reference):
+            np.testing.assert_allclose([h.score for h in hits], [h.score for h in expected], rtol=1e-9)
+        assert all(h.text == contents[h.id][0] for hits in ranked for h in hits)
+
+
+def test_faiss_hybrid_beside_the_dense_side_raises_what_the_dense_side_raised(tmp_path, monkeypatch):
+    """A dense side that fails while the keyword side waits for its keys: its error reaches the caller, the
+    keyword side stops waiting, and the next search works."""
+    from isotrope.connectors import faiss_store
+
+    store = open_store("faiss", tmp_path)
+    fill(store)
+    queries = make_data("random", 1, DIM, 5)
+    monkeypatch.setattr(faiss_store, "leaves_a_core", lambda: True)
+    real = store._dense_keys
+    monkeypatch.setattr(store, "_dense_keys", lambda *args: (_ for _ in ()).throw(RuntimeError("faiss broke")))
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the hybrid search still waits for its keyword side")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    try:
+        signal.alarm(60)
+        with pytest.raises(RuntimeError, match="faiss broke"):
+            search_store(store, QUERIES[:1], queries, K)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    monkeypatch.setattr(store, "_dense_keys", real)
+    assert len(search_store(store, QUERIES[:1], queries, K)[0]) == K
 
 
 def test_faiss_store_reopens_its_keyword_index_after_commits_that_add_terms(tmp_path, caplog):
