@@ -23,12 +23,11 @@ deleted rows in its statistics, bm25s cannot update a row.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -228,12 +227,7 @@ class _Segment:
         self._norm = None
 
     def best(
-        self,
-        query: _Query,
-        parts: list[Postings],
-        k: int,
-        allowed: np.ndarray | None = None,
-        read: Callable[[], np.ndarray] | None = None,
+        self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None = None, read: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
         """The live (``allowed``) columns that can rank among this segment's ``k`` best for ``query`` (every
         one tied with the k-th among them) with their scores, and how many postings were scored and
@@ -250,8 +244,8 @@ class _Segment:
         range's floor (the k-th less what the terms left can add there) are finished. Each row's terms are added in
         the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
         a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
-        every posting, all terms in one vectorised pass: then the BM25 of the columns ``read()`` names comes back
-        too (the floats :func:`_looked_up` gives; asked for once the top is known), else None."""
+        every posting, all terms in one vectorised pass: then the BM25 of the columns ``read`` comes back too (the
+        floats :func:`_looked_up` gives), else None."""
         norm, total = self.norm(query.average), self.buffer()
         prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
         check = _CHECK if prunes else math.inf
@@ -321,7 +315,7 @@ class _Segment:
                     searched += len(asking)
                 after[needs] = rest + 1
             candidates = candidates[total[candidates] >= kth * _MARGIN]
-            read_scores = total[read()].astype(np.float64) if read is not None and not prunes else None
+            read_scores = total[read].astype(np.float64) if read is not None and not prunes else None
             return candidates, total[candidates], scored, searched, read_scores
         finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
             for columns in touched:
@@ -419,28 +413,26 @@ class KeywordIndex:
         return found_keys, scores
 
     def top_and_lookup(
-        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: Callable[[], np.ndarray] | None = None
+        self, terms: Sequence[str], k: int, keys: np.ndarray | None = None, lookup: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`top`, and the BM25 of each of the keys ``lookup()`` gives (called once the top is known: hybrid
-        search's dense candidates, found meanwhile in another thread), as :meth:`lookup` gives it: read from the
-        scores of segments that scored every posting, else looked up."""
+        """:meth:`top`, and the BM25 of each of ``lookup`` as :meth:`lookup` gives it: read from the scores of a
+        segment that scored every posting (hybrid search's dense candidates at no extra cost), else looked up."""
         query, segments = self._plan(terms)
-        asked = functools.cache(lambda: np.asarray(() if lookup is None else lookup(), dtype=np.int64))
         found: list[tuple[np.ndarray, np.ndarray]] = []
-        read: list[tuple[Callable[[], tuple[np.ndarray, np.ndarray]], np.ndarray | None]] = []  # per segment
         scored = searched = 0
+        wanted = np.zeros(0, np.int64) if lookup is None else np.asarray(lookup, dtype=np.int64)
+        looked: np.ndarray | None = np.zeros(len(wanted))
         for segment, parts in segments:
-            where = functools.cache(lambda segment=segment: segment.find(asked()))  # the keys' columns, live or not
-            columns, scores, touched, looked_up, bm25 = segment.best(
-                query,
-                parts,
-                k,
-                None if keys is None else segment.holding(keys),
-                None if lookup is None else lambda where=where: where()[0][where()[1]],
+            at, held = segment.find(wanted)
+            columns, scores, touched, looked_up, read = segment.best(
+                query, parts, k, None if keys is None else segment.holding(keys), at[held]
             )
             found.append((columns, scores))
-            read.append((where, bm25))
             scored, searched = scored + touched, searched + looked_up
+            if looked is not None and read is not None:
+                looked[held] += read
+            else:
+                looked = None
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(
@@ -452,13 +444,7 @@ class KeywordIndex:
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
             found_keys, scores = found_keys[tied], scores[tied]
         order = np.lexsort((found_keys, -scores))[:k]
-        if lookup is not None and any(bm25 is None for _, bm25 in read):
-            return found_keys[order], scores[order], _looked_up(query, segments, asked())
-        looked = np.zeros(len(asked()))
-        for where, bm25 in read:
-            if bm25 is not None:
-                looked[where()[1]] += bm25
-        return found_keys[order], scores[order], looked
+        return found_keys[order], scores[order], _looked_up(query, segments, wanted) if looked is None else looked
 
     def _plan(self, terms: Sequence[str]) -> tuple[_Query, list[tuple[_Segment, list[Postings]]]]:
         """The query's distinct ``terms`` held by live rows, rarest first, with their weights, and each

@@ -292,7 +292,7 @@ def test_lookups_equal_the_scores_of_the_exhaustive_path(prunes, monkeypatch):
         best = sorted((-s, key) for key, s in by_key.items())[:10]
         assert found.tolist() == [key for _, key in best] and scores.tolist() == [-s for s, _ in best]
         for keys in (None, allowed):
-            top_keys, top_scores, looked = index.top_and_lookup(terms, 10, keys, lambda: probe)
+            top_keys, top_scores, looked = index.top_and_lookup(terms, 10, keys, probe)
             assert looked.tolist() == expected
             assert [a.tolist() for a in (top_keys, top_scores)] == [a.tolist() for a in index.top(terms, 10, keys)]
 
