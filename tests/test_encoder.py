@@ -79,8 +79,9 @@ def test_batches_keep_the_input_order(plain):
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)
 
 
-def test_torch_and_static_tables_batch_the_default_tokens(plain, tiny_glove_path):
-    assert plain.max_batch_tokens == encoder_module.BATCH_TOKENS > encoder_module.CPU_BATCH_TOKENS  # onnx: tests/test_onnx.py
+def test_torch_on_the_cpu_batches_the_cpu_tokens_and_static_tables_the_default(plain, tiny_glove_path):
+    assert plain.backbone.device.type == "cpu"
+    assert plain.max_batch_tokens == encoder_module.CPU_BATCH_TOKENS < encoder_module.BATCH_TOKENS  # onnx: tests/test_onnx.py
     assert ShapedEncoder.create(tiny_glove_path, shape="none").max_batch_tokens == encoder_module.BATCH_TOKENS
 
 

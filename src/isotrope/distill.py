@@ -61,10 +61,9 @@ MIX = 0.5
 #: 2,000 SciFact abstracts a centred mix agreed 0.004 better and scored 2.4 nDCG@10 points lower
 SHAPE_MARGIN = 0.02
 CG_ITERATIONS = 30
-#: the teacher's batches: at most this many texts and padded tokens (its activations, not its
-#: speed, grow with the batch: 16,384 tokens cost some 300 MB more peak memory than 4,096)
+#: the teacher's batches: at most this many texts, and the padded tokens of the encoder's batches
+#: (:func:`isotrope.encoder.batch_tokens`)
 TEACHER_BATCH = 32
-TEACHER_BATCH_TOKENS = 4096
 HOLDOUT_FRACTION = 0.1
 #: what the budget left over by a small corpus is spent on: "none" (the default), or each chunk's "sentences"
 #: with their own teacher vectors. Measured worse on every SciFact size (docs/results/fast-small-corpora.md):
@@ -127,6 +126,7 @@ def teacher_pass(
     from tqdm.auto import tqdm
 
     from isotrope.backbones.context import ContextSums
+    from isotrope.encoder import batch_tokens
 
     held = np.zeros(len(texts), dtype=bool)
     held[holdout] = True
@@ -136,7 +136,7 @@ def teacher_pass(
     cols: list[np.ndarray] = []
     values: list[np.ndarray] = []
     with tqdm(total=len(texts), desc="teacher pass", unit="text", disable=not show_progress) as progress:
-        for index, batch in teacher.iter_batches(texts, "document", TEACHER_BATCH, TEACHER_BATCH_TOKENS):
+        for index, batch in teacher.iter_batches(texts, "document", TEACHER_BATCH, batch_tokens(teacher)):
             sums.add(batch)
             if held[index].any():
                 held_sums.add(batch, rows=np.flatnonzero(held[index]))

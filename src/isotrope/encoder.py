@@ -143,20 +143,19 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
 
 #: padded tokens per batch (short texts go in big batches, long ones in small)
 BATCH_TOKENS = 16384
-#: the same for ONNX Runtime on the CPU, where larger batches grow its memory arena, not its speed
-#: (all-MiniLM-L6-v2, 128 chunks of <= 256 tokens, 1 thread, 16,384 -> 4,096 tokens a batch: peak RSS
-#: over the loaded model onnx +309 -> +115 MB, onnx-int8-per-channel +308 -> +110; CPU time -10 %, -4 %).
-#: torch keeps :data:`BATCH_TOKENS`: its smaller batches fragmented the heap (1,526 such chunks: peak
-#: RSS 955 -> 1,072 MB)
-CPU_BATCH_TOKENS = 4096
+#: the same on the CPU, for torch and ONNX Runtime alike: smaller batches of long texts run faster there (their
+#: attention fits the caches) and hold less (indexing 1,526 chunks of <= 256 tokens with all-MiniLM-L6-v2, 2 cores,
+#: alternating runs: torch 8,192 -> 2,048 tokens a batch 59.4-61.3 -> 54.3-54.9 s and peak RSS 1,007 -> 912 MB;
+#: onnx 4,096 -> 2,048 31.6-32.4 -> 30.1-31.0 s and 823 -> 725 MB; 1,024 held less again, 805 MB, and ran slower,
+#: 56.3 s; ``--model fast``'s ONNX teacher pass over them 29.2-30.6 -> 26.5-28.9 s)
+CPU_BATCH_TOKENS = 2048
 
 
 def batch_tokens(backbone: Backbone) -> int:
-    """Padded tokens per batch for ``backbone``: :data:`CPU_BATCH_TOKENS` for ONNX Runtime on the CPU,
-    else :data:`BATCH_TOKENS`."""
+    """Padded tokens per batch for ``backbone``: :data:`CPU_BATCH_TOKENS` for a transformer on the CPU (torch or
+    ONNX Runtime), else :data:`BATCH_TOKENS`."""
     device = getattr(backbone, "device", None)
-    onnx = getattr(backbone, "backend", "torch") != "torch"
-    return CPU_BATCH_TOKENS if onnx and getattr(device, "type", None) == "cpu" else BATCH_TOKENS
+    return CPU_BATCH_TOKENS if getattr(device, "type", None) == "cpu" else BATCH_TOKENS
 
 
 class ShapedEncoder:
