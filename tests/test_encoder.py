@@ -11,6 +11,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from conftest import make_sentences
 from isotrope import encoder as encoder_module
+from isotrope.backbones import base as batching
 from isotrope.backbones.hf import HFBackbone
 from isotrope.encoder import ShapedEncoder
 from isotrope.fingerprint import fingerprint
@@ -81,8 +82,8 @@ def test_batches_keep_the_input_order(plain):
 
 def test_torch_on_the_cpu_batches_the_cpu_tokens_and_static_tables_the_default(plain, tiny_glove_path):
     assert plain.backbone.device.type == "cpu"
-    assert plain.max_batch_tokens == encoder_module.CPU_BATCH_TOKENS < encoder_module.BATCH_TOKENS  # onnx: tests/test_onnx.py
-    assert ShapedEncoder.create(tiny_glove_path, shape="none").max_batch_tokens == encoder_module.BATCH_TOKENS
+    assert plain.max_batch_tokens == batching.CPU_BATCH_TOKENS < batching.BATCH_TOKENS  # onnx: tests/test_onnx.py
+    assert ShapedEncoder.create(tiny_glove_path, shape="none").max_batch_tokens == batching.BATCH_TOKENS
 
 
 def test_cls_and_prompt_mask_pooling(tiny_bert_path, reference):

@@ -332,11 +332,11 @@ def test_the_evaluation_harness_distils_with_the_products_teacher(tiny_bert_path
 
 
 def test_onnx_on_the_cpu_batches_fewer_tokens_with_the_same_vectors(tiny_bert_path, monkeypatch, tmp_path):
-    from isotrope import encoder as encoder_module
+    from isotrope.backbones import base as batching
 
     onnx = ShapedEncoder.create(tiny_bert_path, device="cpu", backend="onnx")
-    assert onnx.max_batch_tokens == encoder_module.CPU_BATCH_TOKENS < encoder_module.BATCH_TOKENS
-    assert ShapedEncoder.load(onnx.save(tmp_path / "e"), device="cpu").max_batch_tokens == encoder_module.CPU_BATCH_TOKENS
+    assert onnx.max_batch_tokens == batching.CPU_BATCH_TOKENS < batching.BATCH_TOKENS
+    assert ShapedEncoder.load(onnx.save(tmp_path / "e"), device="cpu").max_batch_tokens == batching.CPU_BATCH_TOKENS
     long = " ".join(make_sentences(12, seed=9))
     texts = [long] * onnx.batch_size + make_sentences(5)
     widths: list[int] = []
@@ -349,6 +349,6 @@ def test_onnx_on_the_cpu_batches_fewer_tokens_with_the_same_vectors(tiny_bert_pa
     monkeypatch.setattr(onnx.backbone, "forward", spy)
     small = onnx.encode(texts)
     # one batch of batch_size texts would hold more: the token cap split them
-    assert max(widths) <= encoder_module.CPU_BATCH_TOKENS < onnx.batch_size * len(onnx.tokenizer(long)["input_ids"])
-    monkeypatch.setattr(onnx, "max_batch_tokens", encoder_module.BATCH_TOKENS)
+    assert max(widths) <= batching.CPU_BATCH_TOKENS < onnx.batch_size * len(onnx.tokenizer(long)["input_ids"])
+    monkeypatch.setattr(onnx, "max_batch_tokens", batching.BATCH_TOKENS)
     np.testing.assert_allclose(small, onnx.encode(texts), atol=1e-5)

@@ -62,7 +62,7 @@ MIX = 0.5
 SHAPE_MARGIN = 0.02
 CG_ITERATIONS = 30
 #: the teacher's batches: at most this many texts, and the padded tokens of the encoder's batches
-#: (:func:`isotrope.encoder.batch_tokens`)
+#: (:func:`isotrope.backbones.base.batch_tokens`)
 TEACHER_BATCH = 32
 HOLDOUT_FRACTION = 0.1
 #: what the budget left over by a small corpus is spent on: "none" (the default), or each chunk's "sentences"
@@ -125,8 +125,8 @@ def teacher_pass(
     from scipy import sparse
     from tqdm.auto import tqdm
 
+    from isotrope.backbones.base import batch_tokens
     from isotrope.backbones.context import ContextSums
-    from isotrope.encoder import batch_tokens
 
     held = np.zeros(len(texts), dtype=bool)
     held[holdout] = True

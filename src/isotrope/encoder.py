@@ -11,6 +11,7 @@ import numpy as np
 
 from isotrope.backbones import Backbone, TextKind, is_static_source, make_backbone
 from isotrope.backbones.backends import DEFAULT_BACKEND, with_backend
+from isotrope.backbones.base import BATCH_TOKENS, batch_tokens
 from isotrope.config import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the default backbone
 from isotrope.config import EncoderConfig
 from isotrope.distill import fast_source
@@ -139,23 +140,6 @@ def check_texts(texts: Any, what: str = "texts") -> list[str]:
         if not text.strip():
             raise ValueError(f"{what}[{index}] is an empty string")
     return texts
-
-
-#: padded tokens per batch (short texts go in big batches, long ones in small)
-BATCH_TOKENS = 16384
-#: the same on the CPU, for torch and ONNX Runtime alike: smaller batches of long texts run faster there (their
-#: attention fits the caches) and hold less (indexing 1,526 chunks of <= 256 tokens with all-MiniLM-L6-v2, 2 cores,
-#: alternating runs: torch 8,192 -> 2,048 tokens a batch 59.4-61.3 -> 54.3-54.9 s and peak RSS 1,007 -> 912 MB;
-#: onnx 4,096 -> 2,048 31.6-32.4 -> 30.1-31.0 s and 823 -> 725 MB; 1,024 held less again, 805 MB, and ran slower,
-#: 56.3 s; ``--model fast``'s ONNX teacher pass over them 29.2-30.6 -> 26.5-28.9 s)
-CPU_BATCH_TOKENS = 2048
-
-
-def batch_tokens(backbone: Backbone) -> int:
-    """Padded tokens per batch for ``backbone``: :data:`CPU_BATCH_TOKENS` for a transformer on the CPU (torch or
-    ONNX Runtime), else :data:`BATCH_TOKENS`."""
-    device = getattr(backbone, "device", None)
-    return CPU_BATCH_TOKENS if getattr(device, "type", None) == "cpu" else BATCH_TOKENS
 
 
 class ShapedEncoder:
