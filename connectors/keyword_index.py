@@ -431,7 +431,7 @@ class KeywordIndex:
             scored, searched = scored + touched, searched + looked_up
             if looked is not None and read is not None:
                 looked[held] += read
-            else:
+            elif lookup is not None:  # a segment that stopped early: the keys are looked up after
                 looked = None
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
