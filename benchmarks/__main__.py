@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO_ROOT, RESULTS_DIR, LoadedMachineError, default_threads, measured, set_threads, write_result
+from benchmarks.harness import REPO_ROOT, RESULTS_DIR, LoadedMachineError, measured, set_threads, write_result
+from isotrope.resources import usable_cores
 
 TOPICS = ("encode", "ingest", "search", "cold", "hybrid", "serve", "quality")
 #: the peer environment's Python (sentence-transformers with optimum-onnx), when it exists
@@ -35,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size.add_argument("--quick", dest="mode", action="store_const", const="quick", help="small sizes (the default)")
     size.add_argument("--full", dest="mode", action="store_const", const="full", help="the sizes the docs cite")
     parser.add_argument("--data-dir", type=Path, help="data root with sts/, retrieval/scifact and corpus/")
-    parser.add_argument("--threads", type=int, default=default_threads(), help="threads for every side (default: cores)")
+    parser.add_argument("--threads", type=int, default=usable_cores(), help="threads for every side (default: cores)")
     parser.add_argument("--allow-loaded", action="store_true", help="measure on a busy machine (the result is marked loaded)")
     parser.add_argument("--workdir", type=Path, default=REPO_ROOT / ".cache" / "bench", help="stores, exports, encoders")
     parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/TOPIC.json)")

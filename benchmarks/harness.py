@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from isotrope.resources import usable_cores
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -94,10 +96,6 @@ def set_threads(threads: int) -> dict[str, Any]:
     except ImportError:
         pass
     return recorded
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # -- timing -------------------------------------------------------------------------
@@ -307,7 +305,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
         "logical_cores": os.cpu_count(),
-        "usable_cores": default_threads(),
+        "usable_cores": usable_cores(),
         "ram_gb": round(int(memory.split()[0]) / 1024**2, 1) if memory else None,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -32,7 +32,7 @@ from typing import Any
 
 from benchmarks.common import MAX_SEQ_LENGTH, MODEL, child_main, child_parser, ratio, run_child, scifact_documents
 from benchmarks.harness import StageMemory
-from isotrope.heap import return_freed_memory
+from isotrope.resources import return_freed_memory
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from isotrope.resources import usable_cores
 from isotrope.stores.options import AUTO, FLAT
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,7 @@ _READ_BLOCK = 1 << 22
 def leaves_a_core() -> bool:
     """Whether faiss's OpenMP threads leave one of this process's cores idle (for a second thread's work: OpenMP
     threads spin-wait when more want the cores than there are, and hold a core a while after each search)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return faiss.omp_get_max_threads() < cores
+    return faiss.omp_get_max_threads() < usable_cores()
 
 
 def working_index(index: faiss.Index) -> faiss.Index:

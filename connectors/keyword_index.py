@@ -423,16 +423,16 @@ class KeywordIndex:
         wanted = np.zeros(0, np.int64) if lookup is None else np.asarray(lookup, dtype=np.int64)
         looked: np.ndarray | None = np.zeros(len(wanted))
         for segment, parts in segments:
-            at, held = segment.find(wanted)
+            at, held = segment.find(wanted) if len(wanted) else (wanted, np.zeros(0, bool))
             columns, scores, touched, looked_up, read = segment.best(
                 query, parts, k, None if keys is None else segment.holding(keys), at[held]
             )
             found.append((columns, scores))
             scored, searched = scored + touched, searched + looked_up
-            if looked is not None and read is not None:
-                looked[held] += read
-            elif lookup is not None:  # a segment that stopped early: the keys are looked up after
+            if read is None and len(wanted):  # a segment that stopped early: the keys are looked up after
                 looked = None
+            elif looked is not None and read is not None:
+                looked[held] += read
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from isotrope.heap import return_freed_memory
 from isotrope.pooling import pool
+from isotrope.resources import return_freed_memory, usable_cores
 from isotrope.sentences import split_sentences
 
 if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
@@ -239,7 +238,7 @@ def solve_rows(
     prior: np.ndarray = table[used].astype(dtype)
     rhs = a_t @ np.asarray(targets, dtype=dtype) + dtype(lam) * prior
     diagonal: np.ndarray = (np.asarray(a.multiply(a).sum(axis=0)).ravel() + lam).astype(dtype)
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = usable_cores()
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="isotrope-distill") as workers:
         forward, backward = RowRanges(a, threads, workers), RowRanges(a_t, threads, workers)
@@ -276,12 +275,8 @@ class RowRanges:
             start, stop, rows = part
             out[start:stop] = rows @ block
 
-        if len(self.ranges) <= 1:
-            for part in self.ranges:
-                product(part)
-        else:
-            for done in [self.workers.submit(product, part) for part in self.ranges]:
-                done.result()
+        for done in [self.workers.submit(product, part) for part in self.ranges]:
+            done.result()
         return out
 
 

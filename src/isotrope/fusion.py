@@ -16,7 +16,6 @@ SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from isotrope.resources import usable_cores
 from isotrope.stores.base import Hit, as_vectors, check_k
 from isotrope.stores.memory import exact_scores
 
@@ -193,7 +193,7 @@ def _keyed(hits: Sequence[Hit]) -> tuple[list[Key], np.ndarray]:
 def worker_pool() -> ThreadPoolExecutor:
     """The threads hybrid searches run their full-text side in, beside the dense side (kept: starting a
     thread per query costs about a millisecond)."""
-    return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="isotrope-hybrid")
+    return ThreadPoolExecutor(max_workers=max(2, usable_cores()), thread_name_prefix="isotrope-hybrid")
 
 
 def search_store(

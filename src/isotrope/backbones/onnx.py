@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.resources import usable_cores
+
 logger = logging.getLogger(__name__)
 
 #: bump when the export's inputs/outputs change: old cache entries are then ignored
@@ -202,7 +204,7 @@ def exported_model(model_path: str, backend: str, cache_dir: str | Path | None =
 
 def physical_cores() -> int:
     """Physical cores this process may use: its CPUs, less SMT siblings (from /proc/cpuinfo where present)."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available = usable_cores()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -36,9 +36,9 @@ from tqdm.auto import tqdm
 from isotrope.autofusion import stored_default
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder, default_shape, shape_value
-from isotrope.heap import return_freed_memory
 from isotrope.ingest.chunking import Chunk, TokenChunker, make_chunks
 from isotrope.ingest.loaders import Document, SkippedFile, iter_documents
+from isotrope.resources import return_freed_memory
 from isotrope.sampling import fair_sample
 from isotrope.search import Collection, parse_store_uri
 from isotrope.shapes import format_shape, parse_shape

@@ -1,10 +1,16 @@
-"""Handing the memory a finished stage freed back to the system, so the next stage's peak does not sit on it."""
+"""What this process uses of the machine: the cores it may run on, and the memory a finished stage hands back."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import gc
+import os
+
+
+def usable_cores() -> int:
+    """The logical CPUs this process may run on (its affinity where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def return_freed_memory() -> None:
