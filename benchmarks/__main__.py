@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
@@ -46,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Python of an environment with sentence-transformers[onnx] (encode; default .venv-st-onnx if present)",
     )
     parser.add_argument("--texts", type=int, help="encode: timed sentences (default: the mode's)")
-    parser.add_argument("--rounds", type=int, help="encode: timed rounds (default: the mode's)")
+    parser.add_argument("--rounds", type=int, help="encode, ingest: timed rounds (default: the mode's; ingest 2)")
     parser.add_argument("--quality-pairs", type=int, help="encode: STS-B test pairs scored (default: all 1,379)")
     parser.add_argument(
         "--join-abstracts", type=int, default=1, help="ingest: SciFact abstracts per document (long documents; default 1)"
@@ -55,23 +56,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--documents", type=int, help="ingest: SciFact abstracts read (default: 20 with --quick, all with --full)"
     )
     parser.add_argument(
+        "--copies", type=int, default=1, help="ingest: the corpus repeated this many times (100,000 chunks; default 1)"
+    )
+    parser.add_argument(
+        "--sides",
+        help='ingest: the base sides run, comma-separated ("": none; default: isotrope and LlamaIndex, FAISS and LanceDB)',
+    )
+    parser.add_argument(
         "--variants",
-        help="ingest: isotrope sides beside torch, comma-separated (default onnx,onnx-int8,onnx-int8-per-channel,fast)",
+        help='ingest: isotrope sides beside torch, comma-separated ("": none; default onnx,onnx-int8,onnx-int8-per-channel,fast)',
     )
     parser.add_argument("--check", action="store_true", help="render: exit 1 when a committed table is stale")
     parser.set_defaults(mode="quick")
     args = parser.parse_args(argv)
     if args.topic not in ("render", "search") and args.data_dir is None:
         parser.error(f"{args.topic} needs --data-dir (the data root, e.g. ../shared/data)")
-    if args.variants:
-        from benchmarks.ingest import VARIANTS
+    from benchmarks.ingest import SIDES, VARIANTS
 
-        unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    for option, value, known in (("--variants", args.variants, VARIANTS), ("--sides", args.sides, SIDES)):
+        unknown = sorted(set(names(value)) - set(known)) if value is not None else []
         if unknown:
-            parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+            parser.error(f"{option}: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
+    if args.copies < 1:
+        parser.error(f"--copies must be at least 1; got {args.copies}")
     if args.data_dir is not None and not args.data_dir.is_dir():
         parser.error(f"--data-dir {args.data_dir} is not a folder")
     return args
+
+
+def names(listed: str) -> tuple[str, ...]:
+    """The names of a comma-separated option (``""``: none)."""
+    return tuple(name for name in listed.split(",") if name)
 
 
 def _cli_json(main: Callable[[list[str]], None], argv: list[str]) -> dict[str, Any]:
@@ -102,15 +117,16 @@ def run_topic(args: argparse.Namespace) -> dict[str, Any]:
     if args.topic == "ingest":
         from benchmarks import ingest
 
-        variants = tuple(args.variants.split(",")) if args.variants else tuple(ingest.VARIANTS)
         return ingest.run(
             args.data_dir,
             quick=quick,
-            repeat=2,
+            repeat=args.rounds or 2,
             threads=args.threads,
             join=args.join_abstracts,
-            variants=variants,
+            variants=tuple(ingest.VARIANTS) if args.variants is None else names(args.variants),
             abstracts=args.documents,
+            copies=args.copies,
+            sides=ingest.SIDES if args.sides is None else names(args.sides),
         )
     if args.topic == "search":
         from benchmarks import scale, search
@@ -160,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = set_threads(args.threads)
     arguments = sys.argv[1:] if argv is None else argv
     # absolute paths are recorded relative to the repository, so results read the same on every machine
-    command = "python -m benchmarks " + " ".join(
+    command = "python -m benchmarks " + shlex.join(
         os.path.relpath(arg, REPO_ROOT) if os.path.isabs(arg) else arg for arg in arguments
     )
     try:

@@ -239,18 +239,21 @@ def _child(args: Any) -> dict[str, Any]:
 
 
 # -- the parent: all sides ----------------------------------------------------------
-def write_corpus(data_dir: str | Path, path: Path, limit: int | None, join: int = 1) -> int:
+def write_corpus(data_dir: str | Path, path: Path, limit: int | None, join: int = 1, copies: int = 1) -> int:
     """The benchmark's input file: SciFact as JSON lines ``{"_id", "text"}`` (the first ``limit`` abstracts),
-    ``join`` consecutive abstracts per document (long technical documents, many chunks each)."""
+    ``join`` consecutive abstracts per document (long technical documents, many chunks each), the whole of it
+    ``copies`` times (ids ``ID~2``, ``ID~3``, ... after the first copy): a corpus of 100,000 chunks from
+    SciFact's 5,183 abstracts, for timing (no side merges repeated texts)."""
     abstracts = scifact_documents(data_dir, limit)
     documents = [
         (abstracts[start][0], "\n\n".join(text for _, text in abstracts[start : start + join]))
         for start in range(0, len(abstracts), max(join, 1))
     ]
     with open(path, "w", encoding="utf-8") as handle:
-        for doc_id, text in documents:
-            handle.write(json.dumps({"_id": doc_id, "text": text}) + "\n")
-    return len(documents)
+        for copy in range(1, copies + 1):
+            for doc_id, text in documents:
+                handle.write(json.dumps({"_id": doc_id if copy == 1 else f"{doc_id}~{copy}", "text": text}) + "\n")
+    return len(documents) * copies
 
 
 def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
@@ -310,18 +313,21 @@ def run(
     join: int = 1,
     variants: tuple[str, ...] = tuple(VARIANTS),
     abstracts: int | None = None,
+    copies: int = 1,
+    sides: tuple[str, ...] = SIDES,
 ) -> dict[str, Any]:
-    """Every side in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope per store, and
-    for each of ``variants`` (isotrope FAISS with another backend or ``--model fast``) against LlamaIndex FAISS.
-    ``join``: abstracts per document (see :func:`write_corpus`); ``abstracts``: how many SciFact abstracts
-    are read (default: the mode's size)."""
+    """Each of ``sides`` and ``variants`` in its own process; wall-time and peak-RSS ratios LlamaIndex / isotrope
+    per store, and for each of ``variants`` (isotrope FAISS with another backend or ``--model fast``) against
+    LlamaIndex FAISS, where both ran. ``join``: abstracts per document, ``copies``: repeats of the corpus (see
+    :func:`write_corpus`); ``abstracts``: how many SciFact abstracts are read (default: the mode's size)."""
     with tempfile.TemporaryDirectory(prefix="isotrope-ingest-") as tmp:
         corpus = Path(tmp) / "scifact.jsonl"
         limit = abstracts if abstracts is not None else SIZES["quick" if quick else "full"]
-        documents = write_corpus(data_dir, corpus, limit, join)
+        documents = write_corpus(data_dir, corpus, limit, join, copies)
         results: dict[str, Any] = {
             "documents": documents,
             "abstracts_per_document": join,
+            "copies": copies,
             "model": MODEL,
             "batch_size": batch_size,
             "max_seq_length": MAX_SEQ_LENGTH,
@@ -331,7 +337,7 @@ def run(
             "llamaindex_splitter": LLAMA_SPLITTER,
             "sides": {},
         }
-        names = (*SIDES, *(f"isotrope-faiss:{variant}" for variant in variants))
+        names = (*sides, *(f"isotrope-faiss:{variant}" for variant in variants))
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for round_index in range(repeat):  # interleaved rounds, rotating order: a busy spell hits every side
             shift = round_index % len(names)
@@ -352,15 +358,16 @@ def run(
                 ]
                 runs[name].append(run_child("benchmarks.ingest", args, threads))
                 logger.info("ingest %s round %d: %.1fs", name, round_index + 1, runs[name][-1]["median_s"])
-    results["sides"] = {name: merge_runs(entries) for name, entries in runs.items()}
-    sides = results["sides"]
-    for name, entry in sides.items():
+    results["sides"] = measured = {name: merge_runs(entries) for name, entries in runs.items()}
+    for name, entry in measured.items():
         entry["model_tokens_per_s"] = results["chunking"][name.split("-")[0]]["model_tokens"] / entry["median_s"]
     results["ratios"] = {}
     pairs = {store: (f"isotrope-{store}", f"llamaindex-{store}") for store in ("faiss", "lancedb")}
     pairs.update({f"faiss:{variant}": (f"isotrope-faiss:{variant}", "llamaindex-faiss") for variant in variants})
     for key, (our_name, their_name) in pairs.items():
-        ours, theirs = sides[our_name], sides[their_name]
+        if our_name not in measured or their_name not in measured:
+            continue
+        ours, theirs = measured[our_name], measured[their_name]
         results["ratios"][key] = {
             "speedup": ratio(theirs["median_s"], ours["median_s"]),
             "peak_rss_ratio": ratio(ours["peak_rss_mb"], theirs["peak_rss_mb"]),

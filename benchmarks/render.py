@@ -139,8 +139,10 @@ def _padding(entry: dict[str, Any], side: str) -> str:
 
 def render_ingest(item: dict[str, Any]) -> str:
     chunking = item["chunking"]
+    copies = item.get("copies", 1)
+    corpus = f"{item['documents'] // copies:,} SciFact documents" + (f" x {copies} copies" if copies > 1 else "")
     head = (
-        f"{item['documents']:,} SciFact documents ({item.get('abstracts_per_document', 1)} abstracts each), {item['model']}, batch size {item['batch_size']}, "
+        f"{corpus} ({item.get('abstracts_per_document', 1)} abstracts each), {item['model']}, batch size {item['batch_size']}, "
         f"max_seq_length {item['max_seq_length']}, {item['device']}; every run in a process of its own "
         f"(after a warm-up), {item['repeat']} interleaved rounds, median time and largest peak RSS.\n\n"
     )
@@ -184,7 +186,7 @@ def render_ingest(item: dict[str, Any]) -> str:
             for stage, m in e.get("memory_stages", {}).items()
         ],
     )
-    return "\n\n".join([head + chunks, sides, ratios, stages])
+    return "\n\n".join([head + chunks, sides, *([ratios] if item["ratios"] else []), stages])
 
 
 def render_shaping(item: dict[str, Any]) -> str:
@@ -458,6 +460,7 @@ def render_search_topic(result: dict[str, Any]) -> str:
 SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "encode": ("encode", render_encode),
     "ingest": ("ingest", render_ingest),
+    "ingest-100k": ("ingest-100k", render_ingest),
     "search": ("search", render_search_topic),
     "cold": ("cold", render_cold),
     "hybrid": ("hybrid", render_flat),

@@ -382,3 +382,27 @@ def test_an_ingestion_child_imports_no_side_before_it_starts_and_frees_its_warmu
     imported, freed = done.stdout.splitlines()
     assert imported == "[]"
     assert float(freed) > 100
+
+
+def test_the_ingestion_corpus_joins_abstracts_and_repeats_under_distinct_ids(tmp_path):
+    from benchmarks.build_retrieval_sets import write_beir
+    from benchmarks.ingest import read_records, write_corpus
+
+    corpus = {f"d{i}": {"title": f"t{i}", "text": f"abstract {i}"} for i in range(5)}
+    write_beir(tmp_path / "retrieval" / "scifact", corpus, {"q": "a claim"}, {"q": {"d0": 1}})
+    out = tmp_path / "corpus.jsonl"
+    assert write_corpus(tmp_path, out, None, join=2, copies=3) == 9
+    records = read_records(out)
+    assert [r["_id"] for r in records] == ["d0", "d2", "d4", "d0~2", "d2~2", "d4~2", "d0~3", "d2~3", "d4~3"]
+    assert records[0]["text"] == "t0 abstract 0\n\nt1 abstract 1" and records[5]["text"] == "t4 abstract 4"
+    assert [r["text"] for r in records[3:6]] == [r["text"] for r in records[:3]]
+
+
+def test_ingest_options_name_the_sides_run_and_refuse_unknown_ones(tmp_path, capsys):
+    from benchmarks.__main__ import names, parse_args
+
+    args = parse_args(["ingest", "--data-dir", str(tmp_path), "--sides", "", "--variants", "fast", "--copies", "13"])
+    assert names(args.sides) == () and names(args.variants) == ("fast",) and args.copies == 13
+    with pytest.raises(SystemExit):
+        parse_args(["ingest", "--data-dir", str(tmp_path), "--sides", "llamaindex-faiss,nope"])
+    assert "--sides: unknown nope" in capsys.readouterr().err
