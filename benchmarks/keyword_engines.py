@@ -346,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     moved = [texts[(key + 1) % len(texts)] for key in changed]  # each changed row takes its neighbour's text
     replaced = dict(zip(changed, moved))
     updated = Exact([replaced.get(i, t) for i, t in enumerate(texts)])  # the reference after the update
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in args.engines.split(","):  # one engine in memory at a time
             build = {"store": Store, "tantivy": Tantivy, "lance": Lance, "bm25s": Bm25s}[name]

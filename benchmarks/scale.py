@@ -587,6 +587,8 @@ def run(
         "machine": {**machine_info(), "threads": threads, "search_threads": search_threads},
         "stores": {},
     }
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="isotrope-scale-", dir=workdir))
     try:
         sentences = read_sentences(data_dir)
