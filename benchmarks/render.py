@@ -461,7 +461,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "encode": ("encode", render_encode),
     "ingest": ("ingest", render_ingest),
     "ingest-100k-fast": ("ingest-100k-fast", render_ingest),
-    "ingest-40k": ("ingest-40k", render_ingest),
+    "ingest-24k": ("ingest-24k", render_ingest),
     "search": ("search", render_search_topic),
     "cold": ("cold", render_cold),
     "hybrid": ("hybrid", render_flat),
