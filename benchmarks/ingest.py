@@ -88,7 +88,7 @@ def ingest_isotrope(
             f"{store}:{target}",
             encoder=encoder,
             store_options={"index": options["factory"]} if options.get("factory") and store == "faiss" else None,
-            loader_options={"id_field": "_id"},
+            loader_options={"id_field": "_id", "max_file_bytes": None},  # the corpus is one file (100 MB at 13 copies)
             show_progress=False,
         )
     return {
@@ -269,7 +269,11 @@ def chunk_statistics(corpus: Path) -> dict[str, dict[str, int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path())
     chunker = TokenChunker(tokenizer, 256, 32)  # index_documents' defaults
-    isotrope_texts = [chunk.text for document in iter_documents(corpus, id_field="_id") for chunk in chunker.chunk(document)]
+    isotrope_texts = [
+        chunk.text
+        for document in iter_documents(corpus, id_field="_id", max_file_bytes=None)
+        for chunk in chunker.chunk(document)
+    ]
     nodes = SentenceSplitter(**LLAMA_SPLITTER).get_nodes_from_documents(
         [Document(text=record["text"], id_=record["_id"]) for record in read_records(corpus)]
     )
