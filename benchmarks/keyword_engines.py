@@ -21,8 +21,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,19 +237,20 @@ def postings_read(index: Any, exact: Exact, terms: list[list[str]], k: int) -> d
     """How many postings the store's index scored and looked up for the queries' top ``k`` (early stop),
     against the postings of their terms (what scoring them all reads), and how many of these top k equal
     the exact BM25 top k. Counts, not times: meaningful on a loaded machine. The early stop is forced on
-    (:func:`forced_early_stop`) so that the counts describe it at every size and depth."""
+    (``PRUNE_ROWS`` and ``PRUNE_FROM`` 0) so that the counts describe it at every size."""
     from isotrope.connectors import keyword_index
 
-    logger = keyword_index.logger
+    logger, saved = keyword_index.logger, (keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM)
     lines, level = _Lines(), logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.DEBUG)
+    keyword_index.PRUNE_ROWS = keyword_index.PRUNE_FROM = 0
     try:
-        with forced_early_stop(0):
-            agree = sum(agrees(index.top(query, k)[0].tolist(), exact.scores(query), k) for query in terms)
+        agree = sum(agrees(index.top(query, k)[0].tolist(), exact.scores(query), k) for query in terms)
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)
+        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
     counts = np.array([line[2:5] for line in lines.args], dtype=np.int64).reshape(-1, 3)
     return {
         f"top{k}_exact": agree,
@@ -269,6 +269,7 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
     from isotrope.connectors import keyword_index
 
     def cpu(query: list[str], k: int, prune_from: float) -> float:
+        keyword_index.PRUNE_ROWS = 0
         keyword_index.PRUNE_FROM = prune_from  # type: ignore[assignment]
         best = math.inf
         for _ in range(repeats):
@@ -277,8 +278,9 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
             best = min(best, time.process_time() - start)
         return best
 
+    saved = keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM
     out: dict[str, Any] = {}
-    with forced_early_stop(0):
+    try:
         for k in depths:
             rows = []
             for query in terms:
@@ -302,21 +304,9 @@ def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], rep
                     "rule": float(totals[best]),
                 },
             }
-    return out
-
-
-@contextmanager
-def forced_early_stop(prune_from: float) -> Iterator[None]:
-    """The store's keyword index stopping early at every segment size and depth, from ``prune_from`` postings
-    (``PRUNE_ROWS`` 0, ``PRUNE_BELOW_K`` unbounded); the product's thresholds again afterwards."""
-    from isotrope.connectors import keyword_index
-
-    saved = keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM, keyword_index.PRUNE_BELOW_K
-    keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM, keyword_index.PRUNE_BELOW_K = 0, prune_from, math.inf  # type: ignore[assignment]
-    try:
-        yield
     finally:
-        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM, keyword_index.PRUNE_BELOW_K = saved
+        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
+    return out
 
 
 def measure(name: str, engine: Any, exact: Exact, terms: list[list[str]]) -> dict[str, Any]:

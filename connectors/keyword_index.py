@@ -8,8 +8,8 @@ so upserts and deletes never leave it approximate. Its top k stops early and sta
 the rare terms have set a k-th score above what the frequent terms left can add, those are only looked
 up for the rows still in the running instead of scored in full; the same bounds per range of columns
 (the frequent terms' ceilings per range, one byte each) stop scoring a range early where the query's
-terms are sparse. Small segments, queries with few postings and deep top k score them all (:data:`PRUNE_ROWS`,
-:data:`PRUNE_FROM`, :data:`PRUNE_BELOW_K`). Rows changed since the last merge sit in a small second matrix; the key's column
+terms are sparse. Small segments and queries with few postings score them all (:data:`PRUNE_ROWS`,
+:data:`PRUNE_FROM`). Rows changed since the last merge sit in a small second matrix; the key's column
 in the large one is dead meanwhile. ``merge`` folds them in once :data:`MERGE_ROWS` are pending or dead;
 the file keeps both as they are (version 2), so a save never holds a merged copy beside the index.
 
@@ -55,11 +55,6 @@ VERSION = 2
 #: cost 0.35 of it for the top 10, from 2**12 postings on)
 PRUNE_ROWS = 500_000
 PRUNE_FROM = 4096
-#: a top k of this many rows or more scores every posting: at 1,000,000 rows (idle, the same profile, this code) the
-#: early stop cost 0.33 of scoring every posting for the top 10, 0.86 for the top 50, 0.99 for the top 100 and
-#: 1.12 for the top 200 (hybrid search's keyword side), where its binary searches eat what it skips
-#: (``benchmarks/results/keyword_engines_1m_blockmax.json``)
-PRUNE_BELOW_K = 100
 
 #: a term's live columns in a segment (ascending) and its counts there
 Postings = tuple[np.ndarray, np.ndarray]
@@ -248,12 +243,11 @@ class _Segment:
         searches, or that term's postings in the stopped ranges where cheaper), and only the rows seen at or above their
         range's floor (the k-th less what the terms left can add there) are finished. Each row's terms are added in
         the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
-        a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for :data:`PRUNE_BELOW_K` rows or
-        more (or every live row), scores
+        a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
         every posting, all terms in one vectorised pass: then the BM25 of the columns ``read`` comes back too (the
         floats :func:`_looked_up` gives), else None."""
         norm, total = self.norm(query.average), self.buffer()
-        prunes = k < PRUNE_BELOW_K and PRUNE_ROWS <= self.alive > k and sum(len(c) for c, _ in parts) >= PRUNE_FROM
+        prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
         check = _CHECK if prunes else math.inf
         left = np.append(np.cumsum(self.bounds(query)[::-1])[::-1], 0.0)  # left[t]: the most terms t... add
         # reach[t, r]: the same for the rows of range r (columns >> shift); one range when not pruning

@@ -229,7 +229,6 @@ def test_the_pruned_top_k_is_the_exhaustive_top_k(state, check, monkeypatch, cap
     monkeypatch.setattr(keyword_index, "_RANGE_WIDTH", 8 if check == 1 else 128)
     monkeypatch.setattr(keyword_index, "PRUNE_FROM", 10**9 if check is None else 0)
     monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_BELOW_K", 10**9)
     index, rows = zipf_index(state, monkeypatch)
     rng = np.random.default_rng(2)
     allowed = np.sort(rng.choice(len(rows) + 300, len(rows) // 3, replace=False))  # some keys not stored
@@ -254,22 +253,20 @@ def test_the_pruned_top_k_is_the_exhaustive_top_k(state, check, monkeypatch, cap
 
 def test_the_early_stop_starts_at_prune_rows_and_prune_from_postings(monkeypatch, caplog):
     """A segment stops early only with at least ``PRUNE_ROWS`` live rows, for a query whose postings there
-    number at least ``PRUNE_FROM`` and a top k below ``PRUNE_BELOW_K``; the top k is the same either way."""
+    number at least ``PRUNE_FROM``; the top k is the same either way."""
     monkeypatch.setattr(keyword_index, "_CHECK", 1)
     index, rows = zipf_index("built", monkeypatch)
     terms = ["t0", "t1", "t40", "t57"]
     _, segments = index._plan(terms)
     postings = sum(len(columns) for _, parts in segments for columns, _ in parts)
     best = sorted((-s, key) for key, s in exhaustive(index, rows, terms).items())[:5]
-    for prune_rows, prune_from, below_k, stops in (
-        (len(rows), postings, 6, True),
-        (len(rows), postings + 1, 6, False),
-        (len(rows) + 1, postings, 6, False),
-        (len(rows), postings, 5, False),
+    for prune_rows, prune_from, stops in (
+        (len(rows), postings, True),
+        (len(rows), postings + 1, False),
+        (len(rows) + 1, postings, False),
     ):
         monkeypatch.setattr(keyword_index, "PRUNE_ROWS", prune_rows)
         monkeypatch.setattr(keyword_index, "PRUNE_FROM", prune_from)
-        monkeypatch.setattr(keyword_index, "PRUNE_BELOW_K", below_k)
         with caplog.at_level(logging.DEBUG, logger=keyword_index.logger.name):
             found, scores = index.top(terms, 5)
         _, _, scored, total, looked_up = caplog.records[-1].args
@@ -394,6 +391,7 @@ def test_range_bounds_score_fewer_postings_for_the_same_top_k(monkeypatch, caplo
     """Narrow column ranges prune postings a single range scores, with the same keys and floats."""
     monkeypatch.setattr(keyword_index, "_CHECK", 1)
     monkeypatch.setattr(keyword_index, "PRUNE_FROM", 0)
+    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
     monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
     index, _ = zipf_index("merged", monkeypatch)
     found, scored = {}, {}
