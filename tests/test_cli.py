@@ -183,3 +183,28 @@ def test_the_encoder_options_take_their_defaults_from_the_recipe():
             assert field in params, (name, field)
             default = params[field].default
             assert default is None or default == getattr(recipe, field), (name, field, default)
+
+
+def test_a_usage_error_names_the_option_with_exit_code_2(monkeypatch, capsys, tmp_path):
+    """typer (>= 0.26) raises its vendored click's exceptions: they are still shown as usage errors, not as
+    'error: MissingParameter: Missing parameter: store' with exit code 1."""
+    code, _, err = run_cli(monkeypatch, capsys, "index", tmp_path)
+    assert code == 2 and "Usage: " in err and "Missing option '--store'" in err
+    code, _, err = run_cli(monkeypatch, capsys, "search", "faiss:x", "a query", "-k", "many")
+    assert code == 2 and "Invalid value for '-k'" in err
+    code, _, err = run_cli(monkeypatch, capsys, "index", tmp_path, "--store", "faiss:x", "--engine", "rey")
+    assert code == 2 and "--engine" in err and "'rey'" in err
+    code, _, err = run_cli(monkeypatch, capsys, "search")
+    assert code == 2 and "Missing argument" in err
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
+    """Ctrl-C is not a success: typer >= 0.26 turns it into an exit code that main must not drop."""
+    import isotrope.search
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(isotrope.search.Collection, "open", interrupted)
+    code, _, err = run_cli(monkeypatch, capsys, "info", f"faiss:{tmp_path}")
+    assert code == 130 and err.splitlines()[-1] == "interrupted"

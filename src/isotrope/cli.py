@@ -681,6 +681,11 @@ def export(
     typer.echo(f"wrote {format} model to {out} (load with {loader}({str(out)!r}))")
 
 
+#: click's ClickException as typer raises it: click's own, or (typer >= 0.26) typer's vendored copy, which
+#: ``import click`` does not see
+_CLICK_ERROR: type[Any] = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
+
+
 def main() -> None:
     """Entry point: one clear error line, tracebacks only with --debug."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -693,26 +698,25 @@ def main() -> None:
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns an exit code where typer exits (--help, and Ctrl-C in typer >= 0.26)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, typer.Abort):  # typer < 0.26 turns Ctrl-C into Abort
+        code = 130
+    except _CLICK_ERROR as error:  # a usage error: the usage line, the wrong option named, exit code 2
+        error.show()
+        sys.exit(error.exit_code)
     except Exception as error:  # the CLI's last line of defence: one line, not a traceback
-        import click
-
         from isotrope.errors import one_line
 
-        if isinstance(error, click.exceptions.Exit):
-            sys.exit(error.exit_code)
-        if isinstance(error, click.ClickException):
-            error.show()
-            sys.exit(error.exit_code)
         if _state["debug"]:
             raise
         typer.echo(f"error: {one_line(error)}", err=True)
         sys.exit(1)
+    if code == 130:
+        typer.echo("interrupted", err=True)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
