@@ -401,6 +401,8 @@ def test_collection_modes_group_by_and_unknown_fields(collection_uri):
             assert len({h.metadata["source"] for h in grouped}) == len(grouped) == 4
             with pytest.raises(ValueError, match="unknown filter field 'sorce'; the stored metadata fields are: source"):
                 collection.search("fox", mode=mode, where={"sorce": {"$ne": "x"}})
+            with pytest.raises(ValueError, match=r"^unknown group_by field 'sorce'; the stored metadata fields are: source$"):
+                collection.search("fox", mode=mode, group_by="sorce")  # a typo would otherwise group nothing
         with pytest.raises(ValueError, match="mode 'dense' takes none"):
             collection.search("fox", mode="dense", alpha=0.5)
         assert collection.search("fox", alpha=0.5) == collection.search("fox", mode="hybrid", alpha=0.5)  # a weight: hybrid
@@ -433,6 +435,8 @@ def test_cli_search_modes(collection_uri, monkeypatch, capsys):
     assert len(sources) == len(set(sources)) == 6
     code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "fox", "--mode", "lexical", "--where", "lang = 'en'")
     assert code == 1 and err.splitlines() == ["error: unknown filter field 'lang'; the stored metadata fields are: source"]
+    code, out, err = run_cli(monkeypatch, capsys, "search", collection_uri, "fox", "--group-by", "sourc")
+    assert code == 1 and err.splitlines() == ["error: unknown group_by field 'sourc'; the stored metadata fields are: source"]
 
 
 @pytest.mark.parametrize("kind", ["faiss", "lancedb"])

@@ -19,7 +19,7 @@ from isotrope.fusion import check_alpha, check_mode, search_store
 from isotrope.persist import SPEC_FILE, read_spec
 from isotrope.stores import index_plan
 from isotrope.stores.base import Hit, VectorStore, as_vectors
-from isotrope.stores.filters import check_fields, parse_where
+from isotrope.stores.filters import check_field, check_fields, parse_where
 from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
 from isotrope.stores.options import AUTO, RENAMED
 
@@ -212,7 +212,8 @@ class Collection:
         else :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at
         ``alpha`` when one is given, else the store's calibrated default (:meth:`default_search`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
-        ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents.
+        ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents; a
+        field no stored row has is an error too (a typo would otherwise group nothing).
         """
         single = isinstance(queries, str)
         texts = [queries] if isinstance(queries, str) else list(queries)
@@ -232,6 +233,8 @@ class Collection:
             where = parse_where(where)
         if where:
             check_fields(where, self.store.metadata_fields())
+        if group_by is not None:
+            check_field(group_by, self.store.metadata_fields(), "group_by")
         vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
         hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha, group_by=group_by)
         return hits[0] if single else hits

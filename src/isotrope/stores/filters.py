@@ -168,8 +168,15 @@ def check_fields(where: Where | None, known: set[str] | frozenset[str]) -> None:
     """Raise a one-line ``ValueError`` naming a filter field no stored row has, and the fields that exist."""
     unknown = sorted(field_names(where) - set(known))
     if unknown:
+        check_field(unknown[0], known, "filter")
+
+
+def check_field(name: str, known: set[str] | frozenset[str], role: str) -> None:
+    """Raise a one-line ``ValueError`` if no stored row has metadata field ``name`` (a ``role`` field: filter,
+    group_by), naming the fields that exist."""
+    if name not in known:
         stored = ", ".join(sorted(known)) if known else "none (no row has metadata)"
-        raise ValueError(f"unknown filter field {unknown[0]!r}; the stored metadata fields are: {stored}")
+        raise ValueError(f"unknown {role} field {name!r}; the stored metadata fields are: {stored}")
 
 
 # --------------------------------------------------------------------------- SQLite
