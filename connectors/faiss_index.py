@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from pathlib import Path
 
 import faiss
@@ -99,8 +100,9 @@ def checked_factory(factory: str, dim: int) -> str:
         try:
             faiss.index_factory(dim, factory)
         except RuntimeError as error:
+            reason = re.sub(r"^Error in .* at \S+:\d+: ", "", str(error).strip())  # faiss's C++ function and source line
             raise ValueError(
-                f"invalid index {factory!r}: neither auto, flat nor a faiss index_factory string ({error})"
+                f"invalid index {factory!r}: neither auto, flat nor a faiss index_factory string ({reason})"
             ) from error
     return factory
 

@@ -208,3 +208,11 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(isotrope.search.Collection, "open", interrupted)
     code, _, err = run_cli(monkeypatch, capsys, "info", f"faiss:{tmp_path}")
     assert code == 130 and err.splitlines()[-1] == "interrupted"
+
+
+def test_a_bad_index_is_named_once_without_faiss_internals(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "index", tmp_path, "--store", f"faiss:{tmp_path / 's'}", "--index", "hnsw")
+    assert code == 2 and err.count("--index") == 1, err
+    assert "Invalid value for --index: invalid index 'hnsw': neither auto, flat nor a faiss index_factory string" in err
+    assert "could not parse index string hnsw" in err and "std::" not in err and ".cpp" not in err
+    assert not (tmp_path / "s").exists()

@@ -302,7 +302,7 @@ def index(
     try:
         check_index(kind, store_options["index"])
     except ValueError as error:
-        raise typer.BadParameter(f"--index: {error} (for a {kind} store)", param_hint="--index") from None
+        raise typer.BadParameter(f"{error} (for a {kind} store)", param_hint="--index") from None
     if engine not in ("local", "ray"):
         raise typer.BadParameter(f"choose local or ray; got {engine!r}", param_hint="--engine")
     saved = saved_encoder(ctx, encoder_dir)
