@@ -128,15 +128,24 @@ class TermStats:
         return out.astype(np.float64)
 
 
-def write(uri: str, stats: TermStats, storage_options: dict[str, str] | None) -> None:
+def write(uri: str, stats: TermStats, storage_options: dict[str, str] | None, new: bool = False) -> None:
     """Save ``stats`` as the dataset at ``uri``: a new version replacing the last atomically; the one before is
-    kept for readers still reading it, older ones removed."""
+    kept for readers still reading it, older ones removed. ``new``: none were found there, so the dataset is
+    created (overwriting a missing dataset makes Lance print a warning on stderr, in every first ``isotrope
+    index``), or replaced after all if it is there."""
     import lance
 
     meta = {"num_docs": stats.num_docs, "total_tokens": stats.total_tokens, "fragments": stats.fragments}
     schema = pa.schema([("term", pa.string()), ("df", pa.int64())], metadata={_META: json.dumps(meta)})
     table = pa.table({"term": pa.array(stats.terms, pa.string()), "df": pa.array(stats.df, pa.int64())}, schema=schema)
-    dataset = lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
+    dataset = None
+    if new:
+        try:
+            dataset = lance.write_dataset(table, uri, mode="create", storage_options=storage_options)
+        except OSError as error:  # there after all (unreadable, or written meanwhile): replaced below
+            logger.debug("BM25 statistics at %s already exist: %s", uri, error)
+    if dataset is None:
+        dataset = lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options)
     dataset.cleanup_old_versions(retain_versions=2)
 
 

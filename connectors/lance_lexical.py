@@ -115,7 +115,7 @@ class LanceLexicalIndex(LanceRows):
             stats = saved.plus(_terms(dataset, added), fragments)
         else:
             stats = TermStats.count(_terms(dataset, None), fragments)
-        lance_bm25.write(self._stats_uri(), stats, self._storage_options)
+        lance_bm25.write(self._stats_uri(), stats, self._storage_options, new=saved is None)
         self._bm25_stats = (-1, stats)
 
     @contextmanager

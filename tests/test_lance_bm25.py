@@ -169,3 +169,13 @@ def test_a_commit_killed_before_its_stamp_leaves_hybrid_search_exact(tmp_path, m
     again.commit()
     assert again._term_stats(again._dataset()) is not None
     assert_same_hits(search_store(TwoPass(again), QUERIES, vectors, 10), search_store(again, QUERIES, vectors, 10))
+
+
+def test_the_first_commit_writes_the_statistics_without_a_lance_warning(tmp_path, capfd):
+    """Overwriting a dataset that is not there makes Lance warn on stderr ('No existing dataset at
+    ....bm25, it will be created'), which every first `isotrope index` into a LanceDB store printed."""
+    store, contents = committed_store(tmp_path, n=30)
+    assert "No existing dataset" not in capfd.readouterr().err
+    assert_counts(saved(store), list(contents.values()))
+    lance_bm25.write(store._stats_uri(), TermStats.count([], []), None, new=True)  # there after all: replaced
+    assert saved(store).num_docs == 0
