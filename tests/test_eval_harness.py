@@ -290,6 +290,23 @@ def test_cli_eval_sts_prints_and_writes_json(tiny_glove_path, tmp_path, monkeypa
     assert printed["scores"]["tiny_pairs"] == pytest.approx(_reference_spearman(tiny_glove_path), abs=0.006)
 
 
+def test_cli_eval_shows_progress_and_the_library_does_not(tiny_glove_path, tmp_path, monkeypatch, capsys):
+    """`isotrope eval` shows the fit and the encoding as they run (a transformer over a BEIR corpus takes
+    minutes); the Evaluator as a library stays quiet unless asked."""
+    from isotrope.cli import main
+
+    pairs = _write_pairs(tmp_path / "tiny_pairs.tsv")
+    fit = tmp_path / "fit.txt"
+    fit.write_text("\n".join(make_sentences(30, seed=3)) + "\n")
+    args = ["isotrope", "eval", "sts", "--model", tiny_glove_path, "--shape", "center", "--fit-corpus", str(fit)]
+    monkeypatch.setattr(sys, "argv", [*args, "--pairs", str(pairs)])
+    main()
+    err = capsys.readouterr().err
+    assert err.count("encoding:") >= 2, err  # the fit's texts, then the pairs' sentences
+    evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs], fit_corpus=str(fit))
+    assert "encoding" not in capsys.readouterr().err
+
+
 def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, capsys):
     from isotrope.cli import main
 

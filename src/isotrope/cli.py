@@ -613,7 +613,7 @@ def evaluate(
     result = run_evaluation(
         task,
         config,
-        Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved),
+        Evaluator(cache_dir=cache_dir, fit_samples=fit_samples, encoder=saved, show_progress=True),
         tasks=sts_task or [],
         data_dir=data_dir,
         pairs=pairs or [],

@@ -43,7 +43,7 @@ def run_sts(
         raise ValueError("nothing to evaluate: pass --task stsb/sickr with --data-dir, or --pairs FILE")
     eval_texts = [s for _, p in sets for s in (*p.sentences1, *p.sentences2)]
     encoder, fitted_on = evaluator.fit(config, fit_corpus, eval_texts, transductive, context_corpus)
-    encode = encode_function(encoder)
+    encode = encode_function(encoder, evaluator.show_progress)
     scores = {name: round(eval_sts(encode, pair_set), 2) for name, pair_set in sets}
     return {
         "scores": scores,
@@ -110,7 +110,7 @@ def run_retrieval(
             "fusion": None if "hybrid" not in modes else {"method": fusion, "alpha": alpha},
             **({"default_search": chosen} if chosen else {}),
         }
-    result = eval_retrieval(encode_function(encoder), dataset, k_values=(1, 10, 100))
+    result = eval_retrieval(encode_function(encoder, evaluator.show_progress), dataset, k_values=(1, 10, 100))
     scores = {key: round(result[key], 2) for key in ("ndcg@10", "recall@100", "mrr@10")}
     scores["hit@1"] = round(result["mrr@1"], 2)  # a relevant document first
     return {
@@ -163,7 +163,7 @@ def run_clustering(
     else:
         fit_texts = fit_corpus
     encoder, fitted_on = evaluator.fit(config, fit_texts, texts, transductive, context_corpus, corpus_name)
-    result = eval_clustering(encode_function(encoder), texts, labels)
+    result = eval_clustering(encode_function(encoder, evaluator.show_progress), texts, labels)
     return {
         "scores": {"v_measure": round(result["v_measure"], 2)},
         "v_measure_std": round(result["v_measure_std"], 2),
@@ -198,7 +198,7 @@ def run_classification(
             sets[task] = (load_senteval(data_dir, task), None)
     eval_texts = [t for train, test in sets.values() for t in train.texts + (test.texts if test else [])]
     encoder, fitted_on = evaluator.fit(config, fit_corpus, eval_texts, transductive, context_corpus)
-    encode = encode_function(encoder)
+    encode = encode_function(encoder, evaluator.show_progress)
     scores = {}
     for task, (train, test) in sets.items():
         if test is None:

@@ -47,6 +47,8 @@ class Evaluator:
     seed: int = 0
     #: a saved, fitted encoder (``--encoder``): evaluated as it is, never refitted
     encoder: ShapedEncoder | None = None
+    #: progress bars while fitting and encoding (``isotrope eval``: a transformer over a BEIR corpus takes minutes)
+    show_progress: bool = False
     _backbones: dict[str, Any] = field(default_factory=dict)
     _samples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -98,7 +100,7 @@ class Evaluator:
                 "labelled as such)"
             )
         fitted_on = f"{fitted_on} ({len(texts)} texts){table_on}"
-        encoder.fit_sample(texts, fitted_on=fitted_on)
+        encoder.fit_sample(texts, fitted_on=fitted_on, show_progress=self.show_progress)
         return encoder, fitted_on
 
     def _auto(self, config: EncoderConfig, texts: Sequence[str] | None, fitted_on: str) -> tuple[ShapedEncoder, str]:
@@ -140,8 +142,8 @@ class Evaluator:
         return self._backbones[key]
 
 
-def encode_function(encoder: ShapedEncoder) -> Callable[[list[str], TextKind], np.ndarray]:
-    return lambda texts, kind: encoder.encode(texts, kind=kind)
+def encode_function(encoder: ShapedEncoder, show_progress: bool = False) -> Callable[[list[str], TextKind], np.ndarray]:
+    return lambda texts, kind: encoder.encode(texts, kind=kind, show_progress=show_progress)
 
 
 def isotropy_of(encoder: ShapedEncoder, texts: Sequence[str]) -> dict[str, float]:
