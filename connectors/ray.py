@@ -571,7 +571,7 @@ def run_on_ray(plan: IngestPlan, options: RayOptions | None = None) -> RayIngest
         sample_ids: list[str] = []
         if target.needs_fit:
             pending_sources = (source for source, chunk_id in zip(chunks.sources, chunks.ids) if chunk_id not in existing)
-            sample_ids = plan.sample(zip(pending_sources, pending))
+            sample_ids = plan.sample(zip(pending_sources, pending), report.skipped)
         dataset = _rows_to_index(chunks, existing, sample_ids, len(pending), options.num_actors) if pending else None
         raw = None
         if target.needs_fit:

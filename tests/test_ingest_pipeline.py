@@ -181,6 +181,20 @@ def test_an_empty_corpus_is_an_error_and_creates_nothing(tmp_path, tiny_bert_pat
     assert not Collection.exists(f"faiss:{tmp_path / 'store'}")
 
 
+def test_nothing_to_index_names_the_files_skipped_and_why(tmp_path, tiny_bert_path):
+    """A corpus whose every file is skipped says why, not only 'no text to index' (the reasons were lost)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.csv").write_text("title,body\nx,y\n")
+    (corpus / "b.txt").write_bytes("caf\u00e9".encode("latin-1"))
+    store = f"faiss:{tmp_path / 'store'}"
+    with pytest.raises(
+        ValueError, match=r"corpus: no text to index \(skipped a\.csv: no column 'text' \(columns: title, body\) and 1 more\)$"
+    ):
+        index(corpus, store, config=EncoderConfig(model=tiny_bert_path, shape="center"))
+    assert not Collection.exists(store)
+
+
 # ----------------------------------------------------------------------------- a killed ingestion
 
 CHILD = textwrap.dedent(

@@ -39,7 +39,7 @@ def run_local(plan: IngestPlan) -> IngestReport:
         raw_cache: dict[str, np.ndarray] = {}
         if target.needs_fit:
             chunker = plan.chunker(target.encoder)
-            sample = plan.sample(_distinct_chunks(chunk_stream(documents(), chunker)))
+            sample = plan.sample(_distinct_chunks(chunk_stream(documents(), chunker)), report.skipped)
             raw = target.fit([chunk.text for chunk in sample])
             if raw is not None:  # reused when writing: the sample is not embedded twice
                 raw_cache = {chunk.id: vector for chunk, vector in zip(sample, raw)}

@@ -151,12 +151,15 @@ class IngestPlan:
             return TokenChunker(core, self.chunk_tokens, self.overlap_tokens, max_length=backbone.max_length)
         return TokenChunker(encoder.tokenizer, self.chunk_tokens, self.overlap_tokens)
 
-    def sample(self, items: Iterable[tuple[Hashable, T]]) -> list[T]:
+    def sample(self, items: Iterable[tuple[Hashable, T]], skipped: Sequence[SkippedFile] = ()) -> list[T]:
         """The fit sample of ``(file, item)`` pairs in corpus order: fair per file, so one huge file does
-        not crowd out the rest; the same items whatever the engine."""
+        not crowd out the rest; the same items whatever the engine. Nothing to sample is an error naming
+        the first of the ``skipped`` files and why (a CSV without the text column, a file not in UTF-8)."""
         sample = fair_sample(items, self.fit_samples)
         if not sample:
-            raise ValueError(f"{self.describe_source()}: no text to index")
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            why = f" (skipped {skipped[0]}{more})" if skipped else ""
+            raise ValueError(f"{self.describe_source()}: no text to index{why}")
         return sample
 
     @contextmanager
