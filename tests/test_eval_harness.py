@@ -302,9 +302,22 @@ def test_cli_eval_shows_progress_and_the_library_does_not(tiny_glove_path, tmp_p
     monkeypatch.setattr(sys, "argv", [*args, "--pairs", str(pairs)])
     main()
     err = capsys.readouterr().err
-    assert err.count("encoding:") >= 2, err  # the fit's texts, then the pairs' sentences
+    assert err.count("encoding: 100%") == 2, err  # the fit's texts, then the pairs' sentences
     evaluate("sts", EncoderConfig(model=tiny_glove_path, shape="center"), Evaluator(), pairs=[pairs], fit_corpus=str(fit))
     assert "encoding" not in capsys.readouterr().err
+
+
+def test_retrieval_through_a_store_shows_the_documents_encoding(tiny_glove_path, tmp_path, capsys):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    texts = make_sentences(12, seed=5)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(texts[:3])))
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(3)))
+    config = EncoderConfig(model=tiny_glove_path, shape="center")
+    evaluate("retrieval", config, Evaluator(show_progress=True), beir=beir, fit_corpus="corpus", modes=["dense"])
+    err = capsys.readouterr().err
+    assert err.count("encoding: 100%") == 2, err  # the fit's texts, then the documents written to the store
 
 
 def test_cli_eval_takes_a_context_corpus(tiny_bert_path, tmp_path, monkeypatch, capsys):

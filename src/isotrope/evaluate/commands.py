@@ -99,7 +99,14 @@ def run_retrieval(
 
         chosen: dict[str, Any] = {}
         by_store = eval_through_store(
-            encoder, dataset, kinds=list(stores) or ["faiss"], modes=modes, alphas=[alpha], fusions=[fusion], chosen=chosen
+            encoder,
+            dataset,
+            kinds=list(stores) or ["faiss"],
+            modes=modes,
+            alphas=[alpha],
+            fusions=[fusion],
+            chosen=chosen,
+            show_progress=evaluator.show_progress,
         )
         return {
             "scores": by_store,

@@ -102,13 +102,15 @@ def eval_through_store(
     alphas: Sequence[float | None] = (None,),
     fusions: Sequence[str] = ("convex",),
     chosen: dict[str, Any] | None = None,
+    show_progress: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``kind -> label -> scores``: the documents encoded once, indexed into a temporary store of each kind.
+    """``kind -> label -> scores``: the documents encoded once (with a progress bar if ``show_progress``),
+    indexed into a temporary store of each kind.
 
     With ``auto`` in ``modes`` each store's default search is calibrated after indexing, as
     ``isotrope index`` does (no labels read); ``chosen`` (if given) receives ``kind -> choice``."""
     ids, texts = beir_documents(dataset)
-    vectors = encoder.encode(texts, kind="document")
+    vectors = encoder.encode(texts, kind="document", show_progress=show_progress)
     out = {}
     with tempfile.TemporaryDirectory(prefix="isotrope-eval-") as tmp:
         for kind in kinds:
