@@ -231,10 +231,11 @@ class Collection:
                 raise ValueError("the query is empty" if single else f"queries[{index}] is empty")
         if isinstance(where, str):
             where = parse_where(where)
-        if where:
-            check_fields(where, self.store.metadata_fields())
-        if group_by is not None:
-            check_field(group_by, self.store.metadata_fields(), "group_by")
+        if where or group_by is not None:
+            known = self.store.metadata_fields()  # one read for both checks
+            check_fields(where, known)
+            if group_by is not None:
+                check_field(group_by, known, "group_by")
         vectors = None if mode == "lexical" else self.encoder.encode(texts, kind="query")
         hits = search_store(self.store, texts, vectors, k, where=where, mode=mode, alpha=alpha, group_by=group_by)
         return hits[0] if single else hits
