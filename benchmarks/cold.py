@@ -1,10 +1,12 @@
 """Cold ``isotrope search``: a fresh process per query, as a user's shell runs it.
 
 Stores of the first N SciFact abstracts are written with ``isotrope index`` (FAISS and LanceDB; the
-transformer all-MiniLM-L6-v2 and ``--model fast``). Each round then runs ``isotrope search STORE QUERY
--k 3`` once per store, each in a new process, in rotating order, beside the floor ``python -c "import
-numpy, faiss"``. Per process: wall time from spawn to exit and peak RSS (``wait4``'s ``ru_maxrss``).
-Median, spread and every round are reported.
+transformer all-MiniLM-L6-v2, ``--model fast``, and ``--model fast --teacher-queries`` in FAISS). Each round then
+runs ``isotrope search STORE QUERY -k 3`` once per store, each in a new process, in rotating order, beside
+the floor ``python -c "import numpy, faiss"``. Per process: wall time from spawn to exit and peak RSS
+(``wait4``'s ``ru_maxrss``). Median, spread and every round are reported. Then, warm: each store opened in
+this process answers the first :data:`WARM_QUERIES` SciFact queries one at a time (``Collection.search``,
+k 3), stores alternating round by round; the median query's milliseconds.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import MODEL, scifact_dir, scifact_documents
-from benchmarks.harness import thread_env
+from benchmarks.harness import alternate, thread_env
 
 SIZES = {"quick": 500, "full": 5183}  # SciFact abstracts per store
 ROUNDS = {"quick": 5, "full": 9}
-ENCODERS = {"transformer": MODEL, "fast": "fast"}
-STORES = ("faiss", "lancedb")
+#: name -> the ``isotrope index`` options of its encoder, and the stores it is measured in
+ENCODERS = {
+    "transformer": (["--model", MODEL], ("faiss", "lancedb")),
+    "fast": (["--model", "fast"], ("faiss", "lancedb")),
+    "fast, teacher queries": (["--model", "fast", "--teacher-queries"], ("faiss",)),
+}
+WARM_QUERIES = 50
 FLOOR = [sys.executable, "-c", "import numpy, faiss"]
 
 
@@ -33,9 +40,9 @@ def isotrope_command() -> str:
     return str(Path(sys.executable).parent / "isotrope")
 
 
-def first_query(data_dir: str | Path) -> str:
+def first_queries(data_dir: str | Path, count: int = 1) -> list[str]:
     with open(scifact_dir(data_dir) / "queries.jsonl", encoding="utf-8") as handle:
-        return str(json.loads(handle.readline())["text"])
+        return [str(json.loads(line)["text"]) for line, _ in zip(handle, range(count))]
 
 
 def build_stores(data_dir: str | Path, workdir: Path, documents: int, threads: int) -> dict[str, str]:
@@ -45,10 +52,11 @@ def build_stores(data_dir: str | Path, workdir: Path, documents: int, threads: i
         for doc_id, text in scifact_documents(data_dir, documents):
             handle.write(json.dumps({"_id": doc_id, "text": text}) + "\n")
     stores = {}
-    for encoder, model in ENCODERS.items():
-        for kind in STORES:
-            uri = f"{kind}:{workdir / f'{kind}-{encoder}'}"
-            command = [isotrope_command(), "index", str(corpus), "--store", uri, "--model", model]
+    for encoder, (options, kinds) in ENCODERS.items():
+        for kind in kinds:
+            folder = f"{kind}-{encoder}".replace(", ", "-").replace(" ", "-")
+            uri = f"{kind}:{workdir / folder}"
+            command = [isotrope_command(), "index", str(corpus), "--store", uri, *options]
             subprocess.run(command, env={**os.environ, **thread_env(threads)}, check=True, capture_output=True)
             stores[f"{kind}, {encoder}"] = uri
     return stores
@@ -91,11 +99,29 @@ def summary(walls: list[float], peaks: list[float]) -> dict[str, Any]:
     }
 
 
+def warm_queries(stores: dict[str, str], queries: list[str], rounds: int) -> dict[str, float]:
+    """Store name -> the median milliseconds of one ``Collection.search(query, k=3)`` on an open store."""
+    from isotrope.search import Collection
+
+    collections = {name: Collection.open(uri) for name, uri in stores.items()}
+    try:
+        per_query = {
+            name: (lambda collection=collection: [collection.search(query, k=3) for query in queries])
+            for name, collection in collections.items()
+        }
+        timings = alternate(per_query, rounds)
+    finally:
+        for collection in collections.values():
+            collection.close()
+    return {name: round(1000 * timing["median_s"] / len(queries), 2) for name, timing in timings.items()}
+
+
 def run(data_dir: str | Path, *, quick: bool, threads: int, rounds: int | None = None) -> dict[str, Any]:
-    """Build the stores, then ``rounds`` rotating rounds of one cold search per store and the floor."""
+    """Build the stores, then ``rounds`` rotating rounds of one cold search per store and the floor, then the
+    warm queries."""
     mode = "quick" if quick else "full"
     rounds = rounds or ROUNDS[mode]
-    query = first_query(data_dir)
+    query, *_ = queries = first_queries(data_dir, WARM_QUERIES)
     with tempfile.TemporaryDirectory(prefix="isotrope-cold-") as tmp:
         stores = build_stores(data_dir, Path(tmp), SIZES[mode], threads)
         commands = {'python -c "import numpy, faiss" (the floor)': FLOOR}
@@ -108,9 +134,8 @@ def run(data_dir: str | Path, *, quick: bool, threads: int, rounds: int | None =
                 wall, peak = timed_process(commands[name], threads)
                 timings[name][0].append(wall)
                 timings[name][1].append(peak)
-    return {
-        "documents": SIZES[mode],
-        "query": query,
-        "rounds": rounds,
-        "processes": {name: summary(walls, peaks) for name, (walls, peaks) in timings.items()},
-    }
+        warm = warm_queries(stores, queries, rounds)
+    processes = {name: summary(walls, peaks) for name, (walls, peaks) in timings.items()}
+    for name, milliseconds in warm.items():
+        processes[name]["warm_query_ms"] = milliseconds
+    return {"documents": SIZES[mode], "query": query, "rounds": rounds, "warm_queries": len(queries), "processes": processes}

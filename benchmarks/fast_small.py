@@ -14,6 +14,9 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
 * ``no-mixes``: without the candidates halfway between the unfitted table and a fit (the rule before them);
 * ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
+* ``teacher-queries``: the product's table with ``--teacher-queries`` (queries also through the teacher);
+  ``teacher-queries-W``: the same with the teacher's vector weighing W in the mix (the default:
+  :data:`isotrope.teacher_queries.WEIGHT`);
 * ``teacher``: the transformer itself (all-MiniLM-L6-v2, unshaped).
 
 ``--teacher-backend`` runs the distillation's teacher on that runtime (default: the product's,
@@ -36,6 +39,7 @@ from typing import Any
 
 import isotrope.backbones.static
 import isotrope.distill
+import isotrope.teacher_queries
 from benchmarks.common import MODEL, print_and_write
 from isotrope.backbones.backends import BACKENDS
 from isotrope.config import EncoderConfig
@@ -54,18 +58,31 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str]) -> dict[str, Any]:
+TEACHER_WEIGHTS = (0.25, 0.75, 1.0)
+
+
+def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], split: str | None = None) -> dict[str, Any]:
     """One set and one variant, with a fresh harness (a fitted table is never reused across variants)."""
-    original = isotrope.distill.distill_table
-    if variant != "teacher":
+    original, weight = isotrope.distill.distill_table, isotrope.teacher_queries.WEIGHT
+    if variant in VARIANTS:
         isotrope.distill.distill_table = functools.partial(original, **VARIANTS[variant])
+    if variant.startswith("teacher-queries-"):
+        isotrope.teacher_queries.WEIGHT = float(variant.rsplit("-", 1)[1])
     try:
-        config = EncoderConfig(model=MODEL) if variant == "teacher" else EncoderConfig(model="fast")
+        if variant == "teacher":
+            config = EncoderConfig(model=MODEL)
+        else:
+            config = EncoderConfig(model="fast", teacher_queries=variant.startswith("teacher-queries"))
         scores = run_retrieval(
-            Evaluator(cache_dir=cache_dir), config, beir=folder, fit_corpus="corpus", modes=modes if variant != "unfitted" else []
+            Evaluator(cache_dir=cache_dir),
+            config,
+            beir=folder,
+            fit_corpus="corpus",
+            split=split,
+            modes=modes if variant != "unfitted" else [],
         )
     finally:
-        isotrope.distill.distill_table = original
+        isotrope.distill.distill_table, isotrope.teacher_queries.WEIGHT = original, weight
     return {key: scores.get(key) for key in ("scores", "fitted_on", "distill")}
 
 
@@ -73,7 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", type=Path, required=True)
     parser.add_argument("--sets", type=Path, nargs="+", required=True, help="BEIR folders")
-    parser.add_argument("--variants", nargs="+", default=["teacher", "default", "unfitted"], choices=["teacher", *VARIANTS])
+    weights = [f"teacher-queries-{weight:g}" for weight in TEACHER_WEIGHTS]
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["teacher", "default", "unfitted"],
+        choices=["teacher", "teacher-queries", *weights, *VARIANTS],
+    )
+    parser.add_argument("--split", help="the qrels split scored (default test; SciFact's train chose the defaults)")
     parser.add_argument("--modes", nargs="*", default=[], help="also through a FAISS store: dense, lexical, hybrid")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--teacher-backend", choices=BACKENDS, help="the distillation teacher's runtime (default: the product's)")
@@ -85,7 +109,9 @@ def main() -> None:
     suffix = f"@{args.teacher_backend}" if args.teacher_backend else ""
     for folder in args.sets:
         for variant in args.variants:
-            result.setdefault(folder.name, {})[variant + suffix] = cell = run_cell(args.cache_dir, folder, variant, args.modes)
+            result.setdefault(folder.name, {})[variant + suffix] = cell = run_cell(
+                args.cache_dir, folder, variant, args.modes, args.split
+            )
             logging.info("%s / %s%s: %s", folder.name, variant, suffix, cell["scores"])
             print_and_write(result, args.out)
 

@@ -443,10 +443,15 @@ def render_cold(result: dict[str, Any]) -> str:
     head = (
         f"`isotrope search STORE QUERY -k 3` in a fresh process, stores of {result['documents']:,} SciFact abstracts "
         f"written by `isotrope index`; median of {result['rounds']} rotating rounds (spread = (max - min) / median), "
-        "largest peak RSS.\n\n"
+        "largest peak RSS."
     )
+    header = ["process (store, encoder)", "wall s", "spread", "peak RSS MB"]
     rows = [[name, e["median_s"], f"{e['spread']:.2f}", e["peak_rss_mb"]] for name, e in result["processes"].items()]
-    return head + table(["process (store, encoder)", "wall s", "spread", "peak RSS MB"], rows)
+    if "warm_queries" in result:  # one query on the open store too
+        head += f" Warm: the median of {result['warm_queries']} queries one at a time on the store opened in one process."
+        header.append("warm query ms")
+        rows = [[*row, e.get("warm_query_ms", "–")] for row, e in zip(rows, result["processes"].values())]
+    return head + "\n\n" + table(header, rows)
 
 
 def render_search_topic(result: dict[str, Any]) -> str:

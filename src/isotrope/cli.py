@@ -40,6 +40,14 @@ OptionalModel = Annotated[
 DistillSamples = Annotated[
     int | None, typer.Option(help="--model fast: texts the teacher runs on (a seeded sample; default 10000)")
 ]
+TeacherQueriesFlag = Annotated[
+    bool,
+    typer.Option(
+        "--teacher-queries",
+        help="--model fast: encode queries also through the teacher (documents stay on the table): "
+        "closer to the teacher, at a transformer pass per query",
+    ),
+]
 EncoderDir = Annotated[Path | None, typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
 Shape = Annotated[
     str,
@@ -183,6 +191,7 @@ def fit(
     token_prepending: TokenPrepending = RECIPE.token_prepending,
     tp_layers: TPLayers = None,
     distill_samples: DistillSamples = None,
+    teacher_queries: TeacherQueriesFlag = False,
     backend: Backend = None,
 ) -> None:
     """Fit a shaped encoder on a corpus and save it."""
@@ -259,6 +268,7 @@ def index(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
+    teacher_queries: TeacherQueriesFlag = False,
     pooling: Pooling = RECIPE.pooling,
     layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,
@@ -558,6 +568,7 @@ def evaluate(
     ] = None,
     encoder_dir: EncoderDir = None,
     distill_samples: DistillSamples = None,
+    teacher_queries: TeacherQueriesFlag = False,
     pooling: Pooling = RECIPE.pooling,
     layers: Layers = str(RECIPE.layers),
     prompt: Prompt = None,

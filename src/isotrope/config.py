@@ -59,6 +59,8 @@ class EncoderConfig:
     tp_layers: str | tuple[int, int] | None = None
     #: ``fast``: texts the teacher runs on (None: 10000)
     distill_samples: int | None = None
+    #: ``fast``: queries also through the teacher (:mod:`isotrope.teacher_queries`); documents through the table alone
+    teacher_queries: bool = False
     #: torch, onnx, onnx-int8, onnx-int8-per-channel (None: torch for a new encoder)
     backend: str | None = None
 
@@ -116,6 +118,7 @@ class EncoderConfig:
             )
         else:  # static tables and folded ones (``folded:<source>``)
             options.update(model=backbone["source"], distill_samples=backbone.get("distill_samples"), backend="torch")
+            options.update(teacher_queries="query_teacher" in spec)
         return cls(
             **options,
             max_length=backbone.get("max_length"),
@@ -138,6 +141,8 @@ class EncoderConfig:
         parts = [self.model, f"pool={self.pooling}"]
         if self.distill_samples:
             parts.append(f"distill_samples={self.distill_samples}")
+        if self.teacher_queries:
+            parts.append("teacher-queries")
         if self.layers != "last":
             parts.append(f"layers={_text(self.layers)}")
         if self.prompt:
@@ -181,6 +186,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "token_prepending": (bool,),
     "tp_layers": (str, tuple, _NONE),
     "distill_samples": (int, _NONE),
+    "teacher_queries": (bool,),
     "backend": (str, _NONE),
 }
 _LOWEST = {"max_length": 1, "drop_top": 0, "distill_samples": 1}

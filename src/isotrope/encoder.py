@@ -23,7 +23,8 @@ from isotrope.progress import encoding_progress
 from isotrope.sampling import fair_sample as fair_sample  # its old home: still importable from here
 from isotrope.sampling import reservoir_sample as reservoir_sample  # its old home: still importable from here
 from isotrope.shapes import build_chain, format_shape
-from isotrope.transforms import Transform, apply_chain
+from isotrope.teacher_queries import TeacherQueries
+from isotrope.transforms import Transform, apply_chain, chain_state
 from isotrope.transforms.base import NotFittedError
 from isotrope.weighting import TokenCounts, TokenWeighting
 
@@ -85,8 +86,9 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
     model = fast_source(config.model) or config.model
     backend = config.backend or DEFAULT_BACKEND
     static = is_static_source(model)
-    if config.distill_samples is not None and not model.startswith("fast:"):
-        raise ValueError(f"distill_samples applies to the fast model (model 'fast' or 'fast:<teacher>'), not {model!r}")
+    for field in ("distill_samples", "teacher_queries"):
+        if getattr(config, field) not in (None, False) and not model.startswith("fast:"):
+            raise ValueError(f"{field} applies to the fast model (model 'fast' or 'fast:<teacher>'), not {model!r}")
     if static and backend != "torch":
         raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use backend 'torch')")
     if config.prompt is not None and static:
@@ -160,6 +162,7 @@ class ShapedEncoder:
         metadata: dict[str, Any] | None = None,
         max_batch_tokens: int | None = BATCH_TOKENS,
         config: EncoderConfig | None = None,
+        query_teacher: TeacherQueries | None = None,
     ) -> None:
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
@@ -173,6 +176,8 @@ class ShapedEncoder:
         self.metadata: dict[str, Any] = dict(metadata or {})
         #: the recipe this encoder was built from (None: read back from its spec when asked)
         self._config = config
+        #: ``--teacher-queries``: queries also through the teacher of a fast table (set when it is fitted)
+        self.query_teacher = query_teacher
         self._fingerprint: str | None = None  # computed once per fitted state (see fingerprint)
         if not hasattr(self.weighting, "weights_") and not self.weighting.needs_corpus:
             self.weighting.fit(backbone.vocabulary(), backbone.special_ids())
@@ -225,12 +230,15 @@ class ShapedEncoder:
     def spec(self) -> dict[str, Any]:
         """Everything that defines the fitted encoder except its arrays (canonical JSON form; the
         fingerprint covers it): the recipe resolved for this backbone, with the fitted chain's settings."""
-        return {
+        spec = {
             "backbone": self.backbone.get_config(),
             "weighting": self.weighting.get_config(),
             "pooling": {"mode": self.pooling},
             "transforms": [{"kind": t.kind, "config": t.get_config()} for t in self.transforms],
         }
+        if self.query_teacher is not None:
+            spec["query_teacher"] = self.query_teacher.get_config()
+        return spec
 
     @property
     def shape(self) -> str:
@@ -242,8 +250,9 @@ class ShapedEncoder:
         self.check_is_fitted()
         state = {f"backbone.{name}": array for name, array in self.backbone.get_state().items()}
         state.update({f"weighting.{name}": array for name, array in self.weighting.get_state().items()})
-        for index, transform in enumerate(self.transforms):
-            state.update({f"transforms.{index}.{name}": array for name, array in transform.get_state().items()})
+        state.update({f"transforms.{name}": array for name, array in chain_state(self.transforms).items()})
+        if self.query_teacher is not None:
+            state.update({f"query_teacher.{name}": array for name, array in self.query_teacher.get_state().items()})
         return state
 
     @property
@@ -342,8 +351,12 @@ class ShapedEncoder:
         longer apply)."""
         self.metadata["fit"] = {"fitted_on": fitted_on, "n_texts": n_texts}
         self._fingerprint = None  # the parts were fitted (here or by the caller: autoshape, Ray)
-        if str(self.backbone.get_config().get("source", "")).startswith("fast:"):
-            self.metadata["distill"] = cast("StaticBackbone", self.backbone).distill_report  # fast: sources are static
+        source = str(self.backbone.get_config().get("source", ""))
+        if source.startswith("fast:"):
+            report = self.metadata["distill"] = cast("StaticBackbone", self.backbone).distill_report  # fast: sources are static
+            if self._config is not None and self._config.teacher_queries:
+                backend = report.get("teacher_backend") or DEFAULT_BACKEND
+                self.query_teacher = TeacherQueries.of_chain(source.split(":", 1)[1], backend, self.transforms)
             return self._fold_in_place()
         return False
 
@@ -421,7 +434,10 @@ class ShapedEncoder:
     ) -> np.ndarray:
         """Shaped vectors, float32 (n, dim); ``kind="query"`` applies the query prefix if any."""
         self.check_is_fitted()
-        return self.apply_transforms(self.embed_raw(texts, kind, batch_size, show_progress))
+        vectors = self.apply_transforms(self.embed_raw(texts, kind, batch_size, show_progress))
+        if kind == "query" and self.query_teacher is not None:
+            return self.query_teacher.mix(texts, vectors)
+        return vectors
 
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -451,6 +467,7 @@ class ShapedEncoder:
             metadata=parts.document.get("metadata"),
             max_batch_tokens=batch_tokens(parts.backbone),
             config=config,
+            query_teacher=parts.query_teacher,
         )
         computed = encoder.fingerprint_as(parts.saved_backend)
         check_fingerprint(path, parts.document, computed)

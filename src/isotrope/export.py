@@ -27,7 +27,12 @@ FORMATS = ("model2vec", "sentence-transformers")
 
 
 def _exportable(encoder: ShapedEncoder) -> ShapedEncoder:
-    """``encoder`` folded (if not yet), checked to be a mean over rows followed by L2."""
+    """``encoder`` folded (if not yet), checked to be a mean over rows followed by L2, queries included."""
+    if encoder.query_teacher is not None:
+        raise FoldError(
+            f"this encoder also sends queries through {encoder.query_teacher.model} (--teacher-queries); model2vec and "
+            "sentence-transformers encode queries as documents: export an encoder fitted without --teacher-queries"
+        )
     if encoder.spec["backbone"]["type"] != "folded":
         encoder = fold_encoder(encoder)
     if not encoder.transforms or encoder.transforms[-1].kind != "l2":

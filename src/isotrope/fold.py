@@ -46,6 +46,8 @@ class Foldable(Protocol):
     transforms: list[Any]
     batch_size: int
     metadata: dict[str, Any]
+    #: how queries also go through a fast table's teacher (kept by the folded encoder)
+    query_teacher: Any
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class Foldable(Protocol):
         *,
         batch_size: int,
         metadata: dict[str, Any],
+        query_teacher: Any,
     ) -> None: ...
 
     @property
@@ -182,5 +185,11 @@ def fold_encoder(encoder: EncoderT, *, dtype: str = "float32", dims: int | None 
         dtype,
     )
     return type(encoder)(
-        folded_backbone, "mean", weighting, [L2()] if normalised else [], batch_size=encoder.batch_size, metadata=metadata
+        folded_backbone,
+        "mean",
+        weighting,
+        [L2()] if normalised else [],
+        batch_size=encoder.batch_size,
+        metadata=metadata,
+        query_teacher=encoder.query_teacher,
     )

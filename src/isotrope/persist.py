@@ -20,7 +20,8 @@ from isotrope.config import EncoderConfig
 from isotrope.errors import EncoderFormatError
 from isotrope.fingerprint import fingerprint
 from isotrope.pooling import POOLING_MODES
-from isotrope.transforms import TRANSFORMS
+from isotrope.teacher_queries import TeacherQueries
+from isotrope.transforms import chain_from_state
 from isotrope.weighting import TokenWeighting
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class EncoderParts(NamedTuple):
     saved_backend: str
     #: the recipe it was built from
     config: EncoderConfig
+    #: ``--teacher-queries``: how its queries also go through the teacher (None: the table alone)
+    query_teacher: TeacherQueries | None = None
 
 
 def write_encoder(
@@ -136,16 +139,16 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         raise EncoderFormatError(f"{state_file} is corrupt: {error}") from None
     try:  # the parts made of arrays and closed tables first: they say precisely what is wrong
         weighting = TokenWeighting.from_state(document["weighting"], _substate(state, "weighting."))
-        transforms = []
-        for index, step in enumerate(document["transforms"]):
-            kind = step.get("kind")
-            if kind not in TRANSFORMS:
-                raise EncoderFormatError(f"{path / SPEC_FILE}: transforms[{index}] has unknown kind {kind!r}")
-            transforms.append(TRANSFORMS[kind].from_state(step.get("config", {}), _substate(state, f"transforms.{index}.")))
+        transforms = chain_from_state(document["transforms"], _substate(state, "transforms."))
         pooling = document["pooling"]["mode"]
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
         config = read_config(document)
+        query_teacher = (
+            TeacherQueries.from_state(document["query_teacher"], _substate(state, "query_teacher."))
+            if "query_teacher" in document
+            else None
+        )
     except (TypeError, KeyError, ValueError) as error:
         if isinstance(error, EncoderFormatError):
             raise
@@ -170,7 +173,7 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend, config)
+    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend, config, query_teacher)
 
 
 def read_config(document: dict[str, Any]) -> EncoderConfig:

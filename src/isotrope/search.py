@@ -405,7 +405,7 @@ class Collection:
 def describe_encoder(encoder: ShapedEncoder) -> dict[str, str]:
     """The store properties that record which encoder wrote the vectors."""
     backbone = encoder.spec["backbone"]
-    return {
+    described = {
         "fingerprint": encoder.fingerprint,
         "model": str(backbone.get("model") or backbone.get("source")),
         "pooling": encoder.pooling,
@@ -413,3 +413,10 @@ def describe_encoder(encoder: ShapedEncoder) -> dict[str, str]:
         "shape": encoder.shape,
         "dim": str(encoder.dim),
     }
+    teacher = encoder.query_teacher  # written for every encoder: a reshaped store keeps no stale value
+    described["queries"] = (
+        "as documents"
+        if teacher is None
+        else f"the table's vector and {teacher.model}'s ({teacher.backend}), weight {teacher.weight:g}"
+    )
+    return described

@@ -7,8 +7,10 @@ encoder) imports neither scikit-learn (``quantile``) nor torch (``flow``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from isotrope.transforms.base import NotFittedError, Transform, apply_chain
 
@@ -66,6 +68,27 @@ def make_transform(kind: str, **config: Any) -> Transform:
     return TRANSFORMS[kind](**config)
 
 
+def chain_state(transforms: Sequence[Transform]) -> dict[str, np.ndarray]:
+    """A fitted chain's arrays keyed ``<index>.<name>`` (as ``state.safetensors`` keeps them under a prefix)."""
+    return {f"{index}.{name}": array for index, step in enumerate(transforms) for name, array in step.get_state().items()}
+
+
+def chain_from_state(
+    steps: Sequence[dict[str, Any]], state: Mapping[str, np.ndarray], where: str = "transforms"
+) -> list[Transform]:
+    """The fitted chain of spec ``steps`` (``{"kind": ..., "config": ...}``) with the arrays of :func:`chain_state`;
+    a ValueError names the step (``where[index]``) of an unknown kind."""
+    chain = []
+    for index, step in enumerate(steps):
+        kind = step.get("kind")
+        if kind not in TRANSFORMS:
+            raise ValueError(f"{where}[{index}] has unknown kind {kind!r}")
+        prefix = f"{index}."
+        arrays = {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
+        chain.append(TRANSFORMS[kind].from_state(step.get("config", {}), arrays))
+    return chain
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return _resolve(_EXPORTS[name])
@@ -88,5 +111,7 @@ __all__ = [
     "Whiten",
     "ZScore",
     "apply_chain",
+    "chain_from_state",
+    "chain_state",
     "make_transform",
 ]

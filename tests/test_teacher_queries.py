@@ -1,0 +1,121 @@
+"""``--model fast --teacher-queries``: documents through the table, queries mixed with the teacher's vector
+through the table's fitted chain, checked against a reference built from the parts (the teacher run by
+transformers directly, mean-pooled in float64)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_sentences
+from isotrope.config import EncoderConfig
+from isotrope.encoder import ShapedEncoder
+from isotrope.errors import EncoderFormatError
+from isotrope.teacher_queries import WEIGHT, TeacherQueries
+
+FIT = make_sentences(300, seed=6)
+QUERIES = ["the cat runs fast", "a dog sleeps in the house", "blue music by the river"]
+
+
+def fast(tiny_bert_path: str, **fields) -> ShapedEncoder:
+    return ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=150, **fields)
+
+
+@pytest.fixture(scope="module")
+def encoders(tiny_bert_path):
+    """The same fit three times: with teacher queries, without, and without folding (its chain kept)."""
+    mixed = fast(tiny_bert_path, teacher_queries=True).fit(FIT)
+    plain = fast(tiny_bert_path).fit(FIT)
+    unfolded = fast(tiny_bert_path)
+    unfolded._fold_in_place = lambda: False
+    return mixed, plain, unfolded.fit(FIT)
+
+
+def teacher_means(model_path: str, texts: list[str]) -> np.ndarray:
+    """The teacher's mean-pooled last hidden states (special tokens included), float64, from transformers."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(model_path), AutoModel.from_pretrained(model_path).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state.double().numpy()
+    mask = batch["attention_mask"].double().numpy()[:, :, None]
+    return (states * mask).sum(axis=1) / mask.sum(axis=1)
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+@pytest.mark.slow
+def test_queries_mix_the_teacher_through_the_fitted_chain_and_documents_stay_on_the_table(encoders, tiny_bert_path):
+    mixed, plain, unfolded = encoders
+    assert mixed.spec["backbone"]["type"] == "folded" and mixed.shape == "l2"
+    assert mixed.query_teacher is not None and mixed.query_teacher.weight == WEIGHT == 0.5
+    assert [t.kind for t in mixed.query_teacher.transforms] == [t.kind for t in unfolded.transforms]
+    documents = make_sentences(20, seed=9)
+    np.testing.assert_array_equal(mixed.encode(documents), plain.encode(documents))
+    table = plain.encode(QUERIES, kind="query").astype(np.float64)
+    teacher = unfolded.apply_transforms(teacher_means(tiny_bert_path, QUERIES).astype(np.float32)).astype(np.float64)
+    expected = unit(WEIGHT * unit(teacher) + (1 - WEIGHT) * unit(table))
+    got = mixed.encode(QUERIES, kind="query")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+    assert np.abs(got - table).max() > 1e-2  # the teacher changed them
+
+
+@pytest.mark.slow
+def test_save_load_keeps_the_teacher_queries_under_the_fingerprint(encoders, tmp_path):
+    mixed, plain, _ = encoders
+    assert mixed.fingerprint != plain.fingerprint
+    mixed.save(tmp_path / "enc")
+    loaded = ShapedEncoder.load(tmp_path / "enc")
+    assert loaded.fingerprint == mixed.fingerprint
+    assert loaded.config.teacher_queries and "teacher-queries" in loaded.config.label()
+    np.testing.assert_array_equal(loaded.encode(QUERIES, kind="query"), mixed.encode(QUERIES, kind="query"))
+    spec_file = tmp_path / "enc" / "isotrope.json"
+    document = json.loads(spec_file.read_text())
+    document["query_teacher"]["weight"] = 0.9  # the mix is part of what the fingerprint names
+    spec_file.write_text(json.dumps(document))
+    with pytest.raises(EncoderFormatError, match="do not match the saved fingerprint"):
+        ShapedEncoder.load(tmp_path / "enc")
+
+
+def test_teacher_queries_only_for_the_fast_model(tiny_bert_path):
+    with pytest.raises(ValueError, match="teacher_queries applies to the fast model"):
+        ShapedEncoder.create(model=tiny_bert_path, teacher_queries=True)
+    assert not EncoderConfig(model="fast").teacher_queries
+    assert EncoderConfig.from_dict({"model": "fast", "teacher_queries": True}).teacher_queries
+
+
+@pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])
+def test_the_mix_weight_is_checked(weight):
+    with pytest.raises(ValueError, match=r"weight must be in \(0, 1\]"):
+        TeacherQueries("m", "torch", [], weight)
+
+
+@pytest.mark.slow
+def test_a_store_records_how_its_queries_are_encoded(encoders, tiny_bert_path):
+    from isotrope.search import describe_encoder
+
+    mixed, plain, _ = encoders
+    assert describe_encoder(plain)["queries"] == "as documents"
+    assert (
+        describe_encoder(mixed)["queries"]
+        == f"the table's vector and {tiny_bert_path}'s ({mixed.query_teacher.backend}), weight 0.5"
+    )
+
+
+@pytest.mark.slow
+def test_export_refuses_an_encoder_whose_queries_go_through_the_teacher(encoders, tmp_path):
+    from isotrope.export import export_encoder
+    from isotrope.fold import FoldError
+
+    mixed, plain, _ = encoders
+    with pytest.raises(FoldError, match="--teacher-queries"):
+        export_encoder(mixed, tmp_path / "m2v", "model2vec")
+    assert not (tmp_path / "m2v").exists()
+    assert export_encoder(plain, tmp_path / "plain", "model2vec").is_dir()
