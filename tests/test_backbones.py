@@ -13,8 +13,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from conftest import GLOVE_DIM, GLOVE_WORDS, TINY_VOCAB, read_glove
 from isotrope.backbones import is_static_source, make_backbone
-from isotrope.backbones.hf import HFBackbone, _default_max_length, parse_layers
-from isotrope.backbones.resolve import resolve_model_path
+from isotrope.backbones.hf import HFBackbone, parse_layers
+from isotrope.backbones.resolve import default_max_length, resolve_model_path
 from isotrope.backbones.static import StaticBackbone, read_word_vectors
 from isotrope.encoder import ShapedEncoder
 from isotrope.pooling import last_real_position, pool
@@ -120,7 +120,8 @@ def test_config_rebuilds_the_same_backbone(tiny_bert_path):
 def test_default_max_length(tiny_bert_path, tmp_path):
     assert HFBackbone(tiny_bert_path, device="cpu").max_length == 128  # the tokenizer's model_max_length
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 77}')
-    assert _default_max_length(str(tmp_path), object()) == 77
+    assert default_max_length(tmp_path, 512) == 77
+    assert default_max_length(tmp_path / "elsewhere", 4096) == 512 and default_max_length(tmp_path / "elsewhere", None) == 512
 
 
 def test_unknown_backbone_type():

@@ -5,6 +5,8 @@ transformers directly, mean-pooled in float64)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,7 +41,7 @@ def teacher_means(model_path: str, texts: list[str]) -> np.ndarray:
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer, model = AutoTokenizer.from_pretrained(model_path), AutoModel.from_pretrained(model_path).eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")  # at its model_max_length
     with torch.no_grad():
         states = model(**batch).last_hidden_state.double().numpy()
     mask = batch["attention_mask"].double().numpy()[:, :, None]
@@ -119,3 +121,31 @@ def test_export_refuses_an_encoder_whose_queries_go_through_the_teacher(encoders
         export_encoder(mixed, tmp_path / "m2v", "model2vec")
     assert not (tmp_path / "m2v").exists()
     assert export_encoder(plain, tmp_path / "plain", "model2vec").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_the_teacher_means_on_either_runtime_equal_transformers(encoders, tiny_bert_path, backend):
+    """The ONNX teacher runs through its cached export with tokenizers alone; torch through the backbone."""
+    texts = [*QUERIES, "a much longer query about the cat and the dog " * 30]  # truncated at the tokenizer's limit
+    got = TeacherQueries(tiny_bert_path, backend, []).teacher_vectors(texts)
+    expected = teacher_means(tiny_bert_path, texts)
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_a_cold_process_answers_teacher_queries_without_importing_torch(encoders, tmp_path):
+    """On the ONNX teacher a store's query path imports neither torch nor transformers."""
+    mixed, _, _ = encoders
+    assert mixed.query_teacher.backend == "onnx"
+    mixed.save(tmp_path / "enc")
+    script = (
+        "import sys, numpy as np\n"
+        "from isotrope.encoder import ShapedEncoder\n"
+        f"vectors = ShapedEncoder.load({str(tmp_path / 'enc')!r}).encode({QUERIES!r}, kind='query')\n"
+        f"np.save({str(tmp_path / 'q.npy')!r}, vectors)\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), mixed.encode(QUERIES, kind="query"))

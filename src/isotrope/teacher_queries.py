@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,24 @@ WEIGHT = 0.5
 BATCH_SIZE = 64
 
 
+def _load_teacher(model: str, backend: str) -> Callable[[Sequence[str]], np.ndarray]:
+    """The teacher's mean pooling: on an ONNX backend through its cached export alone (a cold process imports no
+    torch), else through the transformer backbone."""
+    if backend.startswith("onnx"):
+        from isotrope.backbones.onnx import OnnxMeanPooler
+
+        return OnnxMeanPooler(model, backend, BATCH_SIZE)
+    backbone = make_backbone({"type": "hf", "model": model, "backend": backend})
+
+    def mean_pooled(texts: Sequence[str]) -> np.ndarray:
+        vectors = np.empty((len(texts), backbone.dim), dtype=np.float32)
+        for index, batch in backbone.iter_batches(texts, "query", BATCH_SIZE, batch_tokens(backbone)):
+            vectors[index] = pool(batch.states, batch.attention_mask, "mean", None, batch.target_index)
+        return vectors
+
+    return mean_pooled
+
+
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms > 0, norms, 1.0)
@@ -50,7 +68,7 @@ class TeacherQueries:
             raise ValueError(f"the teacher queries' weight must be in (0, 1]; got {weight!r}")
         self.model, self.backend, self.weight = model, backend, float(weight)
         self.transforms = list(transforms)
-        self._teacher: Any = None
+        self._teacher: Callable[[Sequence[str]], np.ndarray] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -82,22 +100,14 @@ class TeacherQueries:
         transforms = chain_from_state(config["transforms"], arrays, "query_teacher.transforms")
         return cls(str(config["model"]), str(config["backend"]), transforms, float(config["weight"]))
 
-    def teacher(self) -> Any:
-        """The teacher's transformer backbone, loaded once."""
+    def teacher_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """The teacher's mean of each text's token states (special tokens included: the vectors the table was
+        fitted to), float32; the teacher is loaded on the first call."""
         with self._lock:
             if self._teacher is None:
                 logger.info("loading the teacher %s (%s) for teacher queries", self.model, self.backend)
-                self._teacher = make_backbone({"type": "hf", "model": self.model, "backend": self.backend})
-            return self._teacher
-
-    def teacher_vectors(self, texts: Sequence[str]) -> np.ndarray:
-        """The teacher's mean of each text's token states (special tokens included: the vectors the table was
-        fitted to), float32."""
-        backbone = self.teacher()
-        vectors = np.empty((len(texts), backbone.dim), dtype=np.float32)
-        for index, batch in backbone.iter_batches(texts, "query", BATCH_SIZE, batch_tokens(backbone)):
-            vectors[index] = pool(batch.states, batch.attention_mask, "mean", None, batch.target_index)
-        return vectors
+                self._teacher = _load_teacher(self.model, self.backend)
+        return self._teacher(texts)
 
     def mix(self, texts: Sequence[str], table_vectors: np.ndarray) -> np.ndarray:
         """The query vectors of ``texts``, given their table vectors (the encoder's own, shaped), float32."""

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +15,7 @@ from isotrope.backbones.backends import DEFAULT_BACKEND, NUMERIC_CLASS, backend_
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.prepending import TokenPrepending, TPLayers, slot_template
-from isotrope.backbones.resolve import resolve_model_path
+from isotrope.backbones.resolve import default_max_length, resolve_model_path
 from isotrope.pooling import last_real_position
 from isotrope.transforms.base import NotFittedError
 
@@ -50,16 +48,6 @@ def parse_layers(layers: LayerSpec, num_hidden_layers: int) -> list[int]:
             raise ValueError(f"layer {index} is out of range for a model with {num_hidden_layers} layers")
         resolved.append(index % total)
     return resolved
-
-
-def _default_max_length(path: str, tokenizer: Any) -> int:
-    """sentence-transformers' max_seq_length when the folder has one, else the tokenizer's (<= 512)."""
-    config_file = Path(path) / "sentence_bert_config.json"
-    if config_file.is_file():
-        value = json.loads(config_file.read_text()).get("max_seq_length")
-        if value:
-            return int(value)
-    return int(min(getattr(tokenizer, "model_max_length", 512) or 512, 512))
 
 
 def _pick_device(device: str) -> torch.device:
@@ -134,7 +122,9 @@ class HFBackbone(TokenizedBackbone):
             config = self.onnx.config
         self.layers = parse_layers(layers, config.num_hidden_layers)
         self._drop_unused_layers(config.num_hidden_layers)
-        self.max_length = int(max_length) if max_length else _default_max_length(path, self.tokenizer)
+        self.max_length = (
+            int(max_length) if max_length else default_max_length(path, getattr(self.tokenizer, "model_max_length", None))
+        )
         self.context = bool(context)
         self.dim = int(config.hidden_size) * (2 if self.context else 1)
         state = state or {}

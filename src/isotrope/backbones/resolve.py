@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,17 @@ def resolve_model_path(name: str) -> str:
         else:
             return str(module.get_model_path())
     return name
+
+
+def default_max_length(path: str | Path, model_max_length: int | None) -> int:
+    """Tokens per text for the model in folder ``path``: sentence-transformers' max_seq_length when the folder has
+    one, else the tokenizer's ``model_max_length`` (at most 512)."""
+    config_file = Path(path) / "sentence_bert_config.json"
+    if config_file.is_file():
+        value = json.loads(config_file.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(min(model_max_length or 512, 512))
 
 
 #: what to install for a transformer, a context table or a not-yet-folded static table

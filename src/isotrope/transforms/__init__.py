@@ -81,7 +81,7 @@ def chain_from_state(
     chain = []
     for index, step in enumerate(steps):
         kind = step.get("kind")
-        if kind not in TRANSFORMS:
+        if not isinstance(kind, str) or kind not in TRANSFORMS:
             raise ValueError(f"{where}[{index}] has unknown kind {kind!r}")
         prefix = f"{index}."
         arrays = {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
