@@ -25,6 +25,7 @@ the first commit after the load builds the planned index from SQLite, or adds th
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -69,6 +70,7 @@ from .faiss_index import (
     read_index,
     remove_stale_copies,
     rerank,
+    serial_if_small,
     working_index,
     write_copy,
 )
@@ -635,9 +637,11 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
                 return np.empty((len(q), 0), np.int64), np.empty((len(q), 0), np.float32)
             if not self.is_exact and len(keys) <= self.exact_filter_limit:
                 return self._exact_keys(q, k, keys, self.metric)
-            distances, labels = self._refined(q, k, lambda fetch: self._selector_search(q, fetch, keys))
+            search = functools.partial(self._selector_search, q, keys=keys)
         else:
-            distances, labels = self._refined(q, k, lambda fetch: self._unfiltered_search(q, fetch))
+            search = functools.partial(self._unfiltered_search, q)
+        with serial_if_small(len(q), self._index.ntotal * self.dim if self.is_exact else None):
+            distances, labels = self._refined(q, k, search)
         return labels, -distances if self.metric == "l2" else distances
 
     def hybrid_candidates(
