@@ -149,3 +149,9 @@ def test_a_cold_process_answers_teacher_queries_without_importing_torch(encoders
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
     np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), mixed.encode(QUERIES, kind="query"))
+
+
+def test_a_teacher_that_cannot_be_loaded_is_named_in_one_line(tmp_path):
+    queries = TeacherQueries(str(tmp_path / "nowhere"), "onnx", [])
+    with pytest.raises(OSError, match=r"teacher .*nowhere \(onnx, --teacher-queries\), which cannot be loaded here"):
+        queries.teacher_vectors(["a query"])

@@ -8,9 +8,10 @@ on the table's vectors, kept here because a folded encoder has none of its own).
 
     L2(w * L2(chain(teacher(q))) + (1 - w) * L2(table(q)))
 
-with ``w`` = :data:`WEIGHT`. The teacher is loaded on the first query (the same model and runtime the table
-was distilled with). Measured in docs/results/fast-small-corpora.md ("Teacher queries"); the cost is the
-teacher's: a forward pass per query and its load in a cold process.
+with ``w`` = :data:`WEIGHT`. The teacher is loaded on the first query: the same model and runtime the table
+was distilled with, on ONNX Runtime from the export the distillation wrote (no torch). Measured in
+docs/results/fast-small-corpora.md ("Teacher queries"); the cost is the teacher's: a forward pass per query and
+its session in a cold process.
 """
 
 from __future__ import annotations
@@ -106,7 +107,13 @@ class TeacherQueries:
         with self._lock:
             if self._teacher is None:
                 logger.info("loading the teacher %s (%s) for teacher queries", self.model, self.backend)
-                self._teacher = _load_teacher(self.model, self.backend)
+                try:
+                    self._teacher = _load_teacher(self.model, self.backend)
+                except (OSError, ImportError) as error:
+                    raise type(error)(
+                        f"this encoder encodes queries also through its teacher {self.model} ({self.backend}, "
+                        f"--teacher-queries), which cannot be loaded here: {error}"
+                    ) from None
         return self._teacher(texts)
 
     def mix(self, texts: Sequence[str], table_vectors: np.ndarray) -> np.ndarray:
