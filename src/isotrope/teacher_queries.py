@@ -16,6 +16,7 @@ its session in a cold process.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -76,9 +77,7 @@ class TeacherQueries:
     def of_chain(cls, model: str, backend: str, transforms: Sequence[Any], weight: float | None = None) -> TeacherQueries:
         """Teacher queries through a copy of the fitted ``transforms`` (the encoder may fold its own away), mixed
         at ``weight`` (default :data:`WEIGHT`)."""
-        spec = [{"kind": t.kind, "config": t.get_config()} for t in transforms]
-        config = {"model": model, "backend": backend, "weight": WEIGHT if weight is None else weight, "transforms": spec}
-        return cls.from_state(config, {f"transforms.{name}": array for name, array in chain_state(transforms).items()})
+        return cls(model, backend, copy.deepcopy(list(transforms)), WEIGHT if weight is None else weight)
 
     def get_config(self) -> dict[str, Any]:
         """The part of the encoder's spec (and fingerprint) that says how queries are encoded."""
@@ -90,15 +89,13 @@ class TeacherQueries:
         }
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """The copied chain's fitted arrays, keyed ``transforms.<index>.<name>``."""
-        return {f"transforms.{name}": array for name, array in chain_state(self.transforms).items()}
+        """The copied chain's fitted arrays, keyed ``<index>.<name>``."""
+        return chain_state(self.transforms)
 
     @classmethod
     def from_state(cls, config: dict[str, Any], state: dict[str, np.ndarray]) -> TeacherQueries:
         """Rebuilt from :meth:`get_config` and :meth:`get_state`; a KeyError or ValueError names what is wrong."""
-        prefix = "transforms."
-        arrays = {name[len(prefix) :]: array for name, array in state.items() if name.startswith(prefix)}
-        transforms = chain_from_state(config["transforms"], arrays, "query_teacher.transforms")
+        transforms = chain_from_state(config["transforms"], state, "query_teacher.transforms")
         return cls(str(config["model"]), str(config["backend"]), transforms, float(config["weight"]))
 
     def teacher_vectors(self, texts: Sequence[str]) -> np.ndarray:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from isotrope.pooling import pool
 from isotrope.resources import usable_cores
 
 logger = logging.getLogger(__name__)
@@ -300,9 +301,8 @@ class OnnxMeanPooler:
             ids = [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts[begin : begin + self.batch_size]))]
             width = max(len(row) for row in ids)
             input_ids = np.zeros((len(ids), width), dtype=np.int64)
-            mask = np.zeros((len(ids), width), dtype=np.float32)
+            mask = np.zeros((len(ids), width), dtype=np.int64)
             for row, tokens in enumerate(ids):
-                input_ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1.0
-            states = self.session.states(input_ids, mask, [self.layer])
-            out.append((states * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True))
-        return np.concatenate(out).astype(np.float32)
+                input_ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
+            out.append(pool(self.session.states(input_ids, mask, [self.layer]), mask, "mean"))
+        return np.concatenate(out)
