@@ -445,6 +445,8 @@ def render_cold(result: dict[str, Any]) -> str:
         f"written by `isotrope index`; median of {result['rounds']} rotating rounds (spread = (max - min) / median), "
         "largest peak RSS."
     )
+    if result.get("untimed_first"):
+        head += " Each command ran once untimed first (bytecode written, files in the page cache)."
     header = ["process (store, encoder)", "wall s", "spread", "peak RSS MB"]
     rows = [[name, e["median_s"], f"{e['spread']:.2f}", e["peak_rss_mb"]] for name, e in result["processes"].items()]
     if "warm_queries" in result:  # one query on the open store too

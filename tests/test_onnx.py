@@ -122,6 +122,28 @@ def test_a_changed_model_gets_its_own_export(tiny_bert_path, tmp_path):
     assert model_hash(copy) != model_hash(type(copy)(tiny_bert_path))
 
 
+def test_the_remembered_hash_follows_the_model_files(tiny_bert_path, tmp_path, monkeypatch):
+    """The export's key is remembered against the files' size, mtime and inode; any change hashes again."""
+    import shutil
+
+    from isotrope.backbones import onnx
+
+    copy, cache = tmp_path / "copy", tmp_path / "cache"
+    shutil.copytree(tiny_bert_path, copy)
+    hashed = []
+    monkeypatch.setattr(onnx, "model_hash", lambda folder: hashed.append(folder) or f"h{len(hashed)}")
+    assert onnx.remembered_model_hash(copy, cache) == "h1"
+    assert onnx.remembered_model_hash(copy, cache) == "h1" and len(hashed) == 1  # remembered: not read again
+    config = copy / "config.json"
+    config.write_text(config.read_text() + " ")
+    assert onnx.remembered_model_hash(copy, cache) == "h2"  # a changed file is hashed again
+    (cache / "hashes.json").write_text("{not json")
+    assert onnx.remembered_model_hash(copy, cache) == "h3"  # an unreadable memo is recomputed and rewritten
+    assert onnx.remembered_model_hash(copy, cache) == "h3" and len(hashed) == 3
+    monkeypatch.undo()
+    assert onnx.remembered_model_hash(copy, tmp_path / "fresh") == onnx.model_hash(copy)
+
+
 def test_missing_onnxruntime_is_one_line(tiny_bert_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     with pytest.raises(ImportError) as error:

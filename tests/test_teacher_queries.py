@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import make_sentences
+from isotrope import teacher_queries
 from isotrope.config import EncoderConfig
 from isotrope.encoder import ShapedEncoder
 from isotrope.errors import EncoderFormatError
@@ -155,3 +156,30 @@ def test_a_teacher_that_cannot_be_loaded_is_named_in_one_line(tmp_path):
     queries = TeacherQueries(str(tmp_path / "nowhere"), "onnx", [])
     with pytest.raises(OSError, match=r"teacher .*nowhere \(onnx, --teacher-queries\), which cannot be loaded here"):
         queries.teacher_vectors(["a query"])
+
+
+@pytest.mark.slow
+def test_a_store_opened_for_search_starts_loading_its_teacher(encoders, tmp_path, monkeypatch):
+    """Collection.open starts the teacher's load before it reads the index and the encoder; the queries it
+    answers are the encoder's own."""
+    from isotrope.search import Collection
+
+    mixed, _, _ = encoders
+    uri = f"faiss:{tmp_path / 's'}"
+    with Collection.create(uri, mixed) as collection:
+        collection.add([f"d{i}" for i in range(40)], FIT[:40])
+    monkeypatch.setattr(teacher_queries, "_TEACHERS", {})
+    with Collection.open(uri) as collection:
+        key = (mixed.query_teacher.model, mixed.query_teacher.backend)
+        assert list(teacher_queries._TEACHERS) == [key]
+        hits = collection.search(QUERIES[0], k=5, mode="dense")
+    expected = np.argsort(-(mixed.encode(FIT[:40]) @ mixed.encode(QUERIES[:1], kind="query")[0]))[:5]
+    assert [hit.id for hit in hits] == [f"d{i}" for i in expected]
+
+
+def test_a_failed_teacher_load_is_tried_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(teacher_queries, "_TEACHERS", {})
+    first = teacher_queries.start_loading(str(tmp_path / "nowhere"), "onnx")
+    with pytest.raises(OSError):
+        first.result()
+    assert teacher_queries.start_loading(str(tmp_path / "nowhere"), "onnx") is not first

@@ -28,24 +28,32 @@ def cli_markdown() -> str:
     from isotrope.cli import app
 
     group = typer.main.get_command(app)
-    parts = ["## Global options", "", "`isotrope [GLOBAL OPTIONS] COMMAND ...`", "", _params_table(group.params)]
+    parts = ["## Global options", "", "`isotrope [GLOBAL OPTIONS] COMMAND ...`", "", _params_table(group)]
     commands = group.commands  # type: ignore[attr-defined]
     for name, command in commands.items():
         parts += ["", f"## `isotrope {name}`", "", _escape(command.help or "").strip(), ""]
         arguments = [param.name.upper() for param in command.params if param.param_type_name == "argument"]
-        parts += [f"`isotrope {name} [OPTIONS] {' '.join(arguments)}`", "", _params_table(command.params)]
+        parts += [f"`isotrope {name} [OPTIONS] {' '.join(arguments)}`", "", _params_table(command)]
     return "\n".join(parts) + "\n"
 
 
-def _params_table(params: list[Any]) -> str:
+def _annotations(command: Any) -> dict[str, Any]:
+    """The type hints of the function behind a click command (typer wraps it, keeping ``__wrapped__``)."""
+    function = getattr(command.callback, "__wrapped__", command.callback)
+    return typing.get_type_hints(function) if function is not None else {}
+
+
+def _params_table(command: Any) -> str:
+    annotations = _annotations(command)
     rows = ["| argument or option | type | default | description |", "|---|---|---|---|"]
-    for param in params:
+    for param in command.params:
         if getattr(param, "hidden", False):
             continue
         names = ", ".join(f"`{opt}`" for opt in [*param.opts, *param.secondary_opts])
         if param.param_type_name == "argument":
             names = f"`{param.name.upper()}`" + (" (required)" if param.required else "")
-        kind = "flag" if getattr(param, "is_flag", False) else _type_name(param.type_descriptor.annotation)
+        annotation = annotations.get(param.name, getattr(param.type, "name", "text"))
+        kind = "flag" if getattr(param, "is_flag", False) else _type_name(annotation)
         default = "" if param.required or param.default is None else f"`{param.default}`"
         if getattr(param, "multiple", False) or param.nargs == -1:
             kind += ", repeatable"

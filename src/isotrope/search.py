@@ -22,6 +22,7 @@ from isotrope.stores.base import Hit, VectorStore, as_vectors
 from isotrope.stores.filters import check_field, check_fields, parse_where
 from isotrope.stores.layout import ENCODER_DIR, MARKER, recover_interrupted_reshape
 from isotrope.stores.options import AUTO, RENAMED
+from isotrope.teacher_queries import start_loading
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,17 @@ def _store_class(kind: str) -> type[Any]:
 def check_index(kind: str, index: str) -> None:
     """Refuse an ``index`` (a shared store option) that a store of ``kind`` cannot build, before any fitting."""
     _store_class(kind).check_index(index)
+
+
+def _start_loading_teacher(encoder_dir: Path) -> None:
+    """Start loading the teacher of a ``--teacher-queries`` encoder while the store and the encoder load (a cold
+    search waited 0.2 s for its session after them); a spec that cannot be read here is reported by the load."""
+    try:
+        teacher = read_spec(encoder_dir).get("query_teacher")
+    except (OSError, ValueError):
+        return
+    if isinstance(teacher, dict) and isinstance(teacher.get("model"), str) and isinstance(teacher.get("backend"), str):
+        start_loading(teacher["model"], teacher["backend"])
 
 
 class Collection:
@@ -164,6 +176,8 @@ class Collection:
             if holds_vectors(path):
                 raise EncoderMissingError(_missing_encoder_message(path))
             raise FileNotFoundError(f"no isotrope store at {path} (missing {ENCODER_DIR}/{SPEC_FILE})")
+        if encoder is None:
+            _start_loading_teacher(path / ENCODER_DIR)
         store = _store_class(kind)(path, **store_options)
         try:
             recover_interrupted_reshape(path, store)

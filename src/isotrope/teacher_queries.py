@@ -8,10 +8,11 @@ on the table's vectors, kept here because a folded encoder has none of its own).
 
     L2(w * L2(chain(teacher(q))) + (1 - w) * L2(table(q)))
 
-with ``w`` = :data:`WEIGHT`. The teacher is loaded on the first query: the same model and runtime the table
-was distilled with, on ONNX Runtime from the export the distillation wrote (no torch). Measured in
-docs/results/fast-small-corpora.md ("Teacher queries"); the cost is the teacher's: a forward pass per query and
-its session in a cold process.
+with ``w`` = :data:`WEIGHT`. The teacher is the same model and runtime the table was distilled with, on ONNX
+Runtime from the export the distillation wrote (no torch). It is loaded once per process, on the first query or
+earlier in a background thread (:func:`start_loading`: a store opened for search starts it before it reads its
+index and encoder). Measured in docs/results/fast-small-corpora.md ("Teacher queries"); the cost is the
+teacher's: a forward pass per query and its session in a cold process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -37,8 +39,11 @@ WEIGHT = 0.5
 #: queries the teacher encodes at once
 BATCH_SIZE = 64
 
+#: a loaded teacher: texts -> their mean-pooled vectors
+Teacher = Callable[[Sequence[str]], np.ndarray]
 
-def _load_teacher(model: str, backend: str) -> Callable[[Sequence[str]], np.ndarray]:
+
+def _load_teacher(model: str, backend: str) -> Teacher:
     """The teacher's mean pooling: on an ONNX backend through its cached export alone (a cold process imports no
     torch), else through the transformer backbone."""
     if backend.startswith("onnx"):
@@ -56,6 +61,34 @@ def _load_teacher(model: str, backend: str) -> Callable[[Sequence[str]], np.ndar
     return mean_pooled
 
 
+#: teachers loaded or loading in this process, by (model, backend): every encoder with that teacher shares it
+_TEACHERS: dict[tuple[str, str], Future[Teacher]] = {}
+_TEACHERS_LOCK = threading.Lock()
+
+
+def start_loading(model: str, backend: str) -> Future[Teacher]:
+    """The teacher ``model`` on ``backend``, loading in a background thread unless this process has (or is
+    loading) it already; a load that fails is forgotten, so the next call tries again."""
+    key = (model, backend)
+    with _TEACHERS_LOCK:
+        if key in _TEACHERS:
+            return _TEACHERS[key]
+        future: Future[Teacher] = Future()
+        _TEACHERS[key] = future
+
+    def load() -> None:
+        try:
+            future.set_result(_load_teacher(model, backend))
+        except BaseException as error:  # handed to whoever waits on the future
+            with _TEACHERS_LOCK:
+                _TEACHERS.pop(key, None)
+            future.set_exception(error)
+
+    logger.info("loading the teacher %s (%s) for teacher queries", model, backend)
+    threading.Thread(target=load, name=f"isotrope-teacher-{model}").start()
+    return future
+
+
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms > 0, norms, 1.0)
@@ -70,8 +103,7 @@ class TeacherQueries:
             raise ValueError(f"the teacher queries' weight must be in (0, 1]; got {weight!r}")
         self.model, self.backend, self.weight = model, backend, float(weight)
         self.transforms = list(transforms)
-        self._teacher: Callable[[Sequence[str]], np.ndarray] | None = None
-        self._lock = threading.Lock()
+        self._teacher: Teacher | None = None
 
     @classmethod
     def of_chain(cls, model: str, backend: str, transforms: Sequence[Any], weight: float | None = None) -> TeacherQueries:
@@ -100,17 +132,15 @@ class TeacherQueries:
 
     def teacher_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """The teacher's mean of each text's token states (special tokens included: the vectors the table was
-        fitted to), float32; the teacher is loaded on the first call."""
-        with self._lock:
-            if self._teacher is None:
-                logger.info("loading the teacher %s (%s) for teacher queries", self.model, self.backend)
-                try:
-                    self._teacher = _load_teacher(self.model, self.backend)
-                except (OSError, ImportError) as error:
-                    raise type(error)(
-                        f"this encoder encodes queries also through its teacher {self.model} ({self.backend}, "
-                        f"--teacher-queries), which cannot be loaded here: {error}"
-                    ) from None
+        fitted to), float32; the teacher is loaded on the first call unless :func:`start_loading` began it."""
+        if self._teacher is None:
+            try:
+                self._teacher = start_loading(self.model, self.backend).result()
+            except (OSError, ImportError) as error:
+                raise type(error)(
+                    f"this encoder encodes queries also through its teacher {self.model} ({self.backend}, "
+                    f"--teacher-queries), which cannot be loaded here: {error}"
+                ) from None
         return self._teacher(texts)
 
     def mix(self, texts: Sequence[str], table_vectors: np.ndarray) -> np.ndarray:
