@@ -63,7 +63,7 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def runs(entry: dict[str, Any]) -> str:
-    return ", ".join(f"{t:.3g}" for t in entry.get("runs_s", []))
+    return ", ".join(f"{t:.3g}" if t < 1000 else f"{t:,.0f}" for t in entry.get("runs_s", []))
 
 
 def others_cpu(document: dict[str, Any]) -> str:
@@ -469,6 +469,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ingest": ("ingest", render_ingest),
     "ingest-100k-fast": ("ingest-100k-fast", render_ingest),
     "ingest-24k": ("ingest-24k", render_ingest),
+    "ingest-100k": ("ingest-100k", render_ingest),
     "search": ("search", render_search_topic),
     "cold": ("cold", render_cold),
     "hybrid": ("hybrid", render_flat),
