@@ -89,10 +89,10 @@ def _start_loading_teacher(encoder_dir: Path) -> None:
     search waited 0.2 s for its session after them); a spec that cannot be read here is reported by the load."""
     try:
         teacher = read_spec(encoder_dir).get("query_teacher")
-    except (OSError, ValueError):
+        if teacher:
+            start_loading(str(teacher["model"]), str(teacher["backend"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return
-    if isinstance(teacher, dict) and isinstance(teacher.get("model"), str) and isinstance(teacher.get("backend"), str):
-        start_loading(teacher["model"], teacher["backend"])
 
 
 class Collection:

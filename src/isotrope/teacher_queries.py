@@ -103,7 +103,6 @@ class TeacherQueries:
             raise ValueError(f"the teacher queries' weight must be in (0, 1]; got {weight!r}")
         self.model, self.backend, self.weight = model, backend, float(weight)
         self.transforms = list(transforms)
-        self._teacher: Teacher | None = None
 
     @classmethod
     def of_chain(cls, model: str, backend: str, transforms: Sequence[Any], weight: float | None = None) -> TeacherQueries:
@@ -133,15 +132,14 @@ class TeacherQueries:
     def teacher_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """The teacher's mean of each text's token states (special tokens included: the vectors the table was
         fitted to), float32; the teacher is loaded on the first call unless :func:`start_loading` began it."""
-        if self._teacher is None:
-            try:
-                self._teacher = start_loading(self.model, self.backend).result()
-            except (OSError, ImportError) as error:
-                raise type(error)(
-                    f"this encoder encodes queries also through its teacher {self.model} ({self.backend}, "
-                    f"--teacher-queries), which cannot be loaded here: {error}"
-                ) from None
-        return self._teacher(texts)
+        try:
+            teacher = start_loading(self.model, self.backend).result()
+        except (OSError, ImportError) as error:
+            raise type(error)(
+                f"this encoder encodes queries also through its teacher {self.model} ({self.backend}, "
+                f"--teacher-queries), which cannot be loaded here: {error}"
+            ) from None
+        return teacher(texts)
 
     def mix(self, texts: Sequence[str], table_vectors: np.ndarray) -> np.ndarray:
         """The query vectors of ``texts``, given their table vectors (the encoder's own, shaped), float32."""

@@ -108,11 +108,12 @@ def remembered_model_hash(folder: Path, cache: Path) -> str:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
-    remembered = memo.get(key) if isinstance(memo, dict) else None
+    memo = memo if isinstance(memo, dict) else {}
+    remembered = memo.get(key)
     if isinstance(remembered, dict) and remembered.get("files") == signature:
         return str(remembered["hash"])
     digest = model_hash(folder)
-    memo = {**(memo if isinstance(memo, dict) else {}), key: {"files": signature, "hash": digest}}
+    memo[key] = {"files": signature, "hash": digest}
     staging = memo_path.with_name(f".{memo_path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         cache.mkdir(parents=True, exist_ok=True)
