@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -222,91 +221,43 @@ class Bm25s:
 
 
 class _Lines(logging.Handler):
-    """Collects the arguments of the store index's debug lines: (k, terms, postings scored, postings of
-    the terms, postings looked up)."""
+    """Collects the arguments of the store index's debug lines: (k, terms, postings, top n asked per segment)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.args: list[tuple[int, ...]] = []
+        self.args: list[tuple[Any, ...]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.args.append(tuple(record.args or ()))  # type: ignore[arg-type]
 
 
-def postings_read(index: Any, exact: Exact, terms: list[list[str]], k: int) -> dict[str, int]:
-    """How many postings the store's index scored and looked up for the queries' top ``k`` (early stop),
-    against the postings of their terms (what scoring them all reads), and how many of these top k equal
-    the exact BM25 top k. Counts, not times: meaningful on a loaded machine. The early stop is forced on
-    (``PRUNE_ROWS`` and ``PRUNE_FROM`` 0) so that the counts describe it at every size."""
+def at_depth(index: Any, exact: Exact, terms: list[list[str]], k: int) -> dict[str, Any]:
+    """The store's index asked for each query's top ``k`` (a keyword query's depth, or a hybrid query's):
+    p50 / p99 ms, how many equal the exact BM25 top ``k``, and the top n its compiled pass asked (0: every
+    posting scored in NumPy)."""
     from isotrope.connectors import keyword_index
 
-    logger, saved = keyword_index.logger, (keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM)
-    lines, level = _Lines(), logger.level
+    logger, lines = keyword_index.logger, _Lines()
+    level = logger.level
+    times, agree = [], 0
     logger.addHandler(lines)
     logger.setLevel(logging.DEBUG)
-    keyword_index.PRUNE_ROWS = keyword_index.PRUNE_FROM = 0
     try:
-        agree = sum(agrees(index.top(query, k)[0].tolist(), exact.scores(query), k) for query in terms)
+        for query in terms:
+            (found, _), seconds = timed(lambda query=query: index.top(query, k))
+            times.append(seconds * 1000)
+            agree += agrees(found.tolist(), exact.scores(query), k)
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)
-        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
-    counts = np.array([line[2:5] for line in lines.args], dtype=np.int64).reshape(-1, 3)
+    asked = np.array([max(line[3], default=0) for line in lines.args if line])
     return {
+        "p50_ms": float(np.percentile(times, 50)),
+        "p99_ms": float(np.percentile(times, 99)),
         f"top{k}_exact": agree,
-        "postings_of_terms": int(counts[:, 1].sum()),
-        "postings_scored": int(counts[:, 0].sum()),
-        "postings_looked_up": int(counts[:, 2].sum()),
-        "most_scored_by_one_query": int(counts[:, 0].max(initial=0)),
-        "most_of_terms_of_one_query": int(counts[:, 1].max(initial=0)),
+        "top_n_median": float(np.median(asked)) if len(asked) else 0.0,
+        "top_n_most": int(asked.max(initial=0)),
     }
-
-
-def prune_profile(index: Any, terms: list[list[str]], depths: Sequence[int], repeats: int = 3) -> dict[str, Any]:
-    """The CPU time of each query's top k with the early stop and without it (alternating, the least of
-    ``repeats`` each), against its postings: on a loaded machine only the two sides' ratio means anything.
-    Gives the threshold of postings below which scoring them all costs less in total (``PRUNE_FROM``)."""
-    from isotrope.connectors import keyword_index
-
-    def cpu(query: list[str], k: int, prune_from: float) -> float:
-        keyword_index.PRUNE_ROWS = 0
-        keyword_index.PRUNE_FROM = prune_from  # type: ignore[assignment]
-        best = math.inf
-        for _ in range(repeats):
-            start = time.process_time()
-            index.top(query, k)
-            best = min(best, time.process_time() - start)
-        return best
-
-    saved = keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM
-    out: dict[str, Any] = {}
-    try:
-        for k in depths:
-            rows = []
-            for query in terms:
-                _, segments = index._plan(query)
-                postings = sum(len(columns) for _, parts in segments for columns, _ in parts)
-                rows.append((postings, cpu(query, k, 0), cpu(query, k, math.inf)))
-            table = np.array(sorted(rows))
-            # the total if every query with fewer postings than the i-th's scored them all
-            totals = [table[:i, 2].sum() + table[i:, 1].sum() for i in range(len(table) + 1)]
-            best = int(np.argmin(totals))
-            buckets = np.floor(np.log2(np.maximum(table[:, 0], 1))).astype(int)
-            out[str(k)] = {
-                "pruned_over_exhaustive_by_log2_postings": {
-                    int(b): round(float(np.median(table[buckets == b, 1] / np.maximum(table[buckets == b, 2], 1e-9))), 3)
-                    for b in np.unique(buckets)
-                },
-                "threshold": int(table[best, 0]) if best < len(table) else int(table[-1, 0]) + 1,
-                "total_cpu_s": {
-                    "pruned": float(table[:, 1].sum()),
-                    "exhaustive": float(table[:, 2].sum()),
-                    "rule": float(totals[best]),
-                },
-            }
-    finally:
-        keyword_index.PRUNE_ROWS, keyword_index.PRUNE_FROM = saved
-    return out
 
 
 def measure(name: str, engine: Any, exact: Exact, terms: list[list[str]]) -> dict[str, Any]:
@@ -326,8 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--workdir")
-    parser.add_argument("--depths", default=f"{K},{HYBRID_DEPTH}", help="top k whose postings the store's index reads")
-    parser.add_argument("--profile", action="store_true", help="the early stop's CPU time against scoring every posting")
+    parser.add_argument("--depths", default=f"{K},{HYBRID_DEPTH}", help="the top k the store's index is timed at")
     args = parser.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
     sentences = read_sentences(args.data_dir)
@@ -355,9 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             row = {"build_s": build_s, **measure(name, engine, exact, terms)}
             row["file_bytes"] = getattr(engine, "file_bytes", None)
             if name == "store":  # the top k a keyword query asks and the one a hybrid query asks
-                row["postings"] = {k: postings_read(engine.index, exact, terms, k) for k in depths}
-                if args.profile:
-                    row["prune_profile"] = prune_profile(engine.index, terms, depths)
+                row["depths"] = {k: at_depth(engine.index, exact, terms, k) for k in depths}
             _, row["update_1000_s"] = timed(lambda engine=engine: engine.update(changed, moved))
             row["top10_exact_after_update"] = sum(agrees(engine.top(q), updated.scores(q)) for q in terms)
             del engine

@@ -1,30 +1,28 @@
 """The FAISS store's keyword index: exact BM25 (:mod:`isotrope.lexical`'s formula) from a term x row
 count matrix (``scipy.sparse``) kept in memory, and in ``keyword.npz`` beside the store.
 
-A query reads the postings of its distinct terms only (numpy, vectorised), with the statistics of the
-live rows (N, each term's live document frequency, the average length) computed exactly at query time,
-so upserts and deletes never leave it approximate. Its top k stops early and stays exact (MaxScore,
-:meth:`_Segment.best`): each term's largest contribution is bounded by a ceiling kept per term, so once
-the rare terms have set a k-th score above what the frequent terms left can add, those are only looked
-up for the rows still in the running instead of scored in full; the same bounds per range of columns
-(the frequent terms' ceilings per range, one byte each) stop scoring a range early where the query's
-terms are sparse. Small segments and queries with few postings score them all (:data:`PRUNE_ROWS`,
-:data:`PRUNE_FROM`). Rows changed since the last merge sit in a small second matrix; the key's column
-in the large one is dead meanwhile. ``merge`` folds them in once :data:`MERGE_ROWS` are pending or dead;
-the file keeps both as they are (version 2), so a save never holds a merged copy beside the index.
+A query reads the postings of its distinct terms only, with the statistics of the live rows (N, each
+term's live document frequency, the average length) computed exactly at query time, so upserts and deletes
+never leave it approximate. Its top k is a compiled top-n pass (``sparse_dot_topn``) over each posting's
+impact ``tf / (tf + k1 (1 - b + b dl / avgdl))`` kept at a reference average, its rows scored again exactly
+and proved to hold every row that can rank (:meth:`_Segment._top_n`); a query of few postings, a small
+segment, and every-row scores are summed in NumPy. Rows changed since the last merge sit in a small second
+matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in once
+:data:`MERGE_ROWS` are pending or dead; the file keeps both as they are, so a save never holds a merged copy
+beside the index.
 
 The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
 compares it with the generation committed in SQLite and rebuilds the index from the stored texts when
 they differ (a kill -9 between the SQLite commit and the file's rename, or a store written before).
 Chosen by measurement (``benchmarks/keyword_engines.py``, docs/SCALING.md): tantivy ranks 35 of 200
 queries' top 10 differently at 1M passages (one-byte length norms), Lance's inverted index keeps
-deleted rows in its statistics, bm25s cannot update a row.
+deleted rows in its statistics, bm25s cannot update a row; NumPy's MaxScore with block-max bounds (the
+previous engine) took 17 ms for a hybrid query's top 200 at 1M rows, the top-n pass 4–5 ms.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,15 +44,15 @@ FILE_NAME = "keyword.npz"
 #: rows changed since the last merge (pending, and dead in the large matrix) beyond which a change merges
 #: them into the large matrix
 MERGE_ROWS = 50_000
-#: the layout of ``keyword.npz``: 2 keeps dead columns and pending rows (1: merged, read as 2 without them)
-VERSION = 2
-#: the live rows of a segment and its postings of a query's terms from which its top k stops early: below
-#: either, scoring every posting costs less CPU than the bounds and lookups (``python -m
-#: benchmarks.keyword_engines --profile``, 200 real queries: scoring every posting cost less at 100,000 rows at
-#: every depth, as much for the top 10 and less for the top 50 and 200 at 300,000; at 1,000,000 the early stop
-#: cost 0.35 of it for the top 10, from 2**12 postings on)
-PRUNE_ROWS = 500_000
-PRUNE_FROM = 4096
+#: the layout of ``keyword.npz``: 3 as 2 without the term bounds of the early stop (read and ignored); 2 keeps
+#: dead columns and pending rows (1: merged, read as 2 without them)
+VERSION = 3
+#: a segment's postings of a query's terms from which its top k is the compiled top-n pass
+#: (:meth:`_Segment._top_n`) rather than every posting scored in NumPy
+TOP_N_FROM = 4096
+#: how far (a ratio) the live rows' average length may move from the one the impacts were computed at before
+#: they are computed again: the further it moves, the deeper a top-n pass reads to stay exact
+DRIFT = 1.01
 
 #: a term's live columns in a segment (ascending) and its counts there
 Postings = tuple[np.ndarray, np.ndarray]
@@ -78,9 +76,7 @@ class _Segment:
         self.alive = int((self.lengths > 0).sum())  # live columns
         self.length_sum = float(self.lengths.sum())
         self._norm: tuple[float, np.ndarray] | None = None  # (average length, each column's BM25 length norm)
-        self._ceilings: tuple[float, np.ndarray] | None = None  # (reference average, each term's ceiling)
-        self._ranges: _Ranges | None = None  # the frequent terms' ceilings per range of columns
-        self._local = threading.local()
+        self._impacts: tuple[float, csr_matrix] | None = None  # (reference average, each posting's impact there)
 
     def norm(self, average: float) -> np.ndarray:
         """``k1 * (1 - b + b * dl / avgdl)`` of each column (kept until the average changes)."""
@@ -88,51 +84,18 @@ class _Segment:
             self._norm = (average, _length_norm(self.lengths, average))
         return self._norm[1]
 
-    def ceilings(self) -> tuple[float, np.ndarray]:
-        """``(reference, ceilings)``: each term's largest ``tf / (tf + k1 (1 - b + b dl / reference))`` over its
-        postings (dead columns included: still a bound), ``reference`` the live columns' average length
-        when first asked; saved with the index."""
-        if self._ceilings is None:
-            reference = self.length_sum / self.alive if self.alive else 1.0
-            self._ceilings = (reference, _ceilings(self.counts, _length_norm(self.lengths, reference)))
-        return self._ceilings
-
-    def ranges(self) -> _Ranges:
-        """Each frequent term's ceiling in each range of ``2**shift`` columns (at the reference of
-        :meth:`ceilings`; saved with the index)."""
-        if self._ranges is None:
-            reference, ceilings = self.ceilings()
-            self._ranges = _range_ceilings(
-                self.counts, _length_norm(self.lengths, reference), ceilings, _range_shift(len(self.keys))
-            )
-        return self._ranges
-
-    def reach(self, query: _Query, parts: list[Postings]) -> tuple[int, np.ndarray]:
-        """``(shift, reach)``: ``reach[t, r]``, the most the query's terms ``t...`` add to the score of a row of
-        columns ``r * 2**shift ...``: each term's :meth:`bounds` scaled by its ceiling in that range (a term
-        of few postings: its bound in the ranges holding it), 0 in ranges without it."""
-        bounds = self.bounds(query)
-        ranges, (reference, ceilings) = self.ranges(), self.ceilings()
-        count = (len(self.keys) - 1 >> ranges.shift) + 1 if len(self.keys) else 1
-        per = np.zeros((len(parts) + 1, count))
-        scale = max(1.0, query.average / reference)
-        for t, (term, (columns, _)) in enumerate(zip(query.terms.tolist(), parts)):
-            row = ranges.rows[term] if term < len(ranges.rows) else -1
-            if row >= 0:
-                per[t] = query.weights[t] * np.minimum(1.0, ceilings[term] * scale * ranges.ceilings[row] / _LEVELS)
-            elif len(columns):
-                per[t, columns >> ranges.shift] = bounds[t]
-        return ranges.shift, np.cumsum(per[::-1], axis=0)[::-1]
-
-    def bounds(self, query: _Query) -> np.ndarray:
-        """The most each query term adds to the score of a row of this segment: its weight times its ceiling,
-        which holds at the reference average; at a longer average ``avgdl`` a row's ``tf / (tf + k1 (1 - b +
-        b dl / avgdl))`` grows by at most ``avgdl / reference`` (and stays below 1)."""
-        reference, ceilings = self.ceilings()
-        ceiling = np.zeros(len(query.terms))
-        known = query.terms < len(ceilings)
-        ceiling[known] = ceilings[query.terms[known]]
-        return query.weights * np.minimum(1.0, ceiling * max(1.0, query.average / reference))
+    def impacts(self, average: float) -> tuple[float, csr_matrix]:
+        """``(reference, impacts)``: each posting's ``tf / (tf + k1 (1 - b + b dl / reference))`` in a matrix of
+        the counts' shape and structure (dead columns included), computed at the live average when first
+        asked and again once ``average`` has moved beyond :data:`DRIFT` from ``reference``."""
+        if self._impacts is None or not 1 / DRIFT <= average / self._impacts[0] <= DRIFT:
+            counts, norm = self.counts, self.norm(average)
+            data = np.empty(counts.nnz)
+            for first, last in _term_blocks(counts.indptr):  # a block at a time: no temporaries of every posting
+                start, end = counts.indptr[first], counts.indptr[last]
+                data[start:end] = _contribution(1.0, counts.data[start:end], norm[counts.indices[start:end]])
+            self._impacts = (average, _csr_matrix((data, counts.indices, counts.indptr), counts.shape))
+        return self._impacts
 
     @classmethod
     def of(cls, rows: Sequence[tuple[int, np.ndarray]], terms: int) -> _Segment:
@@ -184,14 +147,6 @@ class _Segment:
             counts.sort_indices()
         return cls(counts, keys, lengths)
 
-    def buffer(self) -> np.ndarray:
-        """A zeroed float64 array with a slot per column, one per thread, reused by its queries (which zero
-        what they touch)."""
-        buffer = getattr(self._local, "buffer", None)
-        if buffer is None:
-            buffer = self._local.buffer = np.zeros(len(self.keys))
-        return buffer
-
     def postings(self, term: int) -> Postings:
         """The live columns holding ``term`` and its counts there."""
         if term >= self.counts.shape[0]:
@@ -226,100 +181,83 @@ class _Segment:
         self.lengths[at] = 0.0
         self._norm = None
 
+    def score(self, query: _Query, parts: list[Postings], columns: np.ndarray) -> np.ndarray:
+        """The BM25 of each of the live ``columns`` (0 where it holds no query term), by binary search in
+        ``parts``, each row's terms added in the query's order (the floats of every path)."""
+        norm, scores = self.norm(query.average), np.zeros(len(columns))
+        for weight, postings in zip(query.weights, parts):
+            hit, found = _term_scores(postings, weight, norm, columns)
+            scores[hit] += found
+        return scores
+
     def best(
         self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None = None, read: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
         """The live (``allowed``) columns that can rank among this segment's ``k`` best for ``query`` (every
-        one tied with the k-th among them) with their scores, and how many postings were scored and
-        looked up. ``parts``: the query terms' postings here.
+        one tied with the k-th among them) with their scores, how many columns were asked of the top-n pass
+        (0: every posting scored), and the BM25 of the columns ``read`` where every posting was scored (the
+        floats :meth:`score` gives), else None. ``parts``: the query terms' postings here.
 
-        MaxScore (Turtle & Flood 1995): terms are scored rarest first into the buffer, the k best rows seen
-        brought up to date before each term of ``_CHECK`` postings or more; once the k-th of them exceeds the most the terms left can add (:meth:`bounds`), a row
-        that none of the terms so far holds cannot rank, so the terms left are only looked up (binary
-        search in their postings) for the rows seen, which drop out as soon as their score plus what is
-        left falls below the k-th. The bounds are also kept per range of columns (:meth:`reach`: block-max,
-        as in the live-block filtering of Mallia et al., WSDM 2021): a range whose unseen rows can no longer
-        reach the k-th is scored no further; its rows seen get the terms they lack afterwards, in order (binary
-        searches, or that term's postings in the stopped ranges where cheaper), and only the rows seen at or above their
-        range's floor (the k-th less what the terms left can add there) are finished. Each row's terms are added in
-        the same order on every path (the same floats). A segment of fewer than :data:`PRUNE_ROWS` live rows,
-        a query with fewer than :data:`PRUNE_FROM` postings here, or one asking for every live row, scores
-        every posting, all terms in one vectorised pass: then the BM25 of the columns ``read`` comes back too (the
-        floats :func:`_looked_up` gives), else None."""
-        norm, total = self.norm(query.average), self.buffer()
-        prunes = PRUNE_ROWS <= self.alive > k and sum(len(columns) for columns, _ in parts) >= PRUNE_FROM
-        check = _CHECK if prunes else math.inf
-        left = np.append(np.cumsum(self.bounds(query)[::-1])[::-1], 0.0)  # left[t]: the most terms t... add
-        # reach[t, r]: the same for the rows of range r (columns >> shift); one range when not pruning
-        shift, reach = self.reach(query, parts) if prunes else (62, left[:, None])
-        ended = len(parts)
-        switch = np.full(reach.shape[1], ended)  # per range, the term from which its rows are only looked up
-        leaders, kth = np.zeros(0, np.int64), 0.0  # the k best rows seen (all, while fewer) and the k-th score
-        touched: list[np.ndarray] = []  # the columns of each term scored
-        scored = searched = term = checked = 0
-        try:
-            if not prunes and parts:  # every posting at once, in term order: each row's terms add up as term by term
-                columns = np.concatenate([columns for columns, _ in parts])
-                weights = np.repeat(query.weights[: len(parts)], [len(columns) for columns, _ in parts])
-                counts = np.concatenate([counts for _, counts in parts])
-                np.add.at(total, columns, _contribution(weights, counts, norm[columns]))
-                touched.append(columns)
-                scored, term = len(columns), len(parts)
-            while term < len(parts) and left[term] >= kth * _MARGIN:
-                columns, counts = parts[term]
-                if kth > 0 and len(switch) > 1:  # ranges whose rows seen by no term so far cannot rank any more
-                    switch[(switch == ended) & (reach[term] < kth * _MARGIN)] = term
-                    if (switch < ended).all():
-                        break
-                    if (switch < ended).any():
-                        scoring = (switch == ended)[columns >> shift]
-                        columns, counts = columns[scoring], counts[scoring]
-                total[columns] += _contribution(query.weights[term], counts, norm[columns])
-                touched.append(columns)
-                scored += len(columns)
-                term += 1
-                if term < len(parts) and len(parts[term][0]) >= check:  # worth knowing whether to score it
-                    leaders, kth = _leaders(total, leaders, touched[checked:], kth, k, allowed)
-                    checked = term
-            # per range, the least score a row scored so far needs to reach the k-th with what its range's terms left
-            # can add (with slack for rounding; at least > 0: a row no term scored is no candidate)
-            floor = (kth * _MARGIN - reach[np.minimum(switch, term), np.arange(len(switch))]) * _MARGIN
-            floor = np.maximum(floor, np.finfo(np.float64).tiny)
-            if scored * 128 < len(self.keys):  # the rows scored (sorted), from their postings or the whole buffer
-                candidates = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
-                candidates = candidates[total[candidates] >= (floor[candidates >> shift] if len(floor) > 1 else floor[0])]
-            else:
-                candidates = np.flatnonzero(total >= (np.repeat(floor, 1 << shift)[: len(total)] if len(floor) > 1 else floor[0]))
+        A query of at least :data:`TOP_N_FROM` postings here asking fewer than the live rows is answered by
+        :meth:`_top_n`; the others, and a top-n pass that would ask for a quarter of the columns, score every
+        posting (vectorised, in term order)."""
+        if sum(len(columns) for columns, _ in parts) >= TOP_N_FROM and k < self.alive:
+            found = self._top_n(query, parts, k, allowed)
+            if found is not None:
+                return (*found, None)
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0), 0, None if read is None else np.zeros(len(read))
+        columns = np.concatenate([columns for columns, _ in parts])
+        weights = np.repeat(query.weights[: len(parts)], [len(columns) for columns, _ in parts])
+        counts = np.concatenate([counts for _, counts in parts])
+        norm = self.norm(query.average)
+        # bincount adds each column's terms in term order, as :meth:`score` does
+        total = np.bincount(columns, _contribution(weights, counts, norm[columns]), minlength=len(self.keys))
+        candidates = np.flatnonzero(total)
+        if allowed is not None:
+            candidates = candidates[allowed[candidates]]
+        return candidates, total[candidates], 0, None if read is None else total[read]
+
+    def _top_n(
+        self, query: _Query, parts: list[Postings], k: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """:meth:`best`'s rows from sparse_dot_topn's compiled top ``n`` of the query's weights times the
+        rows of its terms in :meth:`impacts`, or None where ``n`` would reach a quarter of the columns.
+
+        Dead and filtered columns are dropped. At the impacts' own average the pass's sums are the exhaustive
+        path's floats (each posting's weight times its impact, added in term order); at another, each column
+        found is scored again exactly (:meth:`score`). A column not found has an impact-sum of at most
+        the n-th's, and its exact score exceeds its impact-sum by at most ``avgdl / reference`` (a longer
+        average shortens every length norm by at most that factor), so the k-th exact score found above the
+        n-th's bound proves every row that can rank was found; else ``n`` grows fourfold."""
+        from sparse_dot_topn import sp_matmul_topn
+
+        reference, impacts = self.impacts(query.average)
+        held = query.terms < impacts.shape[0]
+        rows = impacts[query.terms[held]]  # the query's terms, in its order
+        terms = len(rows.indptr) - 1
+        weights = _csr_matrix((query.weights[held], np.arange(terms), [0, terms]), (1, terms))
+        grow = max(1.0, query.average / reference) / _MARGIN
+        # enough columns for k live (allowed) ones where the others are spread evenly, and a few for ties
+        eligible = self.alive if allowed is None else int(np.count_nonzero(allowed))
+        n = int(k * len(self.keys) / max(eligible, 1)) + 16
+        while 4 * n <= len(self.keys):
+            found = sp_matmul_topn(weights, rows, top_n=n, threshold=0.0)
+            columns = found.indices.astype(np.int64)
+            kept = self.lengths[columns] > 0
             if allowed is not None:
-                candidates = candidates[allowed[candidates]]
-            home = candidates >> shift if len(switch) > 1 else np.zeros(len(candidates), np.int64)
-            after = np.minimum(switch[home], term)  # each candidate's first term not in its total yet
-            for rest in range(int(after.min(initial=term)), len(parts)):
-                partial = total[candidates]
-                kth = max(kth, _kth(partial, k))
-                kept = partial + np.take(reach, after * reach.shape[1] + home) >= kth * _MARGIN
-                candidates, home, after = candidates[kept], home[kept], after[kept]
-                columns, counts = parts[rest]
-                needs = after == rest  # every candidate from ``term`` on
-                if int(needs.sum()) * len(columns).bit_length() > len(columns):  # cheaper to score its postings
-                    if rest < term:  # only in the ranges that stopped before it (the others have it)
-                        scoring = switch[columns >> shift] <= rest
-                        columns, counts = columns[scoring], counts[scoring]
-                    total[columns] += _contribution(query.weights[rest], counts, norm[columns])
-                    touched.append(columns)
-                    scored += len(columns)
-                else:
-                    asking = candidates[needs]
-                    hit, scores = _term_scores(parts[rest], query.weights[rest], norm, asking)
-                    total[asking[hit]] += scores
-                    searched += len(asking)
-                after[needs] = rest + 1
-            candidates = candidates[total[candidates] >= kth * _MARGIN]
-            read_scores = total[read].astype(np.float64) if read is not None and not prunes else None
-            return candidates, total[candidates], scored, searched, read_scores
-        finally:  # the buffer is all zeros again, whatever was raised: the next query's scores start from 0
-            for columns in touched:
-                total[columns] = 0.0
+                kept &= allowed[columns]
+            columns, scores = columns[kept], found.data[kept]
+            if reference != query.average:  # sums of another average's impacts: each column scored exactly
+                scores = self.score(query, parts, columns)
+            if found.nnz < n:  # every column holding a query term was found
+                return columns, scores, n
+            bound = found.data.min() * grow  # the most a column not found can score
+            if len(scores) >= k and (kth := np.partition(scores, len(scores) - k)[len(scores) - k]) > bound:
+                keep = scores >= kth
+                return columns[keep], scores[keep], n
+            n *= 4
+        return None
 
 
 class KeywordIndex:
@@ -419,24 +357,24 @@ class KeywordIndex:
         segment that scored every posting (hybrid search's dense candidates at no extra cost), else looked up."""
         query, segments = self._plan(terms)
         found: list[tuple[np.ndarray, np.ndarray]] = []
-        scored = searched = 0
+        asked = []
         wanted = np.zeros(0, np.int64) if lookup is None else np.asarray(lookup, dtype=np.int64)
         looked: np.ndarray | None = np.zeros(len(wanted))
         for segment, parts in segments:
             at, held = segment.find(wanted) if len(wanted) else (wanted, np.zeros(0, bool))
-            columns, scores, touched, looked_up, read = segment.best(
+            columns, scores, top_n, read = segment.best(
                 query, parts, k, None if keys is None else segment.holding(keys), at[held]
             )
             found.append((columns, scores))
-            scored, searched = scored + touched, searched + looked_up
-            if read is None and len(wanted):  # a segment that stopped early: the keys are looked up after
+            asked.append(top_n)
+            if read is None and len(wanted):  # a segment answered by a top-n pass: the keys are looked up after
                 looked = None
             elif looked is not None and read is not None:
                 looked[held] += read
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(
-                "keyword top %d of %d terms: %d of %d postings scored, %d looked up", k, len(query.terms), scored, every, searched
+                "keyword top %d of %d terms, %d postings: top n asked %s (0: all scored)", k, len(query.terms), every, asked
             )
         found_keys, scores = _joined_keys(segments, found)
         if len(found_keys) > k:
@@ -472,8 +410,6 @@ class KeywordIndex:
         # a name of its own: threads of one process, or two readers rebuilding a lagging index, may save at once
         tmp = directory / f"{FILE_NAME}.{os.getpid()}-{threading.get_ident()}.tmp"
         main = self._main
-        reference, ceilings = main.ceilings()
-        ranges = main.ranges()
         pending = list(self._pending.values())
         with open(tmp, "wb") as handle:
             np.savez(
@@ -486,11 +422,6 @@ class KeywordIndex:
                 data=main.counts.data,
                 keys=main.keys,
                 lengths=main.lengths,
-                reference=np.float64(reference),
-                ceilings=ceilings,
-                range_shift=np.int64(ranges.shift),
-                range_terms=np.flatnonzero(ranges.rows >= 0),
-                range_ceilings=ranges.ceilings,
                 pending_keys=np.fromiter(self._pending, dtype=np.int64, count=len(pending)),
                 pending_lengths=np.fromiter(map(len, pending), dtype=np.int64, count=len(pending)),
                 pending_terms=np.concatenate(pending) if pending else np.zeros(0, np.int32),
@@ -540,12 +471,7 @@ class KeywordIndex:
                 indptr = saved["indptr"]
                 counts = _csr_matrix((saved["data"], saved["indices"], indptr), (len(indptr) - 1, len(saved["keys"])))
                 index._main = _Segment(counts, saved["keys"], saved["lengths"])
-                if "ceilings" in saved.files:  # else (a file of an earlier version) computed on first use
-                    index._main._ceilings = (float(saved["reference"]), saved["ceilings"])
-                if version > 1:
-                    rows = np.full(counts.shape[0], -1, dtype=np.int64)
-                    rows[saved["range_terms"]] = np.arange(len(saved["range_terms"]))
-                    index._main._ranges = _Ranges(int(saved["range_shift"]), rows, saved["range_ceilings"])
+                if version > 1:  # (version 2's term bounds are not read)
                     ends = np.cumsum(saved["pending_lengths"])
                     terms = np.split(saved["pending_terms"], ends[:-1]) if len(ends) else []
                     index._pending = dict(zip(saved["pending_keys"].tolist(), terms))
@@ -555,12 +481,9 @@ class KeywordIndex:
         return index
 
 
-#: entries read per step of :func:`_scatter` and :func:`_ceilings` (their scratch arrays are a few times this many)
+#: entries read per step of :func:`_scatter` and :meth:`_Segment.impacts` (their scratch arrays are a few times this many)
 _SCATTER_BLOCK = 1 << 20
-#: postings of the next term from which the k-th score is brought up to date before it (the check costs
-#: about as much as scoring this many)
-_CHECK = 1024
-#: a bound must fall this far below the k-th score to prune (float sums in another order differ by ulps)
+#: a bound must fall this far below the k-th score to prove a top k (float sums in another order differ by ulps)
 _MARGIN = 1 - 1e-9
 
 
@@ -612,66 +535,6 @@ def _scatter(counts: csr_matrix, place: np.ndarray, free: np.ndarray, indices: n
         data[at] = values
 
 
-def _ceilings(counts: csr_matrix, norm: np.ndarray) -> np.ndarray:
-    """Each term's largest ``tf / (tf + norm)`` over its postings (0: none), a block of terms at a time."""
-    indptr, ceilings = counts.indptr, np.zeros(counts.shape[0])
-    for first, last in _term_blocks(indptr):
-        start, end = indptr[first], indptr[last]
-        tf = counts.data[start:end]
-        ratio = tf / (tf + norm[counts.indices[start:end]])  # the expression of _contribution: the same floats
-        held = first + np.flatnonzero(np.diff(indptr[first : last + 1]))
-        if len(held):
-            ceilings[held] = np.maximum.reduceat(ratio, indptr[held] - start)
-    return ceilings
-
-
-class _Ranges(NamedTuple):
-    """The ceilings of a segment's frequent terms per range of ``2**shift`` columns: ``rows[term]`` (-1: not
-    kept) is the term's row of ``ceilings``, whose entries are its ceiling in each range as a fraction of its
-    ceiling over all columns, in :data:`_LEVELS` steps rounded up (0: no posting in the range)."""
-
-    shift: int
-    rows: np.ndarray
-    ceilings: np.ndarray
-
-
-#: the most column ranges a segment is cut into, and their least width (a power of two)
-_RANGES = 2048
-_RANGE_WIDTH = 128
-#: steps of a term's ceiling per range (one byte)
-_LEVELS = 255
-
-
-def _range_shift(columns: int) -> int:
-    """The power of two of the range width for a segment of ``columns``."""
-    return (max(_RANGE_WIDTH, -(-columns // _RANGES)) - 1).bit_length()
-
-
-def _range_ceilings(counts: csr_matrix, norm: np.ndarray, ceilings: np.ndarray, shift: int) -> _Ranges:
-    """:class:`_Ranges` of the terms holding at least a quarter as many postings as there are ranges (the
-    others' bounds come from their postings at query time), a block of terms at a time."""
-    indptr = counts.indptr
-    count = (counts.shape[1] - 1 >> shift) + 1 if counts.shape[1] else 1
-    held = np.diff(indptr)
-    kept = np.flatnonzero(held >= max(1, count // 4))
-    rows = np.full(counts.shape[0], -1, dtype=np.int64)
-    rows[kept] = np.arange(len(kept))
-    levels = np.zeros((len(kept), count), dtype=np.uint8)
-    for first, last in _term_blocks(indptr):
-        start, end = indptr[first], indptr[last]
-        term = np.repeat(np.arange(first, last), held[first:last])
-        keep = rows[term] >= 0
-        if not keep.any():
-            continue
-        tf, columns, term = counts.data[start:end][keep], counts.indices[start:end][keep], term[keep]
-        ratio = tf / (tf + norm[columns])  # the expression of _contribution: the same floats
-        level = np.minimum(np.ceil(ratio / ceilings[term] * _LEVELS * (1 + 1e-9)), _LEVELS).astype(np.uint8)
-        place = rows[term] * count + (columns >> shift)  # runs of one term and range where columns are sorted
-        runs = np.flatnonzero(np.r_[True, place[1:] != place[:-1]])
-        np.maximum.at(levels.reshape(-1), place[runs], np.maximum.reduceat(level, runs))
-    return _Ranges(shift, rows, levels)
-
-
 def _length_norm(lengths: np.ndarray, average: float) -> np.ndarray:
     """BM25's ``k1 * (1 - b + b * dl / avgdl)`` of rows of ``lengths``."""
     return K1 * (1 - B + B * lengths / average)
@@ -690,35 +553,6 @@ def _term_scores(postings: Postings, weight: float, norm: np.ndarray, columns: n
     at = np.minimum(np.searchsorted(held, columns), len(held) - 1)
     hit = np.flatnonzero(held[at] == columns)
     return hit, _contribution(weight, counts[at[hit]], norm[columns[hit]])
-
-
-def _leaders(
-    total: np.ndarray, leaders: np.ndarray, scored: list[np.ndarray], kth: float, k: int, allowed: np.ndarray | None
-) -> tuple[np.ndarray, float]:
-    """The ``k`` best (``allowed``) rows by ``total`` once the columns of the terms ``scored`` since the
-    former ``leaders`` were added, and the k-th score (0 while fewer than k): they are among the former
-    leaders and the scored columns now at or above the former k-th; every other row is at or below it."""
-    changed = np.concatenate(scored) if len(scored) > 1 else scored[0]
-    risen = total[changed] >= kth
-    if allowed is not None:
-        risen &= allowed[changed]
-    pool = np.concatenate([leaders, changed[risen]])  # a row at most once per term and once as a leader
-    values = total[pool]
-    reach = k * (len(scored) + 1)  # so the best ``reach`` entries hold the k best rows
-    if len(pool) > reach:
-        best = np.argpartition(-values, reach - 1)[:reach]
-        pool, values = pool[best], values[best]
-    pool, first = np.unique(pool, return_index=True)
-    if len(pool) < k:
-        return pool, 0.0
-    values = values[first]
-    best = np.argpartition(-values, k - 1)[:k]
-    return pool[best], float(values[best].min())
-
-
-def _kth(values: np.ndarray, k: int) -> float:
-    """The k-th largest of ``values`` (0 while fewer)."""
-    return float(np.partition(values, len(values) - k)[len(values) - k]) if len(values) >= k else 0.0
 
 
 def _joined_keys(

@@ -61,9 +61,6 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
     for key, terms in index._pending.items():
         np.testing.assert_array_equal(loaded._pending[key], terms)
     np.testing.assert_array_equal(loaded._main.lengths, index._main.lengths)
-    reference, ceilings = index._main.ceilings()
-    assert loaded._main._ceilings[0] == reference  # the term ceilings were saved, not computed again
-    np.testing.assert_array_equal(loaded._main._ceilings[1], ceilings)
 
 
 def test_pending_and_dead_rows_merge_beyond_merge_rows(monkeypatch):
@@ -97,7 +94,12 @@ def test_a_version_1_file_is_read_and_a_later_version_is_not(tmp_path, caplog):
     assert_exact(KeywordIndex.load(tmp_path), rows)
     np.savez(tmp_path / keyword_index.FILE_NAME, **saved, version=np.int64(keyword_index.VERSION + 1))
     assert KeywordIndex.load(tmp_path) is None
-    assert "version 3" in caplog.text
+    assert f"version {keyword_index.VERSION + 1}" in caplog.text
+    version_2 = {**saved, "version": np.int64(2), "reference": np.float64(1.0), "ceilings": np.ones(3)}
+    version_2 |= {"range_shift": np.int64(7), "range_terms": np.zeros(0, np.int64), "range_ceilings": np.zeros((0, 1))}
+    version_2 |= {"pending_keys": np.array([99]), "pending_lengths": np.array([2]), "pending_terms": np.array([0, 1])}
+    np.savez(tmp_path / keyword_index.FILE_NAME, **version_2)  # with the early stop's bounds, which are ignored
+    assert_exact(KeywordIndex.load(tmp_path), rows | {99: list(index._vocabulary)[:2]})
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])
@@ -147,7 +149,7 @@ def test_saves_use_their_own_file_and_install_drops_leftovers_of_dead_processes(
     assert KeywordIndex.saved_generation(tmp_path) == 1
 
 
-# ----------------------------------------------------------------------------- the early-stopping top k
+# ----------------------------------------------------------------------------- the top-n pass
 
 
 def zipf_rows(n, vocabulary=300, seed=0, tight=False):
@@ -216,71 +218,67 @@ def zipf_index(state, monkeypatch, n=2500):
     return index, rows
 
 
-@pytest.mark.parametrize("check", [1, 16, None])
+def asked_of(caplog):
+    """The top n each segment asked for in the last query (0: every posting scored)."""
+    return caplog.records[-1].args[3]
+
+
+@pytest.mark.parametrize("drift", [None, 0.6, 1.5])
 @pytest.mark.parametrize("state", ["built", "tight", "pending", "merged"])
-def test_the_pruned_top_k_is_the_exhaustive_top_k(state, check, monkeypatch, caplog):
-    """Keys, order (ties by key) and scores of every top k equal the brute force over the unpruned scores,
-    for k from 1 to more than the matches, with and without a key filter, the k-th score brought up to
-    date before every term or only before those of ``check`` postings or more; and the pruning did stop
-    early (postings looked up instead of scored) on part of the queries. ``None``: every query's postings
-    are below ``PRUNE_FROM``, so none stops early. With ``check`` 1 the column ranges of the block-max bounds
-    are 8 columns wide (about 300 ranges), else 128 (about 20)."""
-    monkeypatch.setattr(keyword_index, "_CHECK", check or 1)
-    monkeypatch.setattr(keyword_index, "_RANGE_WIDTH", 8 if check == 1 else 128)
-    monkeypatch.setattr(keyword_index, "PRUNE_FROM", 10**9 if check is None else 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
+def test_the_top_n_pass_gives_the_exhaustive_top_k(state, drift, monkeypatch, caplog):
+    """Keys, order (ties by key) and scores of every top k equal the brute force over the scores of every
+    posting, for k from 1 to more than the matches, with and without a key filter. ``drift``: the impacts
+    were computed at that multiple of the live average and kept (a shorter or a longer average than the
+    query's), so each top n is proved against a looser bound and reads deeper."""
+    monkeypatch.setattr(keyword_index, "TOP_N_FROM", 0)
     index, rows = zipf_index(state, monkeypatch)
+    if drift is not None:
+        monkeypatch.setattr(keyword_index, "DRIFT", 10.0)
+        query, segments = index._plan(["t0"])
+        for segment, _ in segments:
+            segment.impacts(query.average * drift)
+            assert segment.impacts(query.average)[0] == query.average * drift  # kept within DRIFT
     rng = np.random.default_rng(2)
     allowed = np.sort(rng.choice(len(rows) + 300, len(rows) // 3, replace=False))  # some keys not stored
     kept = set(allowed.tolist())
-    stopped = 0
+    asked = []
     for terms in zipf_queries(40):
         by_key = exhaustive(index, rows, terms)
         for k in (1, 2, 5, 10, 50, len(by_key) + 5):
             for keys in (None, allowed):
                 eligible = sorted((-s, key) for key, s in by_key.items() if keys is None or key in kept)
                 with caplog.at_level(logging.DEBUG, logger=keyword_index.logger.name):
-                    caplog.clear()
                     found, scores = index.top(terms, k, keys)
                 assert found.tolist() == [key for _, key in eligible[:k]], (terms, k)
                 assert scores.tolist() == [-s for s, _ in eligible[:k]], (terms, k)
                 if by_key:
-                    _, _, scored, total, looked_up = caplog.records[-1].args
-                    stopped += scored < total and looked_up > 0
-                    assert check is not None or (scored, looked_up) == (total, 0)
-    assert stopped > 100 if check is not None else stopped == 0
+                    asked.append(asked_of(caplog)[0])
+    first = int(10 * len(index._main.keys) / index._main.alive) + 16  # the first n of a top 10
+    assert sum(n > 0 for n in asked) > 100  # the top-n pass answered, not only the exhaustive one
+    assert max(asked) > first  # and some top k needed a deeper pass (ties at the n-th, or a drifted average)
 
 
-def test_the_early_stop_starts_at_prune_rows_and_prune_from_postings(monkeypatch, caplog):
-    """A segment stops early only with at least ``PRUNE_ROWS`` live rows, for a query whose postings there
-    number at least ``PRUNE_FROM``; the top k is the same either way."""
-    monkeypatch.setattr(keyword_index, "_CHECK", 1)
+def test_the_top_n_pass_starts_at_top_n_from_postings(monkeypatch, caplog):
+    """A query's top k is the top-n pass from ``TOP_N_FROM`` postings in a segment, scored in full below;
+    the top k is the same either way."""
     index, rows = zipf_index("built", monkeypatch)
     terms = ["t0", "t1", "t40", "t57"]
     _, segments = index._plan(terms)
     postings = sum(len(columns) for _, parts in segments for columns, _ in parts)
     best = sorted((-s, key) for key, s in exhaustive(index, rows, terms).items())[:5]
-    for prune_rows, prune_from, stops in (
-        (len(rows), postings, True),
-        (len(rows), postings + 1, False),
-        (len(rows) + 1, postings, False),
-    ):
-        monkeypatch.setattr(keyword_index, "PRUNE_ROWS", prune_rows)
-        monkeypatch.setattr(keyword_index, "PRUNE_FROM", prune_from)
+    for top_n_from, passes in ((postings, True), (postings + 1, False)):
+        monkeypatch.setattr(keyword_index, "TOP_N_FROM", top_n_from)
         with caplog.at_level(logging.DEBUG, logger=keyword_index.logger.name):
             found, scores = index.top(terms, 5)
-        _, _, scored, total, looked_up = caplog.records[-1].args
-        assert total == postings and (scored < total) == stops and (looked_up > 0) == stops
+        assert caplog.records[-1].args[2] == postings and (asked_of(caplog)[0] > 0) == passes
         assert found.tolist() == [key for _, key in best] and scores.tolist() == [-s for s, _ in best]
 
 
-@pytest.mark.parametrize("prunes", [True, False])
-def test_lookups_equal_the_scores_of_the_exhaustive_path(prunes, monkeypatch):
+@pytest.mark.parametrize("top_n", [True, False])
+def test_lookups_equal_the_scores_of_the_exhaustive_path(top_n, monkeypatch):
     """``lookup``, and ``top_and_lookup``'s BM25 of the keys asked (read from the scores of a pass that scored
     every posting, else looked up), give each row the exhaustive path's floats; its top is ``top``'s."""
-    monkeypatch.setattr(keyword_index, "_CHECK", 1)
-    monkeypatch.setattr(keyword_index, "PRUNE_FROM", 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0 if prunes else 10**9)
+    monkeypatch.setattr(keyword_index, "TOP_N_FROM", 0 if top_n else 10**9)
     index, rows = zipf_index("pending", monkeypatch)
     probe = np.array([*range(-3, len(rows) + 250, 3)], dtype=np.int64)  # stored, deleted and unknown keys
     allowed = probe[probe % 2 == 0]
@@ -298,60 +296,28 @@ def test_lookups_equal_the_scores_of_the_exhaustive_path(prunes, monkeypatch):
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 20])
-def test_term_ceilings_bound_every_contribution_at_any_average(block, monkeypatch):
-    """Each term's ceiling is the largest ``tf / (tf + norm)`` over its postings (NumPy on the dense
-    matrix), and the bounds derived from it for other averages hold for every row."""
+def test_impacts_are_each_postings_ratio_and_follow_the_average_beyond_drift(block, monkeypatch):
+    """The impacts are ``tf / (tf + k1 (1 - b + b dl / avgdl))`` of every posting (NumPy on the dense matrix,
+    dead columns included) at the average first asked, kept while the average stays within ``DRIFT`` of
+    it and computed again beyond."""
     monkeypatch.setattr(keyword_index, "_SCATTER_BLOCK", block)
-    rng = np.random.default_rng(block)
-    terms = 40  # the last ones held by no row
-    rows = [(key, rng.integers(0, 30, rng.integers(1, 20)).astype(np.int32)) for key in range(60)]
-    segment = _Segment.of(rows, terms)
-    reference, ceilings = segment.ceilings()
-    lengths = np.array([len(ids) for _, ids in rows], dtype=np.float64)
-    assert reference == lengths.mean()
+    rows = zip_rows(200, seed=block)
+    segment = _Segment.of(rows, 100)
+    segment.kill(np.array([3, 50, 51], dtype=np.int64))
     counts = segment.counts.toarray().astype(np.float64)
-    ratios = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * lengths / reference)), 0.0)
-    np.testing.assert_array_equal(ceilings, ratios.max(axis=1))
-    assert (ceilings[30:] == 0).all() and (ceilings[:30] > 0).all()
-    weights = rng.uniform(0.5, 3.0, terms + 5)
-    for average in (reference / 3, reference * 0.9, reference, reference * 1.3, reference * 4):
-        query = keyword_index._Query(np.arange(terms + 5), weights, average)  # 5 terms beyond the segment's
-        bounds = segment.bounds(query)
-        ratios = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * lengths / average)), 0.0)
-        assert (weights[:terms] * ratios.max(axis=1) <= bounds[:terms] * (1 + 1e-12)).all()  # (ulps apart at most)
-        assert (bounds[terms:] == 0).all()
-        if average <= reference:  # a shorter average lowers every ratio: the ceiling itself bounds them
-            np.testing.assert_array_equal(bounds[:terms], weights[:terms] * ceilings)
-
-
-# ----------------------------------------------------------------------------- block-max: bounds per column range
-
-
-@pytest.mark.parametrize("width", [1, 8, 64])
-def test_range_ceilings_are_the_least_steps_above_each_ranges_largest_ratio(width, monkeypatch):
-    """Each kept term's level in each range of columns is the least of 255 steps of its ceiling at or above
-    the largest ``tf / (tf + norm)`` there (NumPy on the dense matrix), 0 where it has no posting; terms
-    of fewer postings than a quarter of the ranges are not kept."""
-    monkeypatch.setattr(keyword_index, "_RANGE_WIDTH", width)
-    monkeypatch.setattr(keyword_index, "_SCATTER_BLOCK", 50)  # several blocks of terms
-    rows = zip_rows(300, seed=width)
-    segment = _Segment.of(rows, 90)
-    segment.kill(np.array([3, 50, 51], dtype=np.int64))  # dead columns still bound
-    reference, ceilings = segment.ceilings()
-    ranges = segment.ranges()
-    shift = ranges.shift
-    assert 2**shift >= max(width, -(-300 // keyword_index._RANGES))
-    count = (300 - 1 >> shift) + 1
-    counts = segment.counts.toarray().astype(np.float64)
-    ratios = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * segment.lengths / reference)), 0.0)
-    held = (counts > 0).sum(axis=1)
-    assert np.array_equal(ranges.rows >= 0, held >= max(1, count // 4))
-    for term in np.flatnonzero(ranges.rows >= 0):
-        levels = ranges.ceilings[ranges.rows[term]].astype(np.float64)
-        largest = np.array([ratios[term, r << shift : (r + 1) << shift].max(initial=0.0) for r in range(count)])
-        assert (levels * ceilings[term] / 255 >= largest).all()  # a bound in every range
-        assert ((levels - 1) * ceilings[term] / 255 < largest).all()  # the least such step
-        np.testing.assert_array_equal(levels == 0, largest == 0)
+    lengths = segment.lengths  # 0 in a dead column
+    average = lengths.sum() / segment.alive
+    for asked, reference in (
+        (average, average),
+        (average * 1.005, average),
+        (average / 1.005, average),
+        (average * 1.2, average * 1.2),
+    ):
+        found, impacts = segment.impacts(asked)
+        assert found == reference
+        expected = np.where(counts > 0, counts / (counts + K1 * (1 - B + B * lengths / reference)), 0.0)
+        np.testing.assert_allclose(impacts.toarray(), expected, rtol=1e-15, atol=0)
+        assert np.shares_memory(impacts.indices, segment.counts.indices)  # the counts' structure, not a copy
 
 
 def zip_rows(n, seed):
@@ -359,52 +325,3 @@ def zip_rows(n, seed):
     rng = np.random.default_rng(seed)
     weights = 1.0 / np.arange(1, 91) ** 1.2
     return [(key, rng.choice(90, int(rng.integers(1, 30)), p=weights / weights.sum()).astype(np.int32)) for key in range(n)]
-
-
-@pytest.mark.parametrize("average_ratio", [0.5, 1.0, 1.7])
-def test_range_reach_bounds_what_the_terms_left_add_to_each_row(average_ratio, monkeypatch):
-    """``reach[t, r]`` is at least the most the query's terms from ``t`` on add to any row of range ``r``
-    (float64 on the dense matrix), at averages below and above the reference."""
-    monkeypatch.setattr(keyword_index, "_RANGE_WIDTH", 8)
-    rows = zip_rows(400, seed=11)
-    segment = _Segment.of(rows, 100)
-    reference, _ = segment.ceilings()
-    terms = np.array([60, 33, 7, 2, 1, 0, 95])  # rare first; the last held by no row
-    weights = np.linspace(3.0, 0.5, len(terms))
-    query = keyword_index._Query(terms, weights, reference * average_ratio)
-    parts = [segment.postings(int(t)) for t in terms]
-    shift, reach = segment.reach(query, parts)
-    counts = segment.counts.toarray().astype(np.float64)
-    lengths = np.array([len(ids) for _, ids in rows], dtype=np.float64)
-    norm = K1 * (1 - B + B * lengths / query.average)
-    padded = np.vstack([counts, np.zeros((10, counts.shape[1]))])
-    added = weights[:, None] * padded[terms] / (padded[terms] + norm)  # each term's BM25 in each row
-    left = np.cumsum(added[::-1], axis=0)[::-1]
-    for r in range(reach.shape[1]):
-        block = slice(r << shift, (r + 1) << shift)
-        assert (reach[: len(terms), r] >= left[:, block].max(axis=1, initial=0.0) * (1 - 1e-12)).all()
-    assert (reach[len(terms)] == 0).all()
-    assert (reach[:, :] <= np.append(np.cumsum(segment.bounds(query)[::-1])[::-1], 0.0)[:, None] + 1e-12).all()
-
-
-def test_range_bounds_score_fewer_postings_for_the_same_top_k(monkeypatch, caplog):
-    """Narrow column ranges prune postings a single range scores, with the same keys and floats."""
-    monkeypatch.setattr(keyword_index, "_CHECK", 1)
-    monkeypatch.setattr(keyword_index, "PRUNE_FROM", 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
-    monkeypatch.setattr(keyword_index, "PRUNE_ROWS", 0)
-    index, _ = zipf_index("merged", monkeypatch)
-    found, scored = {}, {}
-    for width in (16, 1 << 20):
-        monkeypatch.setattr(keyword_index, "_RANGE_WIDTH", width)
-        for segment in (index._main, index._pending_segment()):
-            segment._ranges = None
-        runs, count = [], 0
-        for terms in zipf_queries(40):
-            for k in (1, 10, 50):
-                with caplog.at_level(logging.DEBUG, logger=keyword_index.logger.name):
-                    runs.append([array.tolist() for array in index.top(terms, k)])
-                count += caplog.records[-1].args[2]
-        found[width], scored[width] = runs, count
-    assert found[16] == found[1 << 20]
-    assert scored[16] < 0.95 * scored[1 << 20]
