@@ -8,7 +8,7 @@ impact ``tf / (tf + k1 (1 - b + b dl / avgdl))`` kept at a reference average, it
 and proved to hold every row that can rank (:meth:`_Segment._top_n`); a query of few postings, a small
 segment, and every-row scores are summed in NumPy. Rows changed since the last merge sit in a small second
 matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in once
-:data:`MERGE_ROWS` are pending or dead; the file keeps both as they are, so a save never holds a merged copy
+:data:`MERGE_ROWS` (or :data:`MERGE_SHARE`) are pending or dead; the file keeps both as they are, so a save never holds a merged copy
 beside the index.
 
 The file records the SQLite generation it reflects (:class:`KeywordIndex.generation`); the store
@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 
 FILE_NAME = "keyword.npz"
 #: rows changed since the last merge (pending, and dead in the large matrix) beyond which a change merges
-#: them into the large matrix
+#: them into the large matrix: more than ``MERGE_SHARE`` of its live rows, or than ``MERGE_ROWS`` (each query
+#: scores both matrices: at 100k rows, a second matrix of 50k cost a second top-n pass and lookups)
 MERGE_ROWS = 50_000
+MERGE_SHARE = 0.125
 #: the layout of ``keyword.npz``: 3 as 2 without the term bounds of the early stop (read and ignored); 2 keeps
 #: dead columns and pending rows (1: merged, read as 2 without them)
 VERSION = 3
@@ -309,7 +311,7 @@ class KeywordIndex:
 
     def _changed(self) -> None:
         self._recent = None
-        if len(self._pending) + len(self._main.keys) - self._main.alive > MERGE_ROWS:
+        if len(self._pending) + len(self._main.keys) - self._main.alive > min(MERGE_ROWS, MERGE_SHARE * self._main.alive):
             self.merge()
 
     def _pending_segment(self) -> _Segment:

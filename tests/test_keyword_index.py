@@ -33,6 +33,7 @@ def assert_exact(index, rows):
 @pytest.mark.parametrize("merge_rows", [3, 50_000])
 def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monkeypatch):
     monkeypatch.setattr(keyword_index, "MERGE_ROWS", merge_rows)
+    monkeypatch.setattr(keyword_index, "MERGE_SHARE", np.inf)
     texts = make_texts(80)
     rows = {key: analyze(text) for key, text in enumerate(texts)}
     index = KeywordIndex.build([list(rows.items())[:40], list(rows.items())[40:]], generation=3)
@@ -63,9 +64,12 @@ def test_upserts_deletes_merges_and_reload_stay_exact(merge_rows, tmp_path, monk
     np.testing.assert_array_equal(loaded._main.lengths, index._main.lengths)
 
 
-def test_pending_and_dead_rows_merge_beyond_merge_rows(monkeypatch):
-    """Deletes alone (no pending row) merge too once the dead columns pass ``MERGE_ROWS``."""
-    monkeypatch.setattr(keyword_index, "MERGE_ROWS", 5)
+@pytest.mark.parametrize(("merge_rows", "share"), [(5, np.inf), (10**9, 0.2)])
+def test_pending_and_dead_rows_merge_beyond_merge_rows_or_share(merge_rows, share, monkeypatch):
+    """Deletes alone (no pending row) merge too once the dead columns pass ``MERGE_ROWS``, or ``MERGE_SHARE``
+    of the large matrix's live rows (0.2 of 25)."""
+    monkeypatch.setattr(keyword_index, "MERGE_ROWS", merge_rows)
+    monkeypatch.setattr(keyword_index, "MERGE_SHARE", share)
     rows = {key: [f"w{key % 4}", f"v{key}", "w1"] for key in range(30)}
     index = KeywordIndex.build([list(rows.items())], generation=1)
     index.delete([0, 1, 2, 3, 4])
@@ -200,6 +204,7 @@ def zipf_index(state, monkeypatch, n=2500):
     ``tight`` (the same, of :func:`zipf_rows`' tight rows), ``pending`` (rows replaced and deleted since:
     dead columns and a second segment), ``merged``."""
     monkeypatch.setattr(keyword_index, "MERGE_ROWS", 10**9)
+    monkeypatch.setattr(keyword_index, "MERGE_SHARE", np.inf)
     rows = zipf_rows(n, tight=state == "tight")
     items = list(rows.items())
     index = KeywordIndex.build([items[i : i + 600] for i in range(0, n, 600)], generation=1)
