@@ -49,6 +49,11 @@ for store in "lancedb:$work/lance" "faiss:$work/faiss"; do
     "$bin/isotrope" search "$store" "space launch into orbit" -k 1 | tee "$work/hits.txt"
     grep -q "rockets.md" "$work/hits.txt" || { echo "install check: $store did not find rockets.md"; exit 1; }
 done
+"$bin/isotrope" search "faiss:$work/faiss" "oxygen fuel" -k 1 --mode lexical | grep -q "rockets.md" \
+    || { echo "install check: the FAISS store's keyword search did not find rockets.md"; exit 1; }
+# the FAISS store's keyword top k on a large store runs sparse_dot_topn's compiled core
+"$bin/python" -c "from sparse_dot_topn import _core; assert hasattr(_core, 'sp_matmul_topn')" \
+    || { echo "install check: sparse_dot_topn's core is missing"; exit 1; }
 "$bin/isotrope" index docs --store "lancedb:$work/lance-ray" --model "$model" --engine ray --num-actors 1
 "$bin/isotrope" search "lancedb:$work/lance-ray" "baking in an oven" -k 1 | grep -q "bread.rst" \
     || { echo "install check: the Ray-built store did not find bread.rst"; exit 1; }
