@@ -201,8 +201,8 @@ class _Segment:
         floats :meth:`score` gives), else None. ``parts``: the query terms' postings here.
 
         A query of at least :data:`TOP_N_FROM` postings here asking fewer than the live rows is answered by
-        :meth:`_top_n`; the others, and a top-n pass that would ask for a quarter of the columns, score every
-        posting (vectorised, in term order)."""
+        :meth:`_top_n`; the others, and a filter that leaves fewer than ``k`` rows in a quarter of the columns'
+        top n, score every posting (vectorised, in term order)."""
         if sum(len(columns) for columns, _ in parts) >= TOP_N_FROM and k < self.alive:
             found = self._top_n(query, parts, k, allowed)
             if found is not None:
