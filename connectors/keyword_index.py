@@ -5,8 +5,8 @@ A query reads the postings of its distinct terms only, with the statistics of th
 term's live document frequency, the average length) computed exactly at query time, so upserts and deletes
 never leave it approximate. Its top k is a compiled top-n pass (``sparse_dot_topn``) over each posting's
 impact ``tf / (tf + k1 (1 - b + b dl / avgdl))`` kept at a reference average, its rows scored again exactly
-and proved to hold every row that can rank (:meth:`_Segment._top_n`); a query of few postings, a small
-segment, and every-row scores are summed in NumPy. Rows changed since the last merge sit in a small second
+and proved to hold every row that can rank (:meth:`_Segment._top_n`); a query of few postings, and every-row
+scores, are summed in NumPy. Rows changed since the last merge sit in a small second
 matrix; the key's column in the large one is dead meanwhile. ``merge`` folds them in once
 :data:`MERGE_ROWS` (or :data:`MERGE_SHARE`) are pending or dead; the file keeps both as they are, so a save never holds a merged copy
 beside the index.
