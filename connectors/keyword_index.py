@@ -262,10 +262,10 @@ class _Segment:
             if 16 * n > len(self.keys):
                 return None
             n *= 4
-        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+        kth = _kth(scores, k)
         if kth <= bound:  # a column not found may reach the k-th: take every one whose impact-sum can
             columns, scores, _, _ = found(len(self.keys), kth / grow * _MARGIN)
-            kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+            kth = _kth(scores, k)
             n = len(self.keys)
         keep = scores >= kth
         return columns[keep], scores[keep], n
@@ -352,7 +352,12 @@ class KeywordIndex:
     def lookup(self, terms: Sequence[str], keys: np.ndarray) -> np.ndarray:
         """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), in their order."""
         query, segments = self._plan(terms)
-        return _looked_up(query, segments, keys)
+        keys = np.asarray(keys, dtype=np.int64)
+        looked = np.zeros(len(keys))
+        for segment, parts in segments:
+            at, held = segment.find(keys)
+            looked[held] += segment.score(query, parts, at[held])
+        return looked
 
     def top(self, terms: Sequence[str], k: int, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best ``(keys, scores)`` among ``keys`` (all live rows where None), best first, ties by key.
@@ -370,7 +375,7 @@ class KeywordIndex:
         found: list[tuple[np.ndarray, np.ndarray]] = []
         asked = []
         wanted = np.zeros(0, np.int64) if lookup is None else np.asarray(lookup, dtype=np.int64)
-        looked: np.ndarray | None = np.zeros(len(wanted))
+        looked = np.zeros(len(wanted))
         for segment, parts in segments:
             at, held = segment.find(wanted) if len(wanted) else (wanted, np.zeros(0, bool))
             columns, scores, top_n, read = segment.best(
@@ -378,10 +383,8 @@ class KeywordIndex:
             )
             found.append((columns, scores))
             asked.append(top_n)
-            if read is None and len(wanted):  # a segment answered by a top-n pass: the keys are looked up after
-                looked = None
-            elif looked is not None and read is not None:
-                looked[held] += read
+            if len(wanted):  # read from a pass that scored every posting, else looked up
+                looked[held] += read if read is not None else segment.score(query, parts, at[held])
         if logger.isEnabledFor(logging.DEBUG):
             every = sum(len(columns) for _, parts in segments for columns, _ in parts)
             logger.debug(
@@ -393,7 +396,7 @@ class KeywordIndex:
             tied = np.flatnonzero(scores >= kth)  # every row tied with the k-th, so ties go by key
             found_keys, scores = found_keys[tied], scores[tied]
         order = np.lexsort((found_keys, -scores))[:k]
-        return found_keys[order], scores[order], _looked_up(query, segments, wanted) if looked is None else looked
+        return found_keys[order], scores[order], looked
 
     def _plan(self, terms: Sequence[str]) -> tuple[_Query, list[tuple[_Segment, list[Postings]]]]:
         """The query's distinct ``terms`` held by live rows, rarest first, with their weights, and each
@@ -593,6 +596,11 @@ def _term_scores(postings: Postings, weight: float, norm: np.ndarray, columns: n
     return hit, _contribution(weight, counts[at[hit]], norm[columns[hit]])
 
 
+def _kth(values: np.ndarray, k: int) -> float:
+    """The k-th largest of ``values`` (at least ``k`` of them)."""
+    return float(np.partition(values, len(values) - k)[len(values) - k])
+
+
 def _joined_keys(
     segments: list[tuple[_Segment, list[Postings]]], found: list[tuple[np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -601,22 +609,6 @@ def _joined_keys(
         return np.empty(0, np.int64), np.empty(0, np.float64)
     keys = np.concatenate([segment.keys[columns] for (segment, _), (columns, _) in zip(segments, found)])
     return keys, np.concatenate([scores for _, scores in found])
-
-
-def _looked_up(query: _Query, segments: list[tuple[_Segment, list[Postings]]], keys: np.ndarray) -> np.ndarray:
-    """The BM25 of each of ``keys`` (0 for a row sharing no term, or not live), by binary search in the
-    postings, each row's terms added in :meth:`_Segment.best`'s order (the same floats)."""
-    keys = np.asarray(keys, dtype=np.int64)
-    looked = np.zeros(len(keys))
-    for segment, parts in segments:
-        at, held = segment.find(keys)
-        columns, norm = at[held], segment.norm(query.average)
-        scores = np.zeros(len(columns))
-        for weight, postings in zip(query.weights, parts):
-            hit, found = _term_scores(postings, weight, norm, columns)
-            scores[hit] += found
-        looked[held] += scores
-    return looked
 
 
 def _running(pid: int) -> bool:
