@@ -21,7 +21,7 @@ from isotrope.stores.rows import chunks
 
 from . import lance_bm25
 from .lance_bm25 import TermStats
-from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, fragment_rows, read_args, signature, to_numpy
+from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, fragment_rows, read_args, signature
 
 logger = logging.getLogger(__name__)
 
@@ -182,24 +182,42 @@ class LanceLexicalIndex(LanceRows):
             self.build_lexical_index()
         return self._bm25_of(self._dataset(), texts, ids, "id", self._rows_filter)
 
-    def _keyword_rows(
+    def _keyword_top(
         self, dataset: Any, texts: Sequence[str], k: int, condition: str | None
-    ) -> tuple[list[tuple[list[int], np.ndarray]], dict[int, np.ndarray]]:
+    ) -> list[tuple[list[int], np.ndarray]]:
         """Hybrid search's keyword side by Lance row id: each text's top ``k`` rows and BM25, best first (in
-        ``lexical_search``'s order), and the stored vector of every one of them."""
+        ``lexical_search``'s order)."""
         out: list[tuple[list[int], np.ndarray]] = []
-        vectors: dict[int, np.ndarray] = {}
         for text in texts:
             terms = query_terms(text)
             if not terms:
                 out.append(([], np.empty(0)))
                 continue
-            table = _full_text(dataset, terms, ["vector"], condition, k, True)
-            rows, scores = table.column("_rowid"), table.column("_score").to_numpy().astype(np.float64)
+            table = _full_text(dataset, terms, [], condition, k, True)
+            scores = table.column("_score").to_numpy().astype(np.float64)
             order = np.argsort(-scores, kind="stable")
-            out.append((rows.to_numpy()[order].tolist(), scores[order]))
-            vectors.update(zip(rows.to_pylist(), to_numpy(table.column("vector"), self.dim, rows, "vector")))
-        return out, vectors
+            out.append((table.column("_rowid").to_numpy()[order].tolist(), scores[order]))
+        return out
+
+    def _dense_bm25(
+        self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]], lexical: Sequence[tuple[list[int], np.ndarray]]
+    ) -> list[np.ndarray]:
+        """Each text's BM25 of each of its Lance row ids ``rows``: from its keyword top (``lexical``) where
+        listed there; the others' from their ``terms`` and the statistics beside the table where those
+        describe its rows (:mod:`.lance_bm25`), else by a full-text query restricted to them."""
+        known = [dict(zip(listed, scores.tolist())) for listed, scores in lexical]
+        missing = [[row for row in wanted if row not in seen] for wanted, seen in zip(rows, known)]
+        stats = self._term_stats(dataset)
+        if stats is None:
+            found = self._bm25_of_rows(dataset, texts, missing)
+        else:
+            found = [
+                stats.scores(query_terms(text), dataset._take_rows(part, columns=[TERMS]).column(TERMS)) if part else np.empty(0)
+                for text, part in zip(texts, missing)
+            ]
+        for seen, part, scores in zip(known, missing, found):
+            seen.update(zip(part, scores.tolist()))
+        return [np.array([seen[row] for row in wanted], dtype=np.float64) for wanted, seen in zip(rows, known)]
 
     def _bm25_of_rows(self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Each text's BM25 of each of its Lance row ids (:meth:`lexical_scores` by row id)."""

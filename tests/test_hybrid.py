@@ -367,6 +367,54 @@ def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, comm
         search_store(store, QUERIES, vectors[:2], K)
 
 
+@pytest.mark.parametrize(
+    ("index", "metric"),
+    [("ivf_pq", "cosine"), ("hnsw_sq", "ip"), ("hnsw_sq", "cosine")],
+)
+def test_lance_hybrid_candidates_over_an_ann_index(index, metric, tmp_path):
+    """Over an ANN index, LanceDB's hybrid candidates: the dense list is the index's own top (IVF_HNSW_SQ with
+    the ip metric keeps its 8-bit scores, within their quantization of the exact ones; otherwise refined to
+    the exact scores), each keyword-only row's vector is its stored one, every dense row's BM25 is the exact
+    BM25 (from the keyword list where listed, else from its terms), and the fused top k is the exact fusion's."""
+    from lancedb.index import HnswSq, IvfPq
+
+    n, dim, distance = 2000, 32, "dot" if metric == "ip" else metric
+    store = LanceDBStore(tmp_path / "lance", dim=dim, metric=metric, index=index, refine=10, nprobe=16, ef=400)
+    contents = dict(zip((f"d{i}" for i in range(n)), make_texts(n, seed=5)))
+    data = make_data("clustered", n, dim)
+    store.add(list(contents), data, list(contents.values()), [{}] * n)
+    config = (
+        HnswSq(distance_type=distance, num_partitions=1)
+        if index == "hnsw_sq"
+        else IvfPq(distance_type=distance, num_partitions=8, num_sub_vectors=8)
+    )
+    store.create_index(config)
+    store.commit()
+    assert store.vector_index == ("IvfHnswSq" if index == "hnsw_sq" else "IvfPq")
+    texts, queries = ["quick fox", "proteins in cells", "zygomorphic orchid banks"], make_data("random", 3, dim, seed=9)
+    found = store.hybrid_candidates(texts, queries, 200, None, True)
+    dataset = store._dataset()
+    row_ids = dict(zip(*(c.to_pylist() for c in dataset.to_table(columns=["id"], with_row_id=True).columns[::-1])))
+    documents = {i: analyze(text or "") for i, text in contents.items()}
+    exact = queries.astype(np.float64) @ data.astype(np.float64).T
+    position = {i: j for j, i in enumerate(contents)}
+    assert len(set().union(*(set(listed).difference(dense) for (dense, _), (listed, _) in zip(found.dense, found.lexical))))
+    for q, (text, (dense, dense_scores), bm25, (listed, _)) in enumerate(
+        zip(texts, found.dense, found.dense_bm25, found.lexical)
+    ):
+        rows = [position[row_ids[r]] for r in dense]
+        np.testing.assert_allclose(bm25, bm25_scores(list(documents.values()), query_terms(text))[rows], rtol=1e-5, atol=1e-9)
+        truth = exact[q, rows]
+        np.testing.assert_allclose(dense_scores, truth, atol=2e-2 if (index, metric) == ("hnsw_sq", "ip") else 1e-5)
+        for r in set(listed).difference(dense):
+            np.testing.assert_array_equal(found.vectors[r], data[position[row_ids[r]]])
+    fused = search_store(store, texts, queries, K, candidates=200)
+    exact_store = MemoryStore(dim, metric=metric)
+    exact_store.add(list(contents), data, list(contents.values()), [{}] * n)
+    expected = search_store(exact_store, texts, queries, K, candidates=200)
+    assert np.mean([len({h.id for h in a} & {h.id for h in b}) / K for a, b in zip(fused, expected)]) >= 0.9
+
+
 # ----------------------------------------------------------------------------- collection, CLI, LlamaIndex, eval
 
 
