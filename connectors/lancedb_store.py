@@ -468,8 +468,8 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         this one reads the stored vectors of the keyword rows the dense lists lack. An IVF_HNSW_SQ index's
         dense list keeps the index's 8-bit distances (a refinement would read every candidate's vector: 2 ms
         of a 12 ms query at 100,000 rows) except for the cosine metric (:data:`_SQ_INDEX`); other indexes
-        refine it. Only the fused top rows' id, text and
-        metadata are read (:func:`isotrope.fusion.search_store`); no ``id`` column is read before that."""
+        refine it. Only the fused top rows' id, text and metadata are read (:func:`isotrope.fusion.search_store`);
+        no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
         keyword = worker_pool().submit(self._keyword_top, dataset, texts, depth, condition)
         refine = self.vector_index != _SQ_INDEX or self.metric == "cosine"
