@@ -154,7 +154,7 @@ class LanceLexicalIndex(LanceRows):
         self, texts: Sequence[str], k: int, where: Mapping[str, Any] | None = None, with_text: bool = True
     ) -> list[list[Hit]]:
         """The ``k`` best rows of each query text by LanceDB's BM25 over the ``terms`` index (OR of the
-        query's terms), prefiltered by ``where``, tied rows by id. A store without the index gets it built first."""
+        query's terms), prefiltered by ``where``. A store without the index gets it built first."""
         k = check_k(k)
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of query strings, not a single string")
@@ -171,8 +171,7 @@ class LanceLexicalIndex(LanceRows):
             if not with_text:
                 self._remember_rows(table)
             scores = table.column("_score").to_pylist()
-            # ties by id: Lance returns tied rows in an order that varies from call to call (its compute threads)
-            rows = sorted(zip(scores, self._hit_rows(table, with_text)), key=lambda pair: (-pair[0], pair[1][0]))
+            rows = sorted(zip(scores, self._hit_rows(table, with_text)), key=lambda pair: -pair[0])  # stable
             out.append([Hit(i, float(score), text, metadata) for score, (i, text, metadata) in rows])
         return out
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,6 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from isotrope.resources import usable_cores
 from isotrope.stores.base import Hit, as_ids
 from isotrope.stores.filters import lance_literal, to_lance
 from isotrope.stores.rows import chunks, load_metadata
@@ -31,25 +29,6 @@ _META_FIELDS = "isotrope.metadata_fields"
 _META_FIELDS_ROWS = "isotrope.metadata_fields_rows"
 #: the rows the full-text index was last made exact over
 META_LEXICAL_ROWS = "isotrope.lexical_index_rows"
-#: the compute threads Lance is given at least, where the cores allow (:func:`give_lance_compute_threads`)
-LANCE_COMPUTE_THREADS = 2
-
-
-def give_lance_compute_threads() -> None:
-    """Set ``LANCE_CPU_THREADS`` to two where Lance's own rule would give its compute-heavy work (vector and
-    full-text search, index builds) one thread although two cores are usable: Lance keeps
-    ``LANCE_IO_CORE_RESERVATION`` cores (2) for I/O and computes on the rest, at least one, so on 2 or 3
-    cores on one. A value the user set is kept; Lance reads it when its first read starts its runtime, so
-    this runs on import. 2 cores, a million chunks: a dense query 12.3 → 8.6 ms, a hybrid one 25.1 → 17.7 ms."""
-    reserved = os.environ.get("LANCE_IO_CORE_RESERVATION", "2")
-    cores = usable_cores()
-    if "LANCE_CPU_THREADS" in os.environ or not reserved.isdigit() or cores < LANCE_COMPUTE_THREADS:
-        return
-    if max(cores - int(reserved), 1) < LANCE_COMPUTE_THREADS:
-        os.environ["LANCE_CPU_THREADS"] = str(LANCE_COMPUTE_THREADS)
-
-
-give_lance_compute_threads()
 
 
 def fragment_rows(dataset: Any) -> list[tuple[int, int]]:

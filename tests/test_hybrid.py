@@ -367,19 +367,6 @@ def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, comm
         search_store(store, QUERIES, vectors[:2], K)
 
 
-def test_lance_lexical_search_orders_tied_rows_by_id(tmp_path):
-    """Rows with the same BM25 (the same text) come by id, whatever order Lance's threads return them in (which
-    of the rows tied at the k-th score make the list stays Lance's choice)."""
-    store = LanceDBStore(tmp_path / "lance", dim=DIM, metric="cosine")
-    ids = [f"t{i:02d}" for i in range(40)][::-1]
-    store.add(ids, make_data("random", 40, DIM, 4), ["quick fox"] * 20 + ["quick"] * 20, [{}] * 40)
-    store.commit()
-    for _ in range(5):
-        found = [h.id for h in store.lexical_search(["quick fox"], 30)[0]]
-        assert found[:20] == sorted(ids[:20])
-        assert found[20:] == sorted(found[20:]) and set(found[20:]) < set(ids[20:])
-
-
 @pytest.mark.parametrize(
     ("index", "metric"),
     [("ivf_pq", "cosine"), ("hnsw_sq", "ip"), ("hnsw_sq", "cosine")],

@@ -6,7 +6,6 @@ and each store's own corrupt directories, crashes and index management."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -507,30 +506,6 @@ def test_lance_survives_a_kill_mid_add(tmp_path):
 
 
 # ----------------------------------------------------------------------------- LanceDB extras
-
-
-@pytest.mark.parametrize(
-    ("cores", "environment", "expected"),
-    [
-        (2, {}, "2"),  # Lance's rule: max(2 - 2, 1) = 1 compute thread
-        (3, {}, "2"),
-        (4, {}, None),  # 4 - 2 = 2 already
-        (1, {}, None),
-        (2, {"LANCE_CPU_THREADS": "1"}, "1"),  # the user's choice is kept
-        (2, {"LANCE_IO_CORE_RESERVATION": "0"}, None),  # 2 - 0 = 2 already
-        (3, {"LANCE_IO_CORE_RESERVATION": "2x"}, None),  # not Lance's to read: left alone
-    ],
-)
-def test_lance_gets_two_compute_threads_where_its_rule_leaves_one(cores, environment, expected, monkeypatch):
-    from isotrope.connectors import lance_rows
-
-    monkeypatch.delenv("LANCE_CPU_THREADS", raising=False)
-    monkeypatch.delenv("LANCE_IO_CORE_RESERVATION", raising=False)
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(lance_rows, "usable_cores", lambda: cores)
-    lance_rows.give_lance_compute_threads()
-    assert os.environ.get("LANCE_CPU_THREADS") == expected
 
 
 def test_lance_raw_vectors_roundtrip_and_update_vectors(tmp_path):
