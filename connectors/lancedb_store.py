@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -472,13 +473,10 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
         keyword = worker_pool().submit(self._keyword_top, dataset, texts, depth, condition)
-        refine = self.vector_index != _SQ_INDEX or self.metric == "cosine"
-        dense = []
-        for query in as_vectors(queries, self.dim, "queries"):
-            table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False, refine=refine)
-            distances = table.column("_distance").to_numpy().astype(np.float64)
-            order = np.argsort(distances, kind="stable")
-            dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
+        try:
+            dense = self._dense_top(dataset, as_vectors(queries, self.dim, "queries"), depth, condition)
+        finally:
+            wait([keyword])  # never left running beside the caller's next call, whatever the dense side raised
         lexical = keyword.result()
         if not complete:
             return Candidates(dense, lexical, [], {}, lambda rankings: self._ranked_rows(dataset, rankings))
@@ -489,6 +487,19 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             lacking.update((row, None) for row in listed if row not in found)
         vectors = self._row_vectors(dataset, list(lacking))
         return Candidates(dense, lexical, bm25.result(), vectors, lambda rankings: self._ranked_rows(dataset, rankings))
+
+    def _dense_top(
+        self, dataset: Any, queries: np.ndarray, depth: int, condition: str | None
+    ) -> list[tuple[list[int], np.ndarray]]:
+        """Each query's dense top ``depth`` as Lance row ids and scores, best first."""
+        refine = self.vector_index != _SQ_INDEX or self.metric == "cosine"
+        dense = []
+        for query in queries:
+            table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False, refine=refine)
+            distances = table.column("_distance").to_numpy().astype(np.float64)
+            order = np.argsort(distances, kind="stable")
+            dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
+        return dense
 
     def _row_vectors(self, dataset: Any, rows: list[int]) -> dict[int, np.ndarray]:
         """The stored vector of each Lance row id (of ``dataset``'s version)."""

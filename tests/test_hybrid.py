@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -365,6 +367,34 @@ def test_hybrid_candidates_by_row_key_equal_the_two_pass_search(kind, seed, comm
             assert any(one_pass) == ("year" not in (where or {}))  # the last filter keeps no row
     with pytest.raises(ValueError, match="got 12 query texts but 2 query vectors"):
         search_store(store, QUERIES, vectors[:2], K)
+
+
+@pytest.mark.parametrize("path", ["own", "generic"])
+def test_a_failed_dense_side_waits_for_the_keyword_side(path, tmp_path, monkeypatch):
+    """Hybrid search runs LanceDB's keyword side in a second thread: when the dense side raises, the error
+    reaches the caller only once that thread is done, so no query of the failed search runs beside the
+    caller's next call (the store's own candidates, and the generic path over its public methods)."""
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, metric="cosine")
+    store.add(["a", "b"], make_data("random", 2, DIM, 1), ["quick fox", "lazy dog"], [{}] * 2)
+    store.commit()
+    done = threading.Event()
+    keyword, dense = ("_keyword_top", "_dense_top") if path == "own" else ("lexical_search", "search")
+    found = getattr(store, keyword)
+
+    def slow_keyword_side(*args, **kwargs):
+        time.sleep(0.3)
+        result = found(*args, **kwargs)
+        done.set()
+        return result
+
+    def failing_dense_side(*args, **kwargs):
+        raise RuntimeError("simulated dense failure")
+
+    monkeypatch.setattr(store, keyword, slow_keyword_side)
+    monkeypatch.setattr(store, dense, failing_dense_side)
+    with pytest.raises(RuntimeError, match="simulated dense failure"):
+        search_store(store if path == "own" else TwoPass(store), ["quick fox"], make_data("random", 1, DIM, 2), K)
+    assert done.is_set()
 
 
 @pytest.mark.parametrize(

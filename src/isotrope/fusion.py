@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -166,7 +166,10 @@ def _candidates(
 
     if store.concurrent_queries:
         pending = worker_pool().submit(lexical_side)
-        dense, bm25 = dense_side()
+        try:
+            dense, bm25 = dense_side()
+        finally:
+            wait([pending])  # never left running beside the caller's next call, whatever dense_side() raised
         lexical = pending.result()
     else:
         dense, bm25 = dense_side()
