@@ -5,7 +5,7 @@ default :data:`~isotrope.fusion.DEFAULT_CANDIDATES`); the keyword side's cost gr
 early stop prunes less the lower the k-th score). For each retrieval set (BEIR folder) and model, the
 corpus is indexed into a FAISS store as ``isotrope eval retrieval --mode hybrid`` does, and hybrid's
 nDCG@10 is scored at each depth, at the frozen alpha and at the alpha of the store's own default search
-(when that is hybrid). Every split with qrels is scored: SciFact's ``train`` queries are the tuning set (the
+(when that is hybrid), with each smaller depth's paired difference from the largest (95 % bootstrap interval). Every split with qrels is scored: SciFact's ``train`` queries are the tuning set (the
 fusion defaults were chosen on them), every ``test`` split is report-only. Quality only, deterministic::
 
     OMP_NUM_THREADS=1 python -m benchmarks.hybrid_depth --data-dir ../shared/data \\
@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from isotrope.config import EncoderConfig
 from isotrope.evaluate.data import load_beir
 from isotrope.evaluate.harness import Evaluator
@@ -30,6 +32,7 @@ from isotrope.evaluate.metrics import ndcg_at_k
 from isotrope.evaluate.store_retrieval import beir_documents, index_documents
 from isotrope.evaluate.tasks import document_text
 from isotrope.fusion import DEFAULT_ALPHA, search_store
+from isotrope.pseudo_queries import paired_interval
 from isotrope.search import Collection
 
 DEPTHS = (25, 50, 100, 200)
@@ -37,14 +40,28 @@ SPLITS = ("train", "test")
 K = 10
 
 
-def scored(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> float:
-    """nDCG@10 (x100) of ``mode`` over the dataset's queries, hybrid with ``depth`` candidates a side."""
+def per_query(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> np.ndarray:
+    """nDCG@10 (x100) of ``mode`` for each judged query (in qrels order), hybrid with ``depth`` candidates a side."""
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
     vectors = collection.encoder.encode(texts, kind="query") if mode != "lexical" else None
     hits = search_store(collection.store, texts, vectors, K, mode=mode, alpha=alpha, candidates=max(depth, K))
     run = {q: {h.id: h.score for h in row} for q, row in zip(query_ids, hits)}
-    return round(100.0 * ndcg_at_k(run, dataset.qrels, K), 2)
+    return np.array([100.0 * ndcg_at_k({q: run.get(q, {})}, {q: judged}, K) for q, judged in dataset.qrels.items()])
+
+
+def scored(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> float:
+    """nDCG@10 (x100) of ``mode`` over the dataset's judged queries."""
+    return round(float(per_query(collection, dataset, mode, alpha, depth).mean()), 2)
+
+
+def by_depth(collection: Collection, dataset: Any, alpha: float, depths: Sequence[int]) -> dict[str, Any]:
+    """Hybrid's nDCG@10 at each depth, and each smaller depth's paired difference from the largest (mean and
+    95 % bootstrap interval over the queries)."""
+    scores = {depth: per_query(collection, dataset, "hybrid", alpha, depth) for depth in depths}
+    largest = scores[max(depths)]
+    intervals = {str(d): [round(x, 2) for x in paired_interval(scores[d] - largest)] for d in depths if d != max(depths)}
+    return {"alpha": alpha, **{str(d): round(float(s.mean()), 2) for d, s in scores.items()}, "interval_vs_largest": intervals}
 
 
 def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) -> dict[str, Any]:
@@ -72,10 +89,7 @@ def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) 
                 "lexical": scored(collection, dataset, "lexical"),
             }
             for name, value in alphas.items():
-                row[f"hybrid_{name}"] = {
-                    "alpha": value,
-                    **{str(depth): scored(collection, dataset, "hybrid", value, depth) for depth in depths},
-                }
+                row[f"hybrid_{name}"] = by_depth(collection, dataset, value, depths)
             result["splits"][split] = row
             print(json.dumps({"set": folder.name, "model": model, "split": split, **row}), flush=True)
     return result
@@ -92,13 +106,21 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                 hybrid = row.get(f"hybrid_{name}")
                 if hybrid is None or (name == "default" and hybrid["alpha"] == DEFAULT_ALPHA):  # the frozen row's
                     continue
-                top = hybrid[str(max(depths))]
-                cells = [f"{hybrid[str(d)]:.2f} ({hybrid[str(d)] - top:+.2f})" for d in depths[:-1]] + [f"{top:.2f}"]
+                top, intervals = hybrid[str(max(depths))], hybrid.get("interval_vs_largest", {})
+                cells = [
+                    f"{hybrid[str(d)]:.2f} ({_difference(hybrid[str(d)] - top, intervals.get(str(d)))})" for d in depths[:-1]
+                ]
+                cells.append(f"{top:.2f}")
                 lines.append(
                     f"| {result['set']} | {split} ({row['role']}) | {result['model']} | {hybrid['alpha']} ({name}) | "
                     f"{row['dense']:.2f} | {row['lexical']:.2f} | {' | '.join(cells)} |"
                 )
     return "\n".join(lines)
+
+
+def _difference(change: float, interval: Sequence[float] | None) -> str:
+    """A depth's change from the largest, with its paired interval where the run recorded one."""
+    return f"{change:+.2f}" if interval is None else f"{interval[0]:+.2f} [{interval[1]:+.2f}, {interval[2]:+.2f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
