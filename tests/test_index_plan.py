@@ -58,7 +58,8 @@ def test_rules_follow_the_count():
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW - 1, 384) is None
     assert index_plan.lancedb_ivf_pq_for(1_000_000, 384) == {"num_partitions": 1000, "num_sub_vectors": 48}
     plan = index_plan.lancedb_index_for(1_000_000, 384)
-    assert plan == {"type": "hnsw_sq", "num_partitions": 4, **index_plan.HNSW_BUILD}  # 262,144 rows a graph
+    assert plan == {"type": "hnsw_sq", "num_partitions": 2, **index_plan.HNSW_BUILD}  # 524,288 rows a graph
+    assert index_plan.lancedb_index_for(1_083_961, 384)["num_partitions"] == 3  # the scale benchmark's million
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW, 384)["num_partitions"] == 1
 
 
