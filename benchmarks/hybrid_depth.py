@@ -40,25 +40,22 @@ SPLITS = ("train", "test")
 K = 10
 
 
-def per_query(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> np.ndarray:
-    """nDCG@10 (x100) of ``mode`` for each judged query (in qrels order), hybrid with ``depth`` candidates a side."""
+def per_query(
+    collection: Collection, dataset: Any, vectors: np.ndarray, mode: str, alpha: float | None = None, depth: int = 0
+) -> np.ndarray:
+    """nDCG@10 (x100) of ``mode`` for each judged query (in qrels order; ``vectors``: the dataset's queries
+    encoded, in its order), hybrid with ``depth`` candidates a side."""
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
-    vectors = collection.encoder.encode(texts, kind="query") if mode != "lexical" else None
     hits = search_store(collection.store, texts, vectors, K, mode=mode, alpha=alpha, candidates=max(depth, K))
     run = {q: {h.id: h.score for h in row} for q, row in zip(query_ids, hits)}
     return np.array([100.0 * ndcg_at_k({q: run.get(q, {})}, {q: judged}, K) for q, judged in dataset.qrels.items()])
 
 
-def scored(collection: Collection, dataset: Any, mode: str, alpha: float | None = None, depth: int = 0) -> float:
-    """nDCG@10 (x100) of ``mode`` over the dataset's judged queries."""
-    return round(float(per_query(collection, dataset, mode, alpha, depth).mean()), 2)
-
-
-def by_depth(collection: Collection, dataset: Any, alpha: float, depths: Sequence[int]) -> dict[str, Any]:
+def by_depth(collection: Collection, dataset: Any, vectors: np.ndarray, alpha: float, depths: Sequence[int]) -> dict[str, Any]:
     """Hybrid's nDCG@10 at each depth, and each smaller depth's paired difference from the largest (mean and
     95 % bootstrap interval over the queries)."""
-    scores = {depth: per_query(collection, dataset, "hybrid", alpha, depth) for depth in depths}
+    scores = {depth: per_query(collection, dataset, vectors, "hybrid", alpha, depth) for depth in depths}
     largest = scores[max(depths)]
     intervals = {str(d): [round(x, 2) for x in paired_interval(scores[d] - largest)] for d in depths if d != max(depths)}
     return {"alpha": alpha, **{str(d): round(float(s.mean()), 2) for d, s in scores.items()}, "interval_vs_largest": intervals}
@@ -82,14 +79,14 @@ def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) 
         result["default_search"] = {"mode": mode, "alpha": alpha}
         alphas = {"frozen": DEFAULT_ALPHA, **({"default": alpha} if mode == "hybrid" else {})}
         for split, dataset in splits.items():
+            vectors = encoder.encode(list(dataset.queries.values()), kind="query")  # once for every mode and depth
             row: dict[str, Any] = {
                 "queries": len(dataset.queries),
                 "role": "tuning" if split == "train" else "report-only",
-                "dense": scored(collection, dataset, "dense"),
-                "lexical": scored(collection, dataset, "lexical"),
+                **{mode: round(float(per_query(collection, dataset, vectors, mode).mean()), 2) for mode in ("dense", "lexical")},
             }
             for name, value in alphas.items():
-                row[f"hybrid_{name}"] = by_depth(collection, dataset, value, depths)
+                row[f"hybrid_{name}"] = by_depth(collection, dataset, vectors, value, depths)
             result["splits"][split] = row
             print(json.dumps({"set": folder.name, "model": model, "split": split, **row}), flush=True)
     return result

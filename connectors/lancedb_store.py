@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from isotrope.fusion import Candidates, worker_pool
+from isotrope.fusion import Candidates, run_beside
 from isotrope.lexical import index_text
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
@@ -472,21 +471,21 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         refine it. Only the fused top rows' id, text and metadata are read (:func:`isotrope.fusion.search_store`);
         no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
-        keyword = worker_pool().submit(self._keyword_top, dataset, texts, depth, condition)
-        try:
-            dense = self._dense_top(dataset, as_vectors(queries, self.dim, "queries"), depth, condition)
-        finally:
-            wait([keyword])  # never left running beside the caller's next call, whatever the dense side raised
-        lexical = keyword.result()
+        dense, lexical = run_beside(
+            lambda: self._keyword_top(dataset, texts, depth, condition),
+            lambda: self._dense_top(dataset, as_vectors(queries, self.dim, "queries"), depth, condition),
+        )
         if not complete:
             return Candidates(dense, lexical, [], {}, lambda rankings: self._ranked_rows(dataset, rankings))
-        bm25 = worker_pool().submit(self._dense_bm25, dataset, texts, [rows for rows, _ in dense], lexical)
         lacking: dict[int, None] = {}
         for (rows, _), (listed, _) in zip(dense, lexical):
             found = set(rows)
             lacking.update((row, None) for row in listed if row not in found)
-        vectors = self._row_vectors(dataset, list(lacking))
-        return Candidates(dense, lexical, bm25.result(), vectors, lambda rankings: self._ranked_rows(dataset, rankings))
+        vectors, bm25 = run_beside(
+            lambda: self._dense_bm25(dataset, texts, [rows for rows, _ in dense], lexical),
+            lambda: self._row_vectors(dataset, list(lacking)),
+        )
+        return Candidates(dense, lexical, bm25, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
 
     def _dense_top(
         self, dataset: Any, queries: np.ndarray, depth: int, condition: str | None

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from isotrope.fusion import Candidates, worker_pool
+from isotrope.fusion import Candidates, run_beside
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -158,12 +157,7 @@ class SqliteLexicalIndex(SqliteRows):
         index, allowed = self._keyword_index(), self._allowed_keys(where)
         terms = [query_terms(text) for text in texts]
         if beside:
-            keyword = worker_pool().submit(lambda: [index.top(query, k, allowed) for query in terms])
-            try:
-                found = dense()
-            finally:
-                wait([keyword])  # never left running beside the caller's next call, whatever dense() raised
-            lexical = keyword.result()
+            found, lexical = run_beside(lambda: [index.top(query, k, allowed) for query in terms], dense)
             bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
         else:
             found = dense()

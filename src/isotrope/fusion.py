@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,8 @@ DEFAULT_ALPHA = 0.45
 #: each list contributes at least this many candidates to the fusion
 DEFAULT_CANDIDATES = 200
 RRF_K = 60
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def check_mode(mode: str) -> str:
@@ -165,12 +167,7 @@ def _candidates(
         return store.lexical_search(texts, depth, where=where, with_text=False)
 
     if store.concurrent_queries:
-        pending = worker_pool().submit(lexical_side)
-        try:
-            dense, bm25 = dense_side()
-        finally:
-            wait([pending])  # never left running beside the caller's next call, whatever dense_side() raised
-        lexical = pending.result()
+        (dense, bm25), lexical = run_beside(lexical_side, dense_side)
     else:
         dense, bm25 = dense_side()
         lexical = lexical_side()
@@ -190,6 +187,18 @@ def _candidates(
 
 def _keyed(hits: Sequence[Hit]) -> tuple[list[Key], np.ndarray]:
     return [h.id for h in hits], np.array([h.score for h in hits], dtype=np.float64)
+
+
+def run_beside(second: Callable[[], T], first: Callable[[], U]) -> tuple[U, T]:
+    """``first()`` in this thread while ``second()`` runs in a :func:`worker_pool` thread; both results. The
+    worker is done before this returns or raises (whichever side raised), so none of its reads runs beside the
+    caller's next call."""
+    pending = worker_pool().submit(second)
+    try:
+        here = first()
+    finally:
+        wait([pending])
+    return here, pending.result()
 
 
 @functools.lru_cache(maxsize=1)
