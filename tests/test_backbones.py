@@ -184,6 +184,26 @@ def test_static_table_is_the_input_embedding_matrix(tiny_bert_path, reference):
         np.testing.assert_array_equal(batch.states[row, : len(ids)], expected[ids])
 
 
+@pytest.mark.parametrize("max_length", [8192, 6])
+@pytest.mark.parametrize("kind", ["wordpiece", "word vectors"])
+def test_static_mean_pooling_is_the_weighted_mean_of_the_tokenizers_rows(tiny_bert_path, tiny_glove_path, kind, max_length):
+    """The padding-free path (word cache, one gather per text) against transformers' ids and float64 NumPy,
+    truncation, unknown words, tabs and a text whose tokens all weigh 0 (the plain mean) included."""
+    backbone = StaticBackbone(f"static:{tiny_bert_path}" if kind == "wordpiece" else tiny_glove_path, max_length=max_length)
+    texts = [*TEXTS, "The HOUSE sat\ton the zzz river\n", "cat " * 40, "dogs"]
+    weights = np.random.default_rng(0).uniform(0.5, 2.0, backbone.vocab_size).astype(np.float32)
+    weights[backbone.tokenizer("dogs")["input_ids"]] = 0.0
+    pooled = backbone.pool_mean(texts, weights)
+    for row, text in enumerate(texts):
+        ids = backbone.tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+        w = weights[ids].astype(np.float64)
+        w = w if w.sum() > 0 else np.ones(len(ids))
+        np.testing.assert_allclose(pooled[row], w @ backbone.table[ids].astype(np.float64) / w.sum(), rtol=1e-5, atol=1e-6)
+    encoder = ShapedEncoder(backbone=backbone, pooling="mean")
+    encoder.weighting.weights_ = weights
+    np.testing.assert_array_equal(encoder.embed_raw(texts), pooled)
+
+
 def test_random_table_is_seeded(tiny_bert_path):
     first = StaticBackbone(f"random:{tiny_bert_path}", seed=3)
     again = StaticBackbone(f"random:{tiny_bert_path}", seed=3)

@@ -406,7 +406,7 @@ class ShapedEncoder:
             self.check_is_fitted()
         output = np.empty((len(texts), self.backbone.dim), dtype=np.float32)
         pool_mean = getattr(self.backbone, "pool_mean", None)
-        if pool_mean is not None and self.pooling == "mean":  # a folded table: no padded batches
+        if pool_mean is not None and self.pooling == "mean":  # a static table: no padded batches
             step = max(batch_size or self.batch_size, 1024)
             with encoding_progress(len(texts), show_progress) as progress:
                 for begin in range(0, len(texts), step):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weighted_mean", "last_token", "mask")
+#: texts tokenized and pooled together by :func:`table_mean` (bounds the token ids held at once)
+TABLE_MEAN_BATCH = 512
 
 
 def last_real_position(attention_mask: np.ndarray) -> np.ndarray:
@@ -53,3 +57,32 @@ def pool(
     if mode == "mean_sqrt_len":
         return (summed / np.sqrt(total)).astype(np.float32)
     return (summed / total).astype(np.float32)
+
+
+def table_mean(
+    texts: Sequence[str],
+    token_ids: Callable[[Sequence[str]], list[list[int]]],
+    table: np.ndarray,
+    weights: np.ndarray,
+    row_scale: np.ndarray | None = None,
+) -> np.ndarray:
+    """Weighted mean of each text's rows of a static ``table``, float32 (n, d): ``pool(..., "mean")`` over the
+    rows of the ids ``token_ids`` gives (a text whose weights are all 0 falls back to the plain mean of its
+    tokens), without padding: per text one gather of its rows and one weighted sum (a BLAS vector-matrix
+    product), measured 6x faster on abstracts than one ``np.add.reduceat`` over a batch's (tokens x d) rows
+    (docs/results/fast.md). ``weights``: one per token id; ``row_scale``: an int8 table's scale per row."""
+    output = np.zeros((len(texts), table.shape[1]), dtype=np.float32)
+    weights = np.asarray(weights, dtype=np.float32)
+    for begin in range(0, len(texts), TABLE_MEAN_BATCH):
+        for row, text_ids in enumerate(token_ids(texts[begin : begin + TABLE_MEAN_BATCH]), start=begin):
+            ids = np.array(text_ids, dtype=np.intp)
+            if not ids.size:
+                continue
+            token_weights = weights[ids]
+            total = float(token_weights.sum(dtype=np.float64))
+            if total <= 0:
+                token_weights, total = np.ones(ids.size, dtype=np.float32), float(ids.size)
+            if row_scale is not None:
+                token_weights = token_weights * row_scale[ids]
+            output[row] = (token_weights @ table[ids].astype(np.float32, copy=False)) / total
+    return output

@@ -24,6 +24,24 @@ MAX_CACHED = 500_000
 _SPACES = {9: " ", 10: " ", 13: " "}  # tab, newline, carriage return: whitespace to BertPreTokenizer
 
 
+def core_tokenizer(tokenizer: Any, max_length: int | None = None) -> Any:
+    """A private ``tokenizers.Tokenizer`` copy of ``tokenizer`` (a transformers fast tokenizer or a
+    ``tokenizers.Tokenizer``) without padding, truncating at ``max_length`` (None: not at all): the ids,
+    counts and offsets transformers gives, without its conversion of each encoding to Python lists."""
+    from tokenizers import Tokenizer
+
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if getattr(tokenizer, "is_fast", True) is False or not isinstance(backend, Tokenizer):
+        raise ValueError(f"isotrope needs a fast tokenizer (offsets, batched encoding); got {type(tokenizer).__name__}")
+    core = Tokenizer.from_str(backend.to_str())
+    core.no_padding()
+    if max_length is None:
+        core.no_truncation()
+    else:
+        core.enable_truncation(max_length)
+    return core
+
+
 def _is_bert_style(config: dict[str, Any]) -> bool:
     normalizer, pre = config.get("normalizer") or {}, config.get("pre_tokenizer") or {}
     added = config.get("added_tokens") or []

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from isotrope.backbones.word_cache import WordPieceCache
+from isotrope.backbones.word_cache import WordPieceCache, core_tokenizer
 from isotrope.ingest.loaders import Document
 from isotrope.sentences import split_lines, split_sentences
 
@@ -109,7 +109,7 @@ class TokenChunker:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if not 0 <= overlap_tokens < chunk_tokens:
             raise ValueError(f"overlap_tokens must be in [0, chunk_tokens={chunk_tokens}), got {overlap_tokens}")
-        core = _core_tokenizer(tokenizer)
+        core = core_tokenizer(tokenizer)
         max_length = max_length if max_length is not None else getattr(tokenizer, "model_max_length", None)
         processor = core.post_processor
         special = processor.num_special_tokens_to_add(False) if processor is not None else 0
@@ -270,20 +270,6 @@ class LlamaIndexChunker:
             spans.append((start, start + len(piece)))
             cursor = start + 1
         return make_chunks(document, spans)
-
-
-def _core_tokenizer(tokenizer: Any) -> Any:
-    """A private ``tokenizers.Tokenizer`` copy of ``tokenizer`` (a transformers fast tokenizer or a
-    ``tokenizers.Tokenizer``) without truncation or padding: counts and offsets as transformers gives them."""
-    from tokenizers import Tokenizer
-
-    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
-    if getattr(tokenizer, "is_fast", True) is False or not isinstance(backend, Tokenizer):
-        raise ValueError(f"TokenChunker needs a fast tokenizer (offset mapping); got {type(tokenizer).__name__}")
-    core = Tokenizer.from_str(backend.to_str())
-    core.no_truncation()
-    core.no_padding()
-    return core
 
 
 def _spans(units: Sequence[_Unit], groups: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
