@@ -1,6 +1,7 @@
 """A LanceDB store's keyword index: the ``terms`` column (each text analyzed by :mod:`isotrope.lexical`)
 under LanceDB's native full-text index, kept exact at each commit (appended rows added to it, rebuilt after
-deletes and updates) with its BM25 statistics beside it (:mod:`.lance_bm25`), and BM25 search over it."""
+deletes and updates; a bulk load's commits leave it to the commit after the load) with its BM25 statistics
+beside it (:mod:`.lance_bm25`), and BM25 search over it."""
 
 from __future__ import annotations
 

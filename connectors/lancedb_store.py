@@ -388,12 +388,14 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     def commit(self) -> None:
         """Every write is already a committed Lance version; bring the full-text index up to date (also
-        when a writer was interrupted before it did), build the ANN index if it is now due (not inside
-        :meth:`deferred_index`) and, after an index build, merge the table's fragments."""
+        when a writer was interrupted before it did), build the ANN index if it is now due and, after an
+        index build, merge the table's fragments. Inside :meth:`deferred_index` (a bulk load) neither index
+        is touched: the commit after it brings both up to date once (full-text search meanwhile reads the
+        rows its index lacks unindexed, as after an interrupted writer)."""
         self._maybe_index()
         if self._lexical_state is None and len(self) and not self._lexical_exact():
             self._lexical_state = "stale"  # left behind by a writer interrupted before its commit
-        if self._lexical_state not in (None, "exact"):
+        if self._lexical_state not in (None, "exact") and not self._deferring:
             self._refresh_lexical_index()
         self._save_fields()
         if self._compaction_due and not self._deferring:
