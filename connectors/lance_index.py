@@ -111,8 +111,9 @@ class LanceVectorIndex(LanceRows):
 
     @contextmanager
     def deferred_index(self) -> Iterator[None]:
-        """A bulk load: inside, writes and commits neither build nor rebuild nor extend the ANN index; the
-        first commit after it builds the index that is due, once, over every row."""
+        """A bulk load: inside, writes and commits neither build nor rebuild nor extend the ANN index, nor
+        refresh the full-text index; the first commit after it builds the index that is due, once, over every
+        row, and brings the full-text index up to date."""
         self._deferring = True
         try:
             yield

@@ -281,12 +281,15 @@ class StaticBackbone(TokenizedBackbone):
     def _word_cache(self) -> WordPieceCache:
         return WordPieceCache(self._core_tokenizer, self._core_tokenizer.to_str(), self.max_length)
 
+    def _fitted_table(self) -> np.ndarray:
+        if self.table is None:
+            raise NotFittedError(f"{self.source}: the context table is computed by fit(texts) first")
+        return self.table
+
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d), without padded batches
         (:func:`isotrope.pooling.table_mean`; ids through the word cache, :mod:`isotrope.backbones.word_cache`)."""
-        if self.table is None:
-            raise NotFittedError(f"{self.source}: the context table is computed by fit(texts) first")
-        return table_mean(texts, self._word_cache.ids, self.table, weights)
+        return table_mean(texts, self._word_cache.ids, self._fitted_table(), weights)
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encodings = self._core_tokenizer.encode_batch(list(texts))
@@ -294,8 +297,6 @@ class StaticBackbone(TokenizedBackbone):
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         """One gather from the table for the whole padded batch."""
-        if self.table is None:
-            raise NotFittedError(f"{self.source}: the context table is computed by fit(texts) first")
         return TokenBatch(
-            states=self.table[input_ids], input_ids=input_ids, attention_mask=attention_mask, special_mask=special_mask
+            states=self._fitted_table()[input_ids], input_ids=input_ids, attention_mask=attention_mask, special_mask=special_mask
         )

@@ -237,7 +237,8 @@ class VectorStore(Protocol):
             raise ValueError(f"this store searches exactly: index must be 'flat' or 'auto'; got {index!r}")
 
     def deferred_index(self) -> AbstractContextManager[None]:
-        """A bulk load that builds the ANN index once, at the first commit after it (no index to defer by default)."""
+        """A bulk load that builds the ANN index (and, where a store defers it, brings its keyword index up to
+        date) once, at the first commit after it (nothing to defer by default)."""
         return nullcontext()
 
     def close(self) -> None: ...
