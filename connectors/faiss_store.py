@@ -416,7 +416,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
     def deferred_index(self) -> Iterator[None]:
         """A bulk load: inside, rows go into the current index as it is (no training, and an auto store
         neither switches nor rebuilds its index at commits); the first commit after it builds the index
-        that is due, once, instead of at every growth step."""
+        that is due, once, instead of at every growth step, and merges the keyword index's pending rows."""
         rows = len(self)
         self._deferring = True
         try:
@@ -425,6 +425,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             self._deferring = False
             if len(self) != rows:  # the next commit follows the plan even if nothing is written in between
                 self._dirty = True
+                self._keyword_merge_due = True
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove the given ids; unknown ids are ignored."""

@@ -342,6 +342,11 @@ class KeywordIndex:
     def __len__(self) -> int:
         return self._main.alive + self._pending_segment().alive
 
+    @property
+    def pending(self) -> int:
+        """Rows changed since the last merge (kept apart from the large matrix until :meth:`merge`)."""
+        return len(self._pending)
+
     def scores(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, BM25)`` of the live rows sharing a term with the query (its distinct ``terms``); each row
         once, unordered."""

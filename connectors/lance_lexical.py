@@ -201,24 +201,38 @@ class LanceLexicalIndex(LanceRows):
         return out
 
     def _dense_bm25(
-        self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]], lexical: Sequence[tuple[list[int], np.ndarray]]
+        self,
+        dataset: Any,
+        texts: Sequence[str],
+        rows: Sequence[Sequence[int]],
+        lexical: Sequence[tuple[list[int], np.ndarray]],
+        computed: Sequence[Mapping[int, float]] | None,
     ) -> list[np.ndarray]:
         """Each text's BM25 of each of its Lance row ids ``rows``: from its keyword top (``lexical``) where
-        listed there; the others' from their ``terms`` and the statistics beside the table where those
-        describe its rows (:mod:`.lance_bm25`), else by a full-text query restricted to them."""
+        listed there, else from ``computed`` (by :meth:`_rows_bm25`), or where the table has no statistics to
+        compute it from (None), by a full-text query restricted to those rows."""
         known = [dict(zip(listed, scores.tolist())) for listed, scores in lexical]
-        missing = [[row for row in wanted if row not in seen] for wanted, seen in zip(rows, known)]
-        stats = self._term_stats(dataset)
-        if stats is None:
-            found = self._bm25_of_rows(dataset, texts, missing)
-        else:
-            found = [
-                stats.scores(query_terms(text), dataset._take_rows(part, columns=[TERMS]).column(TERMS)) if part else np.empty(0)
-                for text, part in zip(texts, missing)
-            ]
-        for seen, part, scores in zip(known, missing, found):
-            seen.update(zip(part, scores.tolist()))
-        return [np.array([seen[row] for row in wanted], dtype=np.float64) for wanted, seen in zip(rows, known)]
+        if computed is None:
+            missing = [[row for row in wanted if row not in seen] for wanted, seen in zip(rows, known)]
+            computed = _by_row(missing, self._bm25_of_rows(dataset, texts, missing))
+        return [
+            np.array([seen[row] if row in seen else found[row] for row in wanted], dtype=np.float64)
+            for wanted, seen, found in zip(rows, known, computed)
+        ]
+
+    def _rows_bm25(
+        self, dataset: Any, stats: TermStats, texts: Sequence[str], rows: Sequence[Sequence[int]]
+    ) -> list[dict[int, float]]:
+        """Each text's BM25 of each of its Lance row ids, from the rows' terms and ``stats``."""
+        return _by_row(
+            rows,
+            [
+                stats.scores(query_terms(text), dataset._take_rows(list(part), columns=[TERMS]).column(TERMS))
+                if part
+                else np.empty(0)
+                for text, part in zip(texts, rows)
+            ],
+        )
 
     def _bm25_of_rows(self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Each text's BM25 of each of its Lance row ids (:meth:`lexical_scores` by row id)."""
@@ -254,3 +268,8 @@ def _full_text(dataset: Any, terms: Sequence[str], columns: list[str], condition
     saves 3 to 4 ms a query at 100,000 rows)."""
     args = read_args([*columns, "_score"], condition, row_ids)
     return dataset.scanner(**args, full_text_query=_match(terms), limit=k).to_table()
+
+
+def _by_row(rows: Sequence[Sequence[int]], scores: Sequence[np.ndarray]) -> list[dict[int, float]]:
+    """Each query's ``row -> score``."""
+    return [dict(zip(part, found.tolist())) for part, found in zip(rows, scores)]

@@ -40,7 +40,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from isotrope.fusion import Candidates, run_beside
+from isotrope.fusion import Candidates, KeyedVectors, run_beside
 from isotrope.lexical import index_text
 from isotrope.stores import index_plan
 from isotrope.stores.base import (
@@ -466,28 +466,40 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
     ) -> Candidates:
         """Hybrid search's candidates named by Lance row id, all read from one version of the table: the
         keyword top ``depth`` (row ids and BM25) in a second thread while this one finds the dense top
-        ``depth``; then (``complete``) the dense rows' BM25 in the second thread (:meth:`_dense_bm25`) while
-        this one reads the stored vectors of the keyword rows the dense lists lack. An IVF_HNSW_SQ index's
-        dense list keeps the index's 8-bit distances (a refinement would read every candidate's vector: 2 ms
-        of a 12 ms query at 100,000 rows) except for the cosine metric (:data:`_SQ_INDEX`); other indexes
-        refine it. Only the fused top rows' id, text and metadata are read (:func:`isotrope.fusion.search_store`);
-        no ``id`` column is read before that."""
+        ``depth``; then (``complete``) each side reads at once what fusion needs of its own rows, less those
+        the other side has listed if it is done: the keyword side their stored vectors, the dense side their
+        BM25 from their terms (:meth:`_rows_bm25`). 100,000 rows, 2 cores: 0.5 ms less than reading both after
+        the two searches (11.0 against 10.5 ms a query, one process alternating). An IVF_HNSW_SQ index's dense list keeps the index's 8-bit distances (a refinement would read
+        every candidate's vector: 2 ms of a 12 ms query at 100,000 rows) except for the cosine metric
+        (:data:`_SQ_INDEX`); other indexes refine it. Only the fused top rows' id, text and metadata are read
+        (:func:`isotrope.fusion.search_store`); no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
-        dense, lexical = run_beside(
-            lambda: self._keyword_top(dataset, texts, depth, condition),
-            lambda: self._dense_top(dataset, as_vectors(queries, self.dim, "queries"), depth, condition),
-        )
+        stats = self._term_stats(dataset) if complete else None
+        listed: dict[str, list[tuple[list[int], np.ndarray]]] = {}  # each side's lists, once it has them
+
+        def unlisted(mine: str, theirs: str) -> list[list[int]]:
+            """Each query's rows of side ``mine`` that side ``theirs`` has not listed (all, if it is not done)."""
+            if theirs not in listed:
+                return [rows for rows, _ in listed[mine]]
+            others = (set(rows) for rows, _ in listed[theirs])
+            return [[row for row in rows if row not in other] for (rows, _), other in zip(listed[mine], others)]
+
+        def dense_side() -> tuple[list[tuple[list[int], np.ndarray]], list[dict[int, float]] | None]:
+            listed["dense"] = self._dense_top(dataset, as_vectors(queries, self.dim, "queries"), depth, condition)
+            if stats is None:
+                return listed["dense"], None
+            return listed["dense"], self._rows_bm25(dataset, stats, texts, unlisted("dense", "lexical"))
+
+        def keyword_side() -> tuple[list[tuple[list[int], np.ndarray]], KeyedVectors]:
+            listed["lexical"] = self._keyword_top(dataset, texts, depth, condition)
+            lacking = dict.fromkeys(row for rows in unlisted("lexical", "dense") for row in rows) if complete else {}
+            return listed["lexical"], self._row_vectors(dataset, list(lacking))
+
+        (dense, bm25), (lexical, vectors) = run_beside(keyword_side, dense_side)
         if not complete:
-            return Candidates(dense, lexical, [], {}, lambda rankings: self._ranked_rows(dataset, rankings))
-        lacking: dict[int, None] = {}
-        for (rows, _), (listed, _) in zip(dense, lexical):
-            found = set(rows)
-            lacking.update((row, None) for row in listed if row not in found)
-        vectors, bm25 = run_beside(
-            lambda: self._dense_bm25(dataset, texts, [rows for rows, _ in dense], lexical),
-            lambda: self._row_vectors(dataset, list(lacking)),
-        )
-        return Candidates(dense, lexical, bm25, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
+            return Candidates(dense, lexical, [], vectors, lambda rankings: self._ranked_rows(dataset, rankings))
+        bm25s = self._dense_bm25(dataset, texts, [rows for rows, _ in dense], lexical, bm25)
+        return Candidates(dense, lexical, bm25s, vectors, lambda rankings: self._ranked_rows(dataset, rankings))
 
     def _dense_top(
         self, dataset: Any, queries: np.ndarray, depth: int, condition: str | None
@@ -502,12 +514,12 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
         return dense
 
-    def _row_vectors(self, dataset: Any, rows: list[int]) -> dict[int, np.ndarray]:
-        """The stored vector of each Lance row id (of ``dataset``'s version)."""
+    def _row_vectors(self, dataset: Any, rows: list[int]) -> KeyedVectors:
+        """The stored vectors of Lance row ids (of ``dataset``'s version)."""
         if not rows:
-            return {}
+            return KeyedVectors.of([], np.empty((0, self.dim), np.float32))
         column = dataset._take_rows(rows, columns=["vector"]).column("vector")
-        return dict(zip(rows, to_numpy(column, self.dim, pa.array(rows, pa.uint64()), "vector")))
+        return KeyedVectors.of(rows, to_numpy(column, self.dim, pa.array(rows, pa.uint64()), "vector"))
 
     def _ranked_rows(self, dataset: Any, rankings: list[list[tuple[Any, float]]]) -> list[list[Hit]]:
         """Rankings of Lance row ids (of ``dataset``'s version) as hits with their text and metadata."""

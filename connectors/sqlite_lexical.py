@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.fusion import Candidates, run_beside
+from isotrope.fusion import Candidates, KeyedVectors, run_beside
 from isotrope.lexical import analyze, query_terms
 from isotrope.stores.base import Hit, check_k
 
@@ -25,6 +25,7 @@ from .sqlite_rows import READ_BATCH, SqliteRows
 
 logger = logging.getLogger(__name__)
 
+no_keys = np.empty(0, np.int64)
 _GENERATION = "SELECT value FROM meta WHERE key = 'keyword_generation'"
 
 
@@ -34,6 +35,7 @@ class SqliteLexicalIndex(SqliteRows):
 
     _keyword: KeywordIndex | None = None
     _keyword_changed: bool = False
+    _keyword_merge_due: bool = False  # after a bulk load: the next commit merges the rows pending in the index
 
     def _committed_generation(self) -> int:
         row = self._db.execute(_GENERATION).fetchone()
@@ -92,6 +94,13 @@ class SqliteLexicalIndex(SqliteRows):
     def _stage_keyword(self) -> Path | None:
         """Inside the open transaction at commit: the next generation recorded and the index saved under a
         temporary name, to rename with :meth:`_install_keyword` once SQLite has committed."""
+        if self._keyword_merge_due and self._keyword is not None and self._keyword.pending:
+            # one matrix after a bulk load: a query scores each matrix apart (100k chunks, 9% pending: a
+            # hybrid query 0.36 ms less)
+            self._keyword.merge()
+            self._keyword_changed = True
+            self._begin()  # the generation below is committed with the rest
+        self._keyword_merge_due = False
         if not self._keyword_changed or self._keyword is None:
             return None
         generation = self._committed_generation() + 1
@@ -150,14 +159,24 @@ class SqliteLexicalIndex(SqliteRows):
         beside: bool,
     ) -> Candidates:
         """Hybrid search's candidates by row key: each query's keyword top ``k`` among rows matching ``where``
-        (``beside``: scored in a second thread while ``dense()`` gives its dense ``(keys, scores)`` in this one),
-        then (``complete``) the BM25 of its dense keys and the stored vectors of the keyword candidates the dense
-        lists lack. The dense keys' BM25 is looked up in the postings, or, with the keyword side after the dense
-        one, read from the scores of the keyword pass where it scored every posting (100k chunks: 0.4 ms less)."""
+        and its dense ``(keys, scores)`` from ``dense()``, then (``complete``) the BM25 of its dense keys and
+        the stored vectors of the keyword candidates. ``beside``: the keyword side runs in a second thread while
+        ``dense()`` runs in this one, and reads its rows' vectors there before the dense side is done (through
+        the reader connection; 100k chunks: 0.5 ms less). Else, after the dense side, the dense keys' BM25 is
+        read from the scores of the keyword pass where it scored every posting (100k chunks: 0.4 ms less)."""
         index, allowed = self._keyword_index(), self._allowed_keys(where)
         terms = [query_terms(text) for text in texts]
+        read: tuple[np.ndarray, np.ndarray] | None = None
         if beside:
-            found, lexical = run_beside(lambda: [index.top(query, k, allowed) for query in terms], dense)
+            reader = self._db if complete and not self._conn.in_transaction else None
+
+            def keyword_side() -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray] | None]:
+                tops = [index.top(query, k, allowed) for query in terms]
+                if reader is None:
+                    return tops, None
+                return tops, self._key_vectors(np.unique(np.concatenate([no_keys, *(keys for keys, _ in tops)])).tolist(), reader)
+
+            found, (lexical, read) = run_beside(keyword_side, dense)
             bm25 = [index.lookup(query, keys) for query, (keys, _) in zip(terms, found)] if complete else []
         else:
             found = dense()
@@ -166,15 +185,17 @@ class SqliteLexicalIndex(SqliteRows):
             ]
             lexical = [(keys, scores) for keys, scores, _ in passes]
             bm25 = [looked for _, _, looked in passes] if complete else []
-        missing = set[int]()
-        if complete:
-            for (keys, _), (dense_keys, _) in zip(lexical, found):
-                missing.update(np.setdiff1d(keys, dense_keys).tolist())
-        found_keys, vectors = self._key_vectors(sorted(missing))
+        if read is None:
+            missing = set[int]()
+            if complete:
+                for (keys, _), (dense_keys, _) in zip(lexical, found):
+                    missing.update(np.setdiff1d(keys, dense_keys).tolist())
+            read = self._key_vectors(sorted(missing))
+        found_keys, vectors = read
         return Candidates(
             [(keys.tolist(), scores) for keys, scores in found],
             [(keys.tolist(), scores) for keys, scores in lexical],
             bm25,
-            dict(zip(found_keys.tolist(), vectors)),
+            KeyedVectors.of(found_keys.tolist(), vectors),
             self._ranked_hits,
         )

@@ -130,7 +130,8 @@ class SqliteRows:
             return self._conn
         if self._reader is None:
             uri = f"{(self.path / DB_NAME).absolute().as_uri()}?mode=ro"
-            self._reader = sqlite3.connect(uri, uri=True, timeout=_BUSY_SECONDS)
+            # hybrid search's keyword side reads through it in a second thread while this one waits
+            self._reader = sqlite3.connect(uri, uri=True, timeout=_BUSY_SECONDS, check_same_thread=False)
             self._reader.execute(f"PRAGMA mmap_size={_READ_MMAP_BYTES}")
         return self._reader
 
@@ -144,9 +145,12 @@ class SqliteRows:
             found.update(self._db.execute(query, part).fetchall())
         return found
 
-    def _iter_vectors(self, where_sql: str = "1", params: Sequence[Any] = ()) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(keys, vectors) batches of the rows matching a trusted SQL condition, in key order."""
-        cursor = self._conn.execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
+    def _iter_vectors(
+        self, where_sql: str = "1", params: Sequence[Any] = (), db: sqlite3.Connection | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(keys, vectors) batches of the rows matching a trusted SQL condition, in key order (read through
+        ``db``, else the store's own connection)."""
+        cursor = (db or self._conn).execute(f"SELECT key, vector FROM items WHERE {where_sql} ORDER BY key", params)
         while rows := cursor.fetchmany(READ_BATCH):
             keys = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
@@ -213,11 +217,12 @@ class SqliteRows:
         found = dict(zip(found_keys.tolist(), found_vectors))
         return np.stack([found[keys[i]] for i in wanted]) if wanted else np.empty((0, self.dim), np.float32)
 
-    def _key_vectors(self, keys: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The ``(keys, vectors)`` stored under the given ascending keys, in key order (a statement per 900)."""
+    def _key_vectors(self, keys: Sequence[int], db: sqlite3.Connection | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(keys, vectors)`` stored under the given ascending keys, in key order (a statement per 900;
+        read through ``db``, else the store's own connection)."""
         found, vectors = [np.empty(0, np.int64)], [np.empty((0, self.dim), np.float32)]
         for part in chunks(list(keys), CHUNK):
-            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part):
+            for kk, vv in self._iter_vectors(f"key IN ({','.join('?' * len(part))})", part, db):
                 found.append(kk)
                 vectors.append(vv)
         return np.concatenate(found), np.concatenate(vectors)

@@ -208,3 +208,23 @@ def test_a_failed_bulk_commit_keeps_keyword_search_exact(tmp_path, monkeypatch):
     reopened = FaissStore(tmp_path / "s")
     assert [[(h.id, h.score) for h in row] for row in reopened.lexical_search(["word3 row5", "row2999"], 5)] == expected
     assert reopened.has_lexical_index
+
+
+def test_a_bulk_load_ends_with_the_keyword_index_in_one_matrix(tmp_path):
+    """The rows a bulk load added since the keyword index last merged them in (a second matrix every query
+    scores apart) are merged by the commit that ends the load, and saved merged; keyword search is unchanged."""
+    from isotrope.connectors.keyword_index import KeywordIndex
+
+    store = FaissStore(tmp_path / "s", dim=DIM, metric="ip")
+    _bulk_load(store, draw(3100, 26))  # the last 300 rows: fewer than MERGE_SHARE of the 2,800 before
+    queries = ["word3 row5", "common word10", "row3099 word1", "row2805"]
+    assert store._keyword is not None and store._keyword.pending == 300
+    expected = [[(h.id, h.score) for h in row] for row in store.lexical_search(queries, 5)]
+    store.commit()
+    saved = KeywordIndex.load(store.path)
+    assert saved is not None and saved.pending == 0 and len(saved) == 3100
+    assert saved.generation == store._committed_generation()
+    assert [[(h.id, h.score) for h in row] for row in store.lexical_search(queries, 5)] == expected
+    store.add(["new"], draw(1, 27), ["row5 fresh"])  # outside a bulk load, a change stays pending
+    store.commit()
+    assert KeywordIndex.load(store.path).pending == 1

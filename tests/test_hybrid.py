@@ -204,14 +204,21 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
     assert FaissStore(tmp_path / "faiss").has_lexical_index  # written
 
 
+@pytest.mark.parametrize("uncommitted", [False, True])
 @pytest.mark.parametrize("faiss_threads", [1, 64])
-def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads, tmp_path):
+def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads, uncommitted, tmp_path):
+    """Beside the dense side, the keyword side reads its rows' vectors through the reader connection in its
+    own thread (inside an open write, which only the writer sees, after the dense side in this one)."""
     import faiss
 
     from isotrope.connectors import faiss_index
 
     store = open_store("faiss", tmp_path)
     contents = fill(store)
+    if uncommitted:
+        extra = {"u0": ("quick quokkas jump", {}), "u1": ("lazy quokkas sleep over the dog", {})}
+        store.add(list(extra), make_data("random", 2, DIM, 9), [t for t, _ in extra.values()], [{}, {}])
+        contents.update(extra)
     queries = make_data("random", len(QUERIES), DIM, 5)
     before = faiss.omp_get_max_threads()
     try:
@@ -437,7 +444,7 @@ def test_lance_hybrid_candidates_over_an_ann_index(index, metric, tmp_path):
         truth = exact[q, rows]
         np.testing.assert_allclose(dense_scores, truth, atol=2e-2 if (index, metric) == ("hnsw_sq", "ip") else 1e-5)
         for r in set(listed).difference(dense):
-            np.testing.assert_array_equal(found.vectors[r], data[position[row_ids[r]]])
+            np.testing.assert_array_equal(found.vectors.take([r])[0], data[position[row_ids[r]]])
     fused = search_store(store, texts, queries, K, candidates=200)
     exact_store = MemoryStore(dim, metric=metric)
     exact_store.add(list(contents), data, list(contents.values()), [{}] * n)

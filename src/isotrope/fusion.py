@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -65,6 +65,22 @@ Key: TypeAlias = Any
 Ranking = list[tuple[Key, float]]
 
 
+class KeyedVectors(NamedTuple):
+    """Stored vectors named by :data:`Key`: ``matrix[rows[key]]`` is the vector of ``key``."""
+
+    rows: Mapping[Key, int]
+    matrix: np.ndarray
+
+    @classmethod
+    def of(cls, keys: Sequence[Key], matrix: np.ndarray) -> KeyedVectors:
+        """The vectors ``matrix`` (a row per key) named by ``keys``."""
+        return cls(dict(zip(keys, range(len(keys)))), matrix)
+
+    def take(self, keys: Sequence[Key]) -> np.ndarray:
+        """The vectors of ``keys``, a row each."""
+        return self.matrix[[self.rows[key] for key in keys]]
+
+
 @dataclass
 class Candidates:
     """A store's two candidate lists for each query, rows named by :data:`Key` (ids, or keys of the store's
@@ -76,7 +92,7 @@ class Candidates:
     dense: list[tuple[list[Key], np.ndarray]]
     lexical: list[tuple[list[Key], np.ndarray]]
     dense_bm25: list[np.ndarray]
-    vectors: Mapping[Key, np.ndarray]
+    vectors: KeyedVectors
     hits: Callable[[list[Ranking]], list[list[Hit]]]
 
 
@@ -127,7 +143,7 @@ def _completed(
     dense: tuple[list[Key], np.ndarray],
     bm25: np.ndarray,
     lexical: tuple[list[Key], np.ndarray],
-    vectors: Mapping[Key, np.ndarray],
+    vectors: KeyedVectors,
 ) -> tuple[list[Key], np.ndarray, np.ndarray]:
     """One query's union of its two lists (first appearance, dense first) and every candidate's exact dense
     and lexical score: a lexical-only candidate's dense score from its stored vector, a dense one's BM25
@@ -146,7 +162,7 @@ def _completed(
     lexical_side[from_dense] = np.asarray(bm25, dtype=np.float64)[first[from_dense]]
     lexical_side[~from_dense] = np.asarray(lexical_scores, dtype=np.float64)[lexical_only]
     if len(lexical_only):
-        stored = np.stack([vectors[lexical_keys[i]] for i in lexical_only.tolist()])
+        stored = vectors.take([lexical_keys[i] for i in lexical_only.tolist()])
         dense_side[~from_dense] = exact_scores(query[None], stored, metric)[0]
     return union, dense_side, lexical_side
 
@@ -180,7 +196,7 @@ def _candidates(
         [_keyed(row) for row in dense],
         [_keyed(row) for row in lexical],
         bm25,
-        dict(zip(ids, store.vectors(ids))) if ids else {},
+        KeyedVectors.of(ids, store.vectors(ids) if ids else np.empty((0, store.dim), np.float32)),
         lambda rankings: _with_text(store, rankings),
     )
 
