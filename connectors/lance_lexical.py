@@ -227,12 +227,15 @@ class LanceLexicalIndex(LanceRows):
         return _by_row(
             rows,
             [
-                stats.scores(query_terms(text), dataset._take_rows(list(part), columns=[TERMS]).column(TERMS))
-                if part
-                else np.empty(0)
+                stats.scores(query_terms(text), self._row_terms(dataset, part)) if part else np.empty(0)
                 for text, part in zip(texts, rows)
             ],
         )
+
+    def _row_terms(self, dataset: Any, rows: Sequence[int]) -> pa.Array | pa.ChunkedArray:
+        """The ``terms`` of Lance row ids (of ``dataset``'s version): from the fragments' copies where they have them."""
+        copied = None if self._copies is None else self._copies.terms(dataset, rows)
+        return copied if copied is not None else dataset._take_rows(list(rows), columns=[TERMS]).column(TERMS)
 
     def _bm25_of_rows(self, dataset: Any, texts: Sequence[str], rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Each text's BM25 of each of its Lance row ids (:meth:`lexical_scores` by row id)."""

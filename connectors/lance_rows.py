@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lance
 import numpy as np
@@ -19,6 +19,9 @@ import pyarrow as pa
 from isotrope.stores.base import Hit, as_ids
 from isotrope.stores.filters import lance_literal, to_lance
 from isotrope.stores.rows import chunks, load_metadata
+
+if TYPE_CHECKING:
+    from .lance_copies import FragmentCopies
 
 PROPERTY = "isotrope.property."
 ID_CHUNK = 1000
@@ -90,6 +93,7 @@ class LanceRows:
     _fields_exact: bool
     _lexical_state: str | None
     _vector_index: str | bool | None
+    _copies: FragmentCopies | None
 
     def _writable(self) -> Any:
         """The pylance dataset writes and index builds go through, opened on first use (sharing the read

@@ -23,8 +23,10 @@ version atomically, so a process killed mid-write leaves the previous version re
 ``commit()`` has no data to flush: it brings the full-text index up to date (new rows added to
 it; rebuilt after deletes or updates, so BM25 statistics stay exact; rebuilt by the next
 writer's commit when a writer was killed before its own), saves the BM25 statistics hybrid search
-scores its dense candidates with (``<table>.bm25`` beside the table: :mod:`.lance_bm25`), and creates
-the ANN index once the table is large enough. Between a write and its commit the new rows are still
+scores its dense candidates with (``<table>.bm25`` beside the table: :mod:`.lance_bm25`), creates
+the ANN index once the table is large enough and, for a local indexed table, copies each new fragment's
+``vector`` and ``terms`` into ``<table>.copies/`` (:mod:`.lance_copies`), where hybrid search reads its
+candidates' vectors and terms. Between a write and its commit the new rows are still
 found by full-text search (LanceDB scans unindexed rows), with statistics of the previous commit.
 """
 
@@ -59,6 +61,7 @@ from isotrope.stores.filters import to_lance
 from isotrope.stores.options import AUTO, FLAT, check_count, pick, renamed_attribute, renamed_options
 from isotrope.stores.rows import chunks, dumps_metadata
 
+from .lance_copies import FragmentCopies
 from .lance_exact import HeldVectors
 from .lance_index import INDEX_TYPES, LANCE_DISTANCE, META_EF, META_INDEX, META_NPROBES, LanceVectorIndex
 from .lance_lexical import TERMS, LanceLexicalIndex
@@ -192,6 +195,8 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self.stores_raw_vectors = self.raw_dim is not None
         self.metric = schema.metadata[_META_METRIC.encode()].decode()
         self._held = HeldVectors(self.metric)  # a small table's vectors, for exact search without a scan
+        #: copies of the columns hybrid search reads, per fragment, beside a local table
+        self._copies = None if isinstance(self.path, str) else FragmentCopies(self._table_uri(), self.dim)
         stored = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
         #: the index asked for: auto, flat, ivf_pq or hnsw_sq
         self.index = index or stored.get(META_INDEX, "ivf_pq")
@@ -400,9 +405,22 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         self._save_fields()
         if self._compaction_due and not self._deferring:
             self._compact()
+        if not self._deferring:
+            self._sync_copies()
         # Arrow's allocator (mimalloc) keeps what the batches and the BM25 statistics freed; given back here,
         # it is not held through what follows (an ingestion's default search: 20 to 50 MB of its peak)
         pa.default_memory_pool().release_unused()
+
+    def optimize(self) -> None:
+        """:meth:`LanceVectorIndex.optimize`, then the fragments' copies of the compacted table."""
+        super().optimize()
+        self._sync_copies()
+
+    def _sync_copies(self) -> None:
+        """Bring the fragments' copies of what hybrid search reads up to date (:mod:`.lance_copies`): a local
+        table with an ANN index and a full-text index only (a small table's takes cost little)."""
+        if self._copies is not None and self.vector_index is not None and self.has_lexical_index:
+            self._copies.sync(self._dataset())
 
     def close(self) -> None:
         """Drop the table handles (nothing is ever left uncommitted)."""
@@ -515,9 +533,12 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         return dense
 
     def _row_vectors(self, dataset: Any, rows: list[int]) -> KeyedVectors:
-        """The stored vectors of Lance row ids (of ``dataset``'s version)."""
+        """The stored vectors of Lance row ids (of ``dataset``'s version): from the fragments' copies where they have them."""
         if not rows:
             return KeyedVectors.of([], np.empty((0, self.dim), np.float32))
+        copied = None if self._copies is None else self._copies.vectors(dataset, rows)
+        if copied is not None:
+            return KeyedVectors.of(rows, copied)
         column = dataset._take_rows(rows, columns=["vector"]).column("vector")
         return KeyedVectors.of(rows, to_numpy(column, self.dim, pa.array(rows, pa.uint64()), "vector"))
 
