@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,10 @@ from isotrope.stores.rows import chunks, load_metadata
 
 if TYPE_CHECKING:
     from .lance_copies import FragmentCopies
+
+#: Lance's announced default, taken now: index statistics (read at each commit) without the IVF centroids,
+#: which otherwise cost memory and print a warning on every commit of an indexed table; a user's setting stays
+os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 
 PROPERTY = "isotrope.property."
 ID_CHUNK = 1000

@@ -5,6 +5,10 @@ reason for a different result."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -154,6 +158,44 @@ def test_a_damaged_or_interrupted_copy_is_read_from_the_table_and_written_again(
     store.commit()
     _assert_copies_read_the_table(store)
     assert not any(path.name.endswith(".tmp") for path in store._copies.folder.iterdir())
+
+
+#: a process writing the copies again and again (small batches: many writes per copy) until it is killed
+KILLED_WRITER = """
+    import shutil, sys
+    from isotrope.connectors import lance_copies
+    from isotrope.connectors.lancedb_store import LanceDBStore
+    lance_copies._BATCH = 16
+    store = LanceDBStore(sys.argv[1])
+    print("ready", flush=True)
+    while True:
+        shutil.rmtree(store._copies.folder, ignore_errors=True)
+        store._copies = lance_copies.FragmentCopies(store._table_uri(), store.dim)
+        store.commit()
+"""
+
+
+def test_copies_killed_at_any_point_are_never_read_wrong(store):
+    """kill -9 at random points of writing the copies: a reader then gets the table's rows or nothing (and reads
+    from Lance), never other rows; the next commit completes them."""
+    rows = _row_ids(store).tolist()
+    taken = _taken(store, rows)
+    vectors, terms = np.stack(taken.column("vector").to_numpy(zero_copy_only=False)), taken.column("terms").to_pylist()
+    for delay in np.random.default_rng(0).uniform(0.0, 0.4, 6):
+        child = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(KILLED_WRITER), str(store.path)], stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        time.sleep(delay)
+        child.kill()
+        child.wait()
+        reader = lance_copies.FragmentCopies(store._table_uri(), DIM)
+        read = reader.vectors(store._dataset(), rows)
+        if read is not None:
+            np.testing.assert_array_equal(read, vectors)
+            assert reader.terms(store._dataset(), rows).to_pylist() == terms
+    store.commit()
+    _assert_copies_read_the_table(store)
 
 
 def test_a_table_without_an_ann_index_keeps_no_copies(tmp_path):
