@@ -22,6 +22,7 @@ from isotrope.stores.rows import chunks
 
 from . import lance_bm25
 from .lance_bm25 import TermStats
+from .lance_copies import FragmentCopies
 from .lance_rows import ID_CHUNK, META_LEXICAL_ROWS, LanceRows, fragment_rows, read_args, signature
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class LanceLexicalIndex(LanceRows):
 
     #: the BM25 statistics of the table version read last (version, statistics or None: not usable there)
     _bm25_stats: tuple[int, TermStats | None]
+    #: the copies of the columns hybrid search reads (None: none kept, e.g. a table at a URI)
+    _copies: FragmentCopies | None
 
     @property
     def has_lexical_index(self) -> bool:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import lance
 import numpy as np
@@ -20,9 +20,6 @@ import pyarrow as pa
 from isotrope.stores.base import Hit, as_ids
 from isotrope.stores.filters import lance_literal, to_lance
 from isotrope.stores.rows import chunks, load_metadata
-
-if TYPE_CHECKING:
-    from .lance_copies import FragmentCopies
 
 #: Lance's announced default, taken now: index statistics (read at each commit) without the IVF centroids,
 #: which otherwise cost memory and print a warning on every commit of an indexed table; a user's setting stays
@@ -98,7 +95,6 @@ class LanceRows:
     _fields_exact: bool
     _lexical_state: str | None
     _vector_index: str | bool | None
-    _copies: FragmentCopies | None
 
     def _writable(self) -> Any:
         """The pylance dataset writes and index builds go through, opened on first use (sharing the read
