@@ -418,8 +418,8 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
 
     def _sync_copies(self) -> None:
         """Bring the fragments' copies of what hybrid search reads up to date (:mod:`.lance_copies`): a local
-        table with an ANN index and a full-text index only (a small table's takes cost little)."""
-        if self._copies is not None and self.vector_index is not None and self.has_lexical_index:
+        table with an ANN index and a ``terms`` column only (a small table's takes cost little)."""
+        if self._copies is not None and self.vector_index is not None and TERMS in self._schema.names:
             self._copies.sync(self._dataset())
 
     def close(self) -> None:
@@ -486,11 +486,11 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         keyword top ``depth`` (row ids and BM25) in a second thread while this one finds the dense top
         ``depth``; then (``complete``) each side reads at once what fusion needs of its own rows, less those
         the other side has listed if it is done: the keyword side their stored vectors, the dense side their
-        BM25 from their terms (:meth:`_rows_bm25`), both from the fragments' copies where they have them. 100,000 rows, 2 cores: 0.5 ms less than both takes after
-        the two searches (10.5 against 11.0 ms a query, one process alternating). An IVF_HNSW_SQ index's dense
-        list keeps the index's 8-bit distances (a refinement would read every candidate's vector: 2 ms of a
-        12 ms query at 100,000 rows) except for the cosine metric (:data:`_SQ_INDEX`); other indexes refine it. Only the fused top rows' id, text and metadata are read
-        (:func:`isotrope.fusion.search_store`); no ``id`` column is read before that."""
+        BM25 from their terms (:meth:`_rows_bm25`), both from the fragments' copies where they have them
+        (:mod:`.lance_copies`). An IVF_HNSW_SQ index's dense list keeps the index's 8-bit distances (a
+        refinement would read every candidate's vector: 2 ms of a 12 ms query at 100,000 rows) except for the
+        cosine metric (:data:`_SQ_INDEX`); other indexes refine it. Only the fused top rows' id, text and
+        metadata are read (:func:`isotrope.fusion.search_store`); no ``id`` column is read before that."""
         dataset, condition = self._dataset(), to_lance(where) if where else None
         stats = self._term_stats(dataset) if complete else None
         listed: dict[str, list[tuple[list[int], np.ndarray]]] = {}  # each side's lists, once it has them
