@@ -3,6 +3,9 @@ teacher pass. Each variant is scored on the test labels (nDCG@10) and on the hel
 (MRR@10, the label-free signal ``distill`` uses), with the same sampling, held-aside split and proxy as
 :func:`isotrope.distill.distill_table`. Fits use the training rows only (held-aside chunks out).
 
+``--variants bigrams`` adds the corpus's frequent token bigrams as table rows (``--bigrams MIN_DF:WEIGHT[:LIMIT]``);
+``--hybrid ALPHA...`` also scores convex fusion with BM25 as a store fuses (the union of both top 200).
+
 Besides the held-aside chunks' agreement among themselves (``distill.neighbour_agreement``), each cell records two
 agreements measured as retrieval compares: held-aside chunks, and the proxy's pseudo-queries, against the fit chunks
 (the table's 10 nearest against the teacher's). ``--rules`` prints what label-free rules pick among the candidates
@@ -108,6 +111,112 @@ def prepare_windows(folder: Path, cache: Path, state: dict[str, Any]) -> dict[st
     return windows
 
 
+#: the "bigrams" group: consecutive token pairs found in at least ``min_df`` sampled chunks become extra table rows
+#: (their prior: the mean of their two tokens' rows), each occurrence counting ``weight`` in a text's mean
+class Bigrams:
+    def __init__(self, chunk_ids: list[np.ndarray], vocab: int, min_df: int, weight: float, limit: int = 0) -> None:
+        self.vocab, self.weight = vocab, weight
+        per_chunk = [np.unique(self.keys(ids)) for ids in chunk_ids]
+        keys, df = np.unique(np.concatenate(per_chunk), return_counts=True)
+        kept = np.flatnonzero(df >= min_df)
+        if limit and len(kept) > limit:  # the most frequent ``limit`` (ties: the lower key)
+            kept = np.sort(kept[np.argsort(-df[kept], kind="stable")[:limit]])
+        self.table_keys = keys[kept]
+
+    def keys(self, ids: np.ndarray) -> np.ndarray:
+        return ids[:-1] * self.vocab + ids[1:] if len(ids) > 1 else np.zeros(0, np.int64)
+
+    def bags(self, ids: list[np.ndarray]) -> sparse.csr_matrix:
+        """(n, vocab + bigrams) rows summing to 1: each token counts 1, each known bigram ``weight``."""
+        rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+        for row, kept in enumerate(ids):
+            keys = self.keys(kept)
+            at = np.searchsorted(self.table_keys, keys)
+            found = at[(at < len(self.table_keys)) & (self.table_keys[np.minimum(at, len(self.table_keys) - 1)] == keys)]
+            units = np.concatenate([kept, self.vocab + found])
+            if units.size:
+                unit, counts = np.unique(units, return_counts=True)
+                weights = np.where(unit >= self.vocab, self.weight, 1.0) * counts
+                rows.append(np.full(len(unit), row))
+                cols.append(unit)
+                values.append(weights / weights.sum())
+        shape = (len(ids), self.vocab + len(self.table_keys))
+        return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+
+    def prior(self, table: np.ndarray) -> np.ndarray:
+        first, second = self.table_keys // self.vocab, self.table_keys % self.vocab
+        return np.vstack([table, 0.5 * (table[first] + table[second])]).astype(np.float32)
+
+
+def plain_ids(probe: Probe, texts: list[str], limit: int = 8192) -> list[np.ndarray]:
+    """Each text's token ids (truncated at ``limit``), special tokens out."""
+    out = probe.tok(texts, add_special_tokens=False, truncation=True, max_length=limit)["input_ids"] if texts else []
+    return [np.asarray(x, np.int64)[~np.isin(np.asarray(x, np.int64), probe.s["special"])] for x in out]
+
+
+def bigram_state(probe: Probe, min_df: int, weight: float, limit: int = 0) -> tuple[dict[str, Any], Bigrams]:
+    """``probe``'s state with every bag (chunks, pseudo-query rows, the proxy's) over tokens and bigrams."""
+    from isotrope.distill_proxy import ProxyQueries
+
+    s = probe.s
+
+    def ids(texts: list[str]) -> list[np.ndarray]:
+        return plain_ids(probe, texts)
+
+    chunk_ids = plain_ids(probe, s["sample"], 254)  # as the teacher's window saw them (256 with its two special tokens)
+    feats = Bigrams(chunk_ids, s["vocab"], min_df, weight, limit)
+    sentences = []
+    for chunk in s["sample"]:
+        found = [w for w in distill._windows(chunk, "sentences") if w != chunk]
+        sentences += found if len(found) >= distill.QUERY_MIN_SENTENCES else []
+    if len(sentences) != s["q_bags"].shape[0]:
+        raise ValueError(f"{len(sentences)} query sentences, the state has {s['q_bags'].shape[0]}")
+    proxy = s["proxy"]
+    held_texts = [s["sample"][i] for i in s["held_chunks"]]
+    made = build_pseudo_queries(held_texts, len(held_texts), proxy.proxy, seed=0)
+    documents = list(held_texts)
+    for query in made:
+        documents[query.target] = query.document if query.document is not None else documents[query.target]
+    if not np.array_equal(np.array([q.target for q in made]), proxy.targets):
+        raise ValueError("the proxy's queries were not rebuilt as made")
+    state = dict(s)
+    state.update(
+        bags=feats.bags(chunk_ids),
+        q_bags=feats.bags(ids(sentences)),
+        proxy=ProxyQueries(
+            feats.bags(ids([q.text for q in made])).astype(np.float32),
+            feats.bags(ids(documents)).astype(np.float32),
+            proxy.targets,
+            proxy.proxy,
+        ),
+        t0_fit=feats.prior(s["t0_fit"]),
+        t0_all=feats.prior(s["t0_all"]),
+        vocab=s["vocab"] + len(feats.table_keys),
+    )
+    # the chunks' tokens as re-tokenized here against the teacher pass's bags (a few long chunks differ at the cut)
+    differing = (sparse.csr_matrix(s["bags"]).astype(bool) != state["bags"][:, : s["vocab"]].astype(bool)).nnz
+    print(f"bigrams (df >= {min_df}): {len(feats.table_keys)}; {differing} token entries differ from the teacher's", flush=True)
+    return state, feats
+
+
+class BigramProbe:
+    """A :class:`Probe` whose texts are bags of tokens and bigrams."""
+
+    def __init__(self, probe: Probe, min_df: int, weight: float, limit: int = 0) -> None:
+        self.base = probe
+        state, self.feats = bigram_state(probe, min_df, weight, limit)
+        self.probe = Probe.__new__(Probe)
+        self.probe.__dict__.update(probe.__dict__)
+        self.probe.s, self.probe._bags, self.probe._fits = state, {}, {}
+        self.probe.bags = self.bags  # type: ignore[method-assign]
+
+    def bags(self, texts: list[str], weights: np.ndarray | None = None) -> sparse.csr_matrix:
+        key = tuple(texts)
+        if key not in self.probe._bags:
+            self.probe._bags[key] = self.feats.bags(plain_ids(self.base, texts))
+        return self.probe._bags[key]
+
+
 class Probe:
     def __init__(self, folder: Path, state: dict[str, Any]) -> None:
         from transformers import AutoTokenizer
@@ -126,6 +235,13 @@ class Probe:
         self._bags: dict[tuple[str, ...], sparse.csr_matrix] = {}
         self._fits: dict[tuple[float, bool], np.ndarray] = {}
         self.windows: dict[str, Any] | None = None  # prepare_windows(), for the "windows" group
+        self.alphas: tuple[float, ...] = ()  # hybrid nDCG@10 at these fusion weights too (--hybrid)
+        #: the "bigrams" group: feature sets (least document frequency in the sample, weight of an occurrence, most
+        #: bigrams kept or 0), the strengths and the shapings each is fitted at (--bigrams, --bigram-lams, --bigram-shapes)
+        self.bigrams: list[tuple[int, float, int]] = [(3, 1.0, 0), (3, 0.5, 0)]
+        self.bigram_lams: tuple[float, ...] = (3.0, 1.0, 0.3)
+        self.bigram_shapes: tuple[str, ...] = CANDIDATE_SHAPES
+        self._bm25: np.ndarray | None = None
 
     def unfitted(self, final: bool) -> tuple[np.ndarray, None]:
         """The context-averaged table (over every sampled chunk when ``final``, else the fit chunks only)."""
@@ -194,6 +310,38 @@ class Probe:
         prior = s["t0_all" if final else "t0_fit"] if prior is None else prior
         return distill.solve_table(a, t, prior, lam * distill.lambda_scale(a))
 
+    def hybrid(self, encode: Any, depth: int = 200) -> list[float]:
+        """nDCG@10 of convex fusion at each of ``self.alphas``, as a store fuses: the union of the dense and the
+        BM25 top ``depth``, each side's exact scores z-scored over the union."""
+        if not self.alphas:
+            return []
+        from isotrope.evaluate.metrics import ndcg_at_k
+        from isotrope.fusion import zscores
+        from isotrope.lexical import analyze, bm25_matrix
+
+        doc_ids = sorted(self.data.corpus, reverse=True)
+        query_ids = list(self.data.queries)
+        texts = [document_text(self.data.corpus[d]) for d in doc_ids]
+        if self._bm25 is None:
+            self._bm25 = bm25_matrix([analyze(t) for t in texts], [analyze(self.data.queries[q]) for q in query_ids])
+
+        def unit(x: np.ndarray) -> np.ndarray:
+            return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+        dense = unit(encode([self.data.queries[q] for q in query_ids], "query")) @ unit(encode(texts, "document")).T
+        out = []
+        for alpha in self.alphas:
+            run: dict[str, dict[str, float]] = {}
+            for row, qid in enumerate(query_ids):
+                d_top = np.argsort(-dense[row], kind="stable")[:depth]
+                l_top = np.argsort(-self._bm25[row], kind="stable")[:depth]
+                union = np.asarray(list(dict.fromkeys([*d_top.tolist(), *l_top.tolist()])))
+                fused = alpha * zscores(dense[row, union]) + (1 - alpha) * zscores(self._bm25[row, union])
+                best = np.argsort(-fused, kind="stable")[:10]
+                run[qid] = {doc_ids[union[i]]: float(fused[i]) for i in best}
+            out.append(round(100 * ndcg_at_k(run, self.data.qrels, 10), 2))
+        return out
+
     def teacher_vectors(self, texts: list[str]) -> np.ndarray:
         """The teacher's vector of each of ``texts`` from its pass (every document of a small corpus is sampled)."""
         where = {text: i for i, text in enumerate(self.s["sample"])}
@@ -224,6 +372,7 @@ class Probe:
             return apply_chain(chain, np.asarray(self.bags(texts, weights) @ table, dtype=np.float32))
 
         ndcg = eval_retrieval(encode, self.data, k_values=(10,))["ndcg@10"]
+        hybrid = {f"hybrid@{alpha:g}": value for alpha, value in zip(self.alphas, self.hybrid(encode))}
         # the proxy, as distill_proxy.reciprocal_ranks (whiten-partial on the sample's fit chunks)
         doc_table, query_table = make(False)
         query_table = doc_table if query_table is None else query_table
@@ -241,6 +390,7 @@ class Probe:
         teacher_fit, teacher_held = s["vectors"][self.train_chunks], s["vectors"][s["held_chunks"]]
         out = {
             "ndcg@10": round(ndcg, 2),
+            **hybrid,
             "proxy": rr,
             "agreement": round(agreement(held, teacher_held), 4),
             # what retrieval compares: held-aside texts (unseen, as queries are) against the fit chunks (seen, as
@@ -369,6 +519,24 @@ def variants(probe: Probe, groups: list[str]) -> list[tuple[str, Callable[[], di
     if "windows" in groups:
         for shape in CANDIDATE_SHAPES:
             todo += [(f"c:{shape}:words-{w:g}-lam-{lam:g}", windowed(lam, w, shape)) for w in (1.0, 3.0) for lam in (3.0, 1.0)]
+    if "bigrams" in groups:  # each feature set of probe.bigrams (min_df, weight, limit) at probe.bigram_lams
+        for min_df, weight, limit in probe.bigrams:
+            holder: dict[str, BigramProbe] = {}
+
+            def bigram_fit(
+                lam: float, shape: str, spec: tuple = (min_df, weight, limit), holder: dict = holder
+            ) -> Callable[[], dict]:
+                def job() -> dict:
+                    if "p" not in holder:
+                        holder["p"] = BigramProbe(probe, *spec)
+                    inner = holder["p"].probe
+                    return inner.evaluate(lambda f: (inner.plain_fit(lam, f), None), shape=shape)
+
+                return job
+
+            name = f"bigrams-{min_df}-{weight:g}" + (f"-top{limit}" if limit else "")
+            for shape in probe.bigram_shapes:
+                todo += [(f"c:{shape}:{name}-lam-{lam:g}", bigram_fit(lam, shape)) for lam in probe.bigram_lams]
     if "teacher-docs" in groups:
         todo += [(f"teacher-docs:lam-{lam:g}", teacher_docs(lam)) for lam in (3.0, 1.0, 0.3)]
         todo += [("teacher-docs:unfitted", teacher_docs(None))]
@@ -452,8 +620,12 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=["base"],
-        choices=["base", "qtable", "sif", "shapes", "mix", "low", "abtt", "qweight", "windows", "teacher-docs"],
+        choices=["base", "qtable", "sif", "shapes", "mix", "low", "abtt", "qweight", "windows", "teacher-docs", "bigrams"],
     )
+    parser.add_argument("--hybrid", type=float, nargs="*", default=[], help="also hybrid nDCG@10 at these fusion weights")
+    parser.add_argument("--bigrams", nargs="*", default=["3:1", "3:0.5"], help="bigram sets MIN_DF:WEIGHT[:LIMIT]")
+    parser.add_argument("--bigram-lams", type=float, nargs="*", default=[3.0, 1.0, 0.3])
+    parser.add_argument("--bigram-shapes", nargs="*", default=list(CANDIDATE_SHAPES))
     parser.add_argument("--rules", action="store_true", help="only print what each selection rule picks from --out's cells")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fast_variants_probe.json"))
     args = parser.parse_args()
@@ -464,6 +636,9 @@ def main() -> None:
         return
     for folder in args.sets:
         probe = Probe(folder, prepare(folder, args.cache_dir))
+        probe.alphas = tuple(args.hybrid)
+        probe.bigrams = [(int(p[0]), float(p[1]), int(p[2]) if len(p) > 2 else 0) for p in (b.split(":") for b in args.bigrams)]
+        probe.bigram_lams, probe.bigram_shapes = tuple(args.bigram_lams), tuple(args.bigram_shapes)
         if "windows" in args.variants:
             probe.windows = prepare_windows(folder, args.cache_dir, probe.s)
         cell = results.setdefault(folder.name, {})
