@@ -111,112 +111,6 @@ def prepare_windows(folder: Path, cache: Path, state: dict[str, Any]) -> dict[st
     return windows
 
 
-#: the "bigrams" group: consecutive token pairs found in at least ``min_df`` sampled chunks become extra table rows
-#: (their prior: the mean of their two tokens' rows), each occurrence counting ``weight`` in a text's mean
-class Bigrams:
-    def __init__(self, chunk_ids: list[np.ndarray], vocab: int, min_df: int, weight: float, limit: int = 0) -> None:
-        self.vocab, self.weight = vocab, weight
-        per_chunk = [np.unique(self.keys(ids)) for ids in chunk_ids]
-        keys, df = np.unique(np.concatenate(per_chunk), return_counts=True)
-        kept = np.flatnonzero(df >= min_df)
-        if limit and len(kept) > limit:  # the most frequent ``limit`` (ties: the lower key)
-            kept = np.sort(kept[np.argsort(-df[kept], kind="stable")[:limit]])
-        self.table_keys = keys[kept]
-
-    def keys(self, ids: np.ndarray) -> np.ndarray:
-        return ids[:-1] * self.vocab + ids[1:] if len(ids) > 1 else np.zeros(0, np.int64)
-
-    def bags(self, ids: list[np.ndarray]) -> sparse.csr_matrix:
-        """(n, vocab + bigrams) rows summing to 1: each token counts 1, each known bigram ``weight``."""
-        rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-        for row, kept in enumerate(ids):
-            keys = self.keys(kept)
-            at = np.searchsorted(self.table_keys, keys)
-            found = at[(at < len(self.table_keys)) & (self.table_keys[np.minimum(at, len(self.table_keys) - 1)] == keys)]
-            units = np.concatenate([kept, self.vocab + found])
-            if units.size:
-                unit, counts = np.unique(units, return_counts=True)
-                weights = np.where(unit >= self.vocab, self.weight, 1.0) * counts
-                rows.append(np.full(len(unit), row))
-                cols.append(unit)
-                values.append(weights / weights.sum())
-        shape = (len(ids), self.vocab + len(self.table_keys))
-        return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
-
-    def prior(self, table: np.ndarray) -> np.ndarray:
-        first, second = self.table_keys // self.vocab, self.table_keys % self.vocab
-        return np.vstack([table, 0.5 * (table[first] + table[second])]).astype(np.float32)
-
-
-def plain_ids(probe: Probe, texts: list[str], limit: int = 8192) -> list[np.ndarray]:
-    """Each text's token ids (truncated at ``limit``), special tokens out."""
-    out = probe.tok(texts, add_special_tokens=False, truncation=True, max_length=limit)["input_ids"] if texts else []
-    return [np.asarray(x, np.int64)[~np.isin(np.asarray(x, np.int64), probe.s["special"])] for x in out]
-
-
-def bigram_state(probe: Probe, min_df: int, weight: float, limit: int = 0) -> tuple[dict[str, Any], Bigrams]:
-    """``probe``'s state with every bag (chunks, pseudo-query rows, the proxy's) over tokens and bigrams."""
-    from isotrope.distill_proxy import ProxyQueries
-
-    s = probe.s
-
-    def ids(texts: list[str]) -> list[np.ndarray]:
-        return plain_ids(probe, texts)
-
-    chunk_ids = plain_ids(probe, s["sample"], 254)  # as the teacher's window saw them (256 with its two special tokens)
-    feats = Bigrams(chunk_ids, s["vocab"], min_df, weight, limit)
-    sentences = []
-    for chunk in s["sample"]:
-        found = [w for w in distill._windows(chunk, "sentences") if w != chunk]
-        sentences += found if len(found) >= distill.QUERY_MIN_SENTENCES else []
-    if len(sentences) != s["q_bags"].shape[0]:
-        raise ValueError(f"{len(sentences)} query sentences, the state has {s['q_bags'].shape[0]}")
-    proxy = s["proxy"]
-    held_texts = [s["sample"][i] for i in s["held_chunks"]]
-    made = build_pseudo_queries(held_texts, len(held_texts), proxy.proxy, seed=0)
-    documents = list(held_texts)
-    for query in made:
-        documents[query.target] = query.document if query.document is not None else documents[query.target]
-    if not np.array_equal(np.array([q.target for q in made]), proxy.targets):
-        raise ValueError("the proxy's queries were not rebuilt as made")
-    state = dict(s)
-    state.update(
-        bags=feats.bags(chunk_ids),
-        q_bags=feats.bags(ids(sentences)),
-        proxy=ProxyQueries(
-            feats.bags(ids([q.text for q in made])).astype(np.float32),
-            feats.bags(ids(documents)).astype(np.float32),
-            proxy.targets,
-            proxy.proxy,
-        ),
-        t0_fit=feats.prior(s["t0_fit"]),
-        t0_all=feats.prior(s["t0_all"]),
-        vocab=s["vocab"] + len(feats.table_keys),
-    )
-    # the chunks' tokens as re-tokenized here against the teacher pass's bags (a few long chunks differ at the cut)
-    differing = (sparse.csr_matrix(s["bags"]).astype(bool) != state["bags"][:, : s["vocab"]].astype(bool)).nnz
-    print(f"bigrams (df >= {min_df}): {len(feats.table_keys)}; {differing} token entries differ from the teacher's", flush=True)
-    return state, feats
-
-
-class BigramProbe:
-    """A :class:`Probe` whose texts are bags of tokens and bigrams."""
-
-    def __init__(self, probe: Probe, min_df: int, weight: float, limit: int = 0) -> None:
-        self.base = probe
-        state, self.feats = bigram_state(probe, min_df, weight, limit)
-        self.probe = Probe.__new__(Probe)
-        self.probe.__dict__.update(probe.__dict__)
-        self.probe.s, self.probe._bags, self.probe._fits = state, {}, {}
-        self.probe.bags = self.bags  # type: ignore[method-assign]
-
-    def bags(self, texts: list[str], weights: np.ndarray | None = None) -> sparse.csr_matrix:
-        key = tuple(texts)
-        if key not in self.probe._bags:
-            self.probe._bags[key] = self.feats.bags(plain_ids(self.base, texts))
-        return self.probe._bags[key]
-
-
 class Probe:
     def __init__(self, folder: Path, state: dict[str, Any]) -> None:
         from transformers import AutoTokenizer
@@ -316,7 +210,8 @@ class Probe:
         if not self.alphas:
             return []
         from isotrope.evaluate.metrics import ndcg_at_k
-        from isotrope.fusion import zscores
+        from isotrope.evaluate.tasks import _unit_rows
+        from isotrope.fusion import _convex_ranked
         from isotrope.lexical import analyze, bm25_matrix
 
         doc_ids = sorted(self.data.corpus, reverse=True)
@@ -324,21 +219,16 @@ class Probe:
         texts = [document_text(self.data.corpus[d]) for d in doc_ids]
         if self._bm25 is None:
             self._bm25 = bm25_matrix([analyze(t) for t in texts], [analyze(self.data.queries[q]) for q in query_ids])
-
-        def unit(x: np.ndarray) -> np.ndarray:
-            return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-        dense = unit(encode([self.data.queries[q] for q in query_ids], "query")) @ unit(encode(texts, "document")).T
+        dense = _unit_rows(encode([self.data.queries[q] for q in query_ids], "query")) @ _unit_rows(encode(texts, "document")).T
         out = []
         for alpha in self.alphas:
             run: dict[str, dict[str, float]] = {}
             for row, qid in enumerate(query_ids):
                 d_top = np.argsort(-dense[row], kind="stable")[:depth]
                 l_top = np.argsort(-self._bm25[row], kind="stable")[:depth]
-                union = np.asarray(list(dict.fromkeys([*d_top.tolist(), *l_top.tolist()])))
-                fused = alpha * zscores(dense[row, union]) + (1 - alpha) * zscores(self._bm25[row, union])
-                best = np.argsort(-fused, kind="stable")[:10]
-                run[qid] = {doc_ids[union[i]]: float(fused[i]) for i in best}
+                union = list(dict.fromkeys([*d_top.tolist(), *l_top.tolist()]))  # first appearance, dense first
+                ranked = _convex_ranked(union, dense[row, union], self._bm25[row, union], 10, alpha)
+                run[qid] = {doc_ids[i]: score for i, score in ranked}
             out.append(round(100 * ndcg_at_k(run, self.data.qrels, 10), 2))
         return out
 
@@ -400,6 +290,85 @@ class Probe:
         if s.get("pq_vectors") is not None:
             out["agreement_query_fit"] = round(overlap(queries, fit_docs, s["pq_vectors"], teacher_fit), 4)
         return out
+
+
+#: the "bigrams" group: consecutive token pairs found in at least ``min_df`` sampled chunks become extra table rows
+#: (their prior: the mean of their two tokens' rows), each occurrence counting ``weight`` in a text's mean
+class Bigrams:
+    def __init__(self, chunk_ids: list[np.ndarray], vocab: int, min_df: int, weight: float, limit: int = 0) -> None:
+        self.vocab, self.weight = vocab, weight
+        per_chunk = [np.unique(self.keys(ids)) for ids in chunk_ids]
+        keys, df = np.unique(np.concatenate(per_chunk), return_counts=True)
+        kept = np.flatnonzero(df >= min_df)
+        if limit and len(kept) > limit:  # the most frequent ``limit`` (ties: the lower key)
+            kept = np.sort(kept[np.argsort(-df[kept], kind="stable")[:limit]])
+        self.table_keys = keys[kept]
+
+    def keys(self, ids: np.ndarray) -> np.ndarray:
+        return ids[:-1] * self.vocab + ids[1:] if len(ids) > 1 else np.zeros(0, np.int64)
+
+    def bags(self, ids: list[np.ndarray]) -> sparse.csr_matrix:
+        """(n, vocab + bigrams) rows summing to 1: each token counts 1, each known bigram ``weight``."""
+        rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+        for row, kept in enumerate(ids):
+            keys = self.keys(kept)
+            at = np.searchsorted(self.table_keys, keys)
+            found = at[(at < len(self.table_keys)) & (self.table_keys[np.minimum(at, len(self.table_keys) - 1)] == keys)]
+            units = np.concatenate([kept, self.vocab + found])
+            if units.size:
+                unit, counts = np.unique(units, return_counts=True)
+                weights = np.where(unit >= self.vocab, self.weight, 1.0) * counts
+                rows.append(np.full(len(unit), row))
+                cols.append(unit)
+                values.append(weights / weights.sum())
+        shape = (len(ids), self.vocab + len(self.table_keys))
+        return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+
+    def prior(self, table: np.ndarray) -> np.ndarray:
+        first, second = self.table_keys // self.vocab, self.table_keys % self.vocab
+        return np.vstack([table, 0.5 * (table[first] + table[second])]).astype(np.float32)
+
+
+def plain_ids(probe: Probe, texts: list[str], limit: int = 8192) -> list[np.ndarray]:
+    """Each text's token ids (truncated at ``limit``), special tokens out."""
+    out = probe.tok(texts, add_special_tokens=False, truncation=True, max_length=limit)["input_ids"] if texts else []
+    return [np.asarray(x, np.int64)[~np.isin(np.asarray(x, np.int64), probe.s["special"])] for x in out]
+
+
+class BigramProbe(Probe):
+    """``probe`` with every bag (chunks, pseudo-query rows, the proxy's, the corpus's and the queries') over tokens
+    and the bigrams of :class:`Bigrams`, and the unfitted tables extended with their priors."""
+
+    def __init__(self, probe: Probe, min_df: int, weight: float, limit: int = 0) -> None:
+        from isotrope.distill_proxy import ProxyQueries, proxy_texts
+
+        self.__dict__.update(probe.__dict__)
+        s = probe.s
+        chunk_ids = plain_ids(probe, s["sample"], 254)  # as the teacher's window saw them (256 with its special tokens)
+        self.feats = Bigrams(chunk_ids, s["vocab"], min_df, weight, limit)
+        made = proxy_texts([s["sample"][i] for i in s["held_chunks"]], seed=0)
+        if made is None or not np.array_equal(made[3], s["proxy"].targets):
+            raise ValueError("the proxy's queries were not rebuilt as made")
+        _, queries, documents, targets = made
+        self.s = dict(s)
+        self._bags, self._fits = {}, {}
+        self.s.update(
+            bags=self.feats.bags(chunk_ids),
+            q_bags=self.feats.bags(plain_ids(probe, distill.query_sentences(s["sample"])[0])),
+            proxy=ProxyQueries(self.bags(queries).astype(np.float32), self.bags(documents).astype(np.float32), targets, made[0]),
+            t0_fit=self.feats.prior(s["t0_fit"]),
+            t0_all=self.feats.prior(s["t0_all"]),
+            vocab=s["vocab"] + len(self.feats.table_keys),
+        )
+        # the chunks' tokens as re-tokenized here against the teacher pass's bags (a few long chunks differ at the cut)
+        differing = (sparse.csr_matrix(s["bags"]).astype(bool) != self.s["bags"][:, : s["vocab"]].astype(bool)).nnz
+        print(f"bigrams (df >= {min_df}): {len(self.feats.table_keys)}; {differing} token entries differ from the teacher's")
+
+    def bags(self, texts: list[str], weights: np.ndarray | None = None) -> sparse.csr_matrix:
+        key = tuple(texts)
+        if key not in self._bags:
+            self._bags[key] = self.feats.bags(plain_ids(self, texts))
+        return self.weigh(self._bags[key], weights)
 
 
 def overlap(
@@ -529,7 +498,7 @@ def variants(probe: Probe, groups: list[str]) -> list[tuple[str, Callable[[], di
                 def job() -> dict:
                     if "p" not in holder:
                         holder["p"] = BigramProbe(probe, *spec)
-                    inner = holder["p"].probe
+                    inner = holder["p"]
                     return inner.evaluate(lambda f: (inner.plain_fit(lam, f), None), shape=shape)
 
                 return job

@@ -364,19 +364,23 @@ def query_rows(
     row in the least squares. Returns the scaled bags, each row's chunk and its scale."""
     from isotrope.distill_proxy import token_bags
 
-    sentences, parents, scales = [], [], []
+    sentences, parents = query_sentences(chunks)
+    bags = token_bags(teacher.token_ids(sentences) if sentences else [], teacher.vocab_size, teacher.special_ids())
+    scale = np.sqrt(weight / np.bincount(parents)[parents]) if len(parents) else np.zeros(0)
+    return bags.multiply(scale[:, None]).tocsr(), parents, scale
+
+
+def query_sentences(chunks: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The sentences of each chunk of at least :data:`QUERY_MIN_SENTENCES` (a one-sentence chunk's own row is its
+    query), and each one's chunk: the texts of :func:`query_rows`."""
+    sentences: list[str] = []
+    parents: list[int] = []
     for parent, chunk in enumerate(chunks):
         found = [window for window in _windows(chunk, "sentences") if window != chunk]
-        if len(found) < QUERY_MIN_SENTENCES:
-            found = []
-        if not found:  # a one-sentence chunk: its own row is its query
-            continue
-        sentences += found
-        parents += [parent] * len(found)
-        scales += [np.sqrt(weight / len(found))] * len(found)
-    bags = token_bags(teacher.token_ids(sentences) if sentences else [], teacher.vocab_size, teacher.special_ids())
-    scale = np.asarray(scales, dtype=np.float64)
-    return bags.multiply(scale[:, None]).tocsr(), np.asarray(parents, dtype=np.int64), scale
+        if len(found) >= QUERY_MIN_SENTENCES:
+            sentences += found
+            parents += [parent] * len(found)
+    return sentences, np.asarray(parents, dtype=np.int64)
 
 
 def text_key(text: str) -> str:

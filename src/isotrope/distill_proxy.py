@@ -64,18 +64,28 @@ def make_proxy(
 ) -> ProxyQueries | None:
     """One pseudo-query per held-aside chunk where the passage proxy can cut one (else the masked
     proxy); None when even that gives fewer than :data:`MIN_QUERIES`."""
+    texts = proxy_texts(held_texts, seed)
+    if texts is None:
+        return None
+    proxy, queries, documents, targets = texts
+    return ProxyQueries(
+        token_bags(tokenize(queries), vocab_size, special).astype(np.float32),
+        token_bags(tokenize(documents), vocab_size, special).astype(np.float32),
+        targets,
+        proxy,
+    )
+
+
+def proxy_texts(held_texts: Sequence[str], seed: int) -> tuple[str, list[str], list[str], np.ndarray] | None:
+    """The texts of :func:`make_proxy`: its proxy's name, the pseudo-queries, the held-aside chunks as the queries
+    search them (a passage query's chunk without the sentence cut from it) and each query's chunk."""
     for proxy in (DEFAULT_PROXY, FALLBACK_PROXY):
         made = build_pseudo_queries(held_texts, len(held_texts), proxy, seed=seed)
         if len(made) >= MIN_QUERIES:
             documents = list(held_texts)
             for query in made:
                 documents[query.target] = query.document if query.document is not None else documents[query.target]
-            return ProxyQueries(
-                token_bags(tokenize([q.text for q in made]), vocab_size, special).astype(np.float32),
-                token_bags(tokenize(documents), vocab_size, special).astype(np.float32),
-                np.array([q.target for q in made]),
-                proxy,
-            )
+            return proxy, [q.text for q in made], documents, np.array([q.target for q in made])
     return None
 
 
