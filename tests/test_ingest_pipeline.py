@@ -211,13 +211,13 @@ CHILD = textwrap.dedent(
         def add_then_pause(self, ids, *args, **kwargs):
             add(self, ids, *args, **kwargs)
             if committed:  # a batch written since the last commit: wait here for SIGKILL
-                print(f"{kind} paused {len(self)}", flush=True)
+                print(f"{kind} paused {len(self)}\\n", end="", flush=True)  # one write: the two stores' threads print
                 time.sleep(600)
 
         def commit_and_report(self):
             commit(self)
             committed.append(len(self))
-            print(f"{kind} committed {len(self)}", flush=True)
+            print(f"{kind} committed {len(self)}\\n", end="", flush=True)
 
         cls.add, cls.commit = add_then_pause, commit_and_report
 
