@@ -13,6 +13,8 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
 * ``fit-always``: the fit the proxy ranks best, even when its interval does not clear the margin;
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
 * ``no-mixes``: without the candidates halfway between the unfitted table and a fit (the rule before them);
+* ``pairs``: ``--fast-pairs`` (token-pair rows, :mod:`isotrope.token_pairs`, where the rule keeps them);
+* ``pairs-X``: the token-pair table at that one strength, whatever its agreement with the teacher;
 * ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
 * ``teacher-queries``: the product's table with ``--teacher-queries`` (queries also through the teacher);
   ``teacher-queries-W``: the same with the teacher's vector weighing W in the mix (the default:
@@ -54,6 +56,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fit-always": {"margin": -100.0},
     **{f"lam-{lam:g}": {"lambdas": (lam,), "mixes": (), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
     "no-mixes": {"mixes": ()},
+    "pairs": {},
+    **{f"pairs-{lam:g}": {"pair_lambdas": (lam,)} for lam in (1.0, 0.3)},
     **{f"query-weight-{weight:g}": {"query_weight": weight} for weight in (0.3, 3.0)},
 }
 
@@ -64,6 +68,9 @@ TEACHER_WEIGHTS = (0.25, 0.75, 1.0)
 def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], split: str | None = None) -> dict[str, Any]:
     """One set and one variant, with a fresh harness (a fitted table is never reused across variants)."""
     original, weight = isotrope.distill.distill_table, isotrope.teacher_queries.WEIGHT
+    give_back = isotrope.distill.PAIR_GIVE_BACK
+    if variant.startswith("pairs-"):
+        isotrope.distill.PAIR_GIVE_BACK = float("inf")
     if variant in VARIANTS:
         isotrope.distill.distill_table = functools.partial(original, **VARIANTS[variant])
     if variant.startswith("teacher-queries-"):
@@ -72,7 +79,9 @@ def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], spli
         if variant == "teacher":
             config = EncoderConfig(model=MODEL)
         else:
-            config = EncoderConfig(model="fast", teacher_queries=variant.startswith("teacher-queries"))
+            config = EncoderConfig(
+                model="fast", teacher_queries=variant.startswith("teacher-queries"), fast_pairs=variant.startswith("pairs")
+            )
         scores = run_retrieval(
             Evaluator(cache_dir=cache_dir),
             config,
@@ -83,6 +92,7 @@ def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], spli
         )
     finally:
         isotrope.distill.distill_table, isotrope.teacher_queries.WEIGHT = original, weight
+        isotrope.distill.PAIR_GIVE_BACK = give_back
     return {key: scores.get(key) for key in ("scores", "fitted_on", "distill")}
 
 

@@ -55,7 +55,7 @@ def prepare(folder: Path, cache: Path) -> dict[str, Any]:
     held_chunks = np.sort(rng.choice(n_chunks, size=n_held, replace=False))
     held = np.isin(parents, held_chunks)
     proxy = make_proxy([sample[i] for i in held_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), 0)
-    q_bags, q_parents, q_scale = distill.query_rows(sample, teacher, 1.0)
+    q_bags, q_parents, q_scale = distill.query_rows(sample, teacher.token_ids, teacher.vocab_size, teacher.special_ids(), 1.0)
     q_bags = sparse.csr_matrix(sparse.diags(1 / np.maximum(q_scale, 1e-12)) @ q_bags)  # unscaled: rows sum to 1
     passed = distill.teacher_pass(teacher, sample, np.flatnonzero(held))
     # the teacher's vectors of the proxy's pseudo-queries (the same ones make_proxy cut): what retrieval compares

@@ -23,13 +23,15 @@ from isotrope.evaluate.harness import Evaluator
 
 STORES = ("faiss", "lancedb")
 COLUMNS = ("dense", "lexical", "hybrid", "auto")
+#: a model name ending so (``fast-pairs``) is ``--model fast --fast-pairs``
+PAIRS = "-pairs"
 
 
 def run(folder: Path, model: str, cache_dir: str | None, out: Path) -> dict:
     """One ``eval retrieval --mode auto`` run, written to ``out/<set>__<model>.json``."""
     result = evaluate(
         "retrieval",
-        EncoderConfig(model=model),
+        EncoderConfig(model=model.removesuffix(PAIRS), fast_pairs=model.endswith(PAIRS)),
         Evaluator(cache_dir=cache_dir),
         beir=folder,
         fit_corpus="corpus",

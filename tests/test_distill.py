@@ -118,24 +118,31 @@ def inputs(tiny_bert_path):
     return _input_embeddings(tiny_bert_path)
 
 
+def table_and_report(*args, **kwargs):
+    distilled = distill_table(*args, **kwargs)
+    return distilled.table, distilled.report
+
+
 def test_distillation_is_deterministic_for_a_seed(teacher, inputs):
     texts = make_sentences(300, seed=3)
-    first, report = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
-    again, report_again = distill_table(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
-    other, _ = distill_table(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1))
+    first, report = table_and_report(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
+    again, report_again = table_and_report(teacher, texts, inputs, samples=200, seed=0, lambdas=(1.0, 0.1))
+    other, _ = table_and_report(teacher, texts, inputs, samples=200, seed=1, lambdas=(1.0, 0.1))
     np.testing.assert_array_equal(first, again)
     assert report == report_again
     assert report["teacher_texts"] == 200 and report["held_aside"] == 60
     mixes = {f"mix {lam:g} center" for lam in distill.MIX_LAMBDAS}  # the default mixes, in the second shaping only
-    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"} | mixes
+    pairs = {f"pairs {lam:g}" for lam in distill.PAIR_LAMBDAS}  # the token-pair tables, in the default shaping
+    assert set(report["validation"]["mrr@10"]) == {"unfitted", "1", "1 center", "0.1", "0.1 center"} | mixes | pairs
     assert not np.array_equal(first, other)  # another seed samples other texts
-    assert first.shape == inputs.shape and first.dtype == np.float32
+    pair_rows = report["pairs"]["rows"] if report["pairs"]["chosen"] else 0  # the token pairs' rows after the tokens'
+    assert first.shape == (inputs.shape[0] + pair_rows, inputs.shape[1]) and first.dtype == np.float32
 
 
 def test_unfitted_table_is_each_tokens_mean_state(teacher, inputs):
     """With too few texts to validate, the table is the context average (independent NumPy loop)."""
     texts = make_sentences(40, seed=5)
-    table, report = distill_table(teacher, texts, inputs, samples=40)
+    table, report = table_and_report(teacher, texts, inputs, samples=40)
     assert report["fitted"] is False
     sums, counts = np.zeros((teacher.vocab_size, teacher.dim)), np.zeros(teacher.vocab_size)
     for text in texts:
@@ -156,7 +163,7 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     import isotrope.distill_proxy as proxy_module
 
     texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
+    unfitted, _ = table_and_report(teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(), mixes=())
     rng = np.random.default_rng(0)
     calls: list[np.ndarray] = []
 
@@ -168,7 +175,9 @@ def test_the_proxy_vetoes_a_fit_only_when_its_interval_lies_below_zero(teacher, 
     monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
     agreements = iter([0.5, 0.55, 0.6])  # unfitted, lam 1, lam 0.1: the weaker fit agrees best
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
+    table, report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=()
+    )
     means = report["validation"]["vs_unfitted"]
     best = "0.1"
     assert report["validation"]["mrr@10"]["unfitted"] == pytest.approx(100 * calls[0].mean(), abs=0.01)
@@ -194,16 +203,20 @@ def test_a_vetoed_fit_gives_way_to_the_next_best_agreement(teacher, inputs, monk
     )
     agreements = iter([0.5, 0.55, 0.6])  # lam 0.1 agrees best, but the proxy vetoes it
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    _, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
+    _, report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=()
+    )
     assert report["fitted"] is True and report["lam"] == 1.0 and "vetoed: lam 0.1 -30.00" in report["reason"]
 
 
 def test_no_fit_that_agrees_better_with_the_teacher_keeps_the_unfitted_table(teacher, inputs, monkeypatch):
     texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
+    unfitted, _ = table_and_report(teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(), mixes=())
     agreements = iter([0.5, 0.4, 0.5])  # unfitted, lam 1, lam 0.1: none above the unfitted table
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    table, report = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=())
+    table, report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(1.0, 0.1), shapes=distill.SHAPES[:1], mixes=()
+    )
     assert report["fitted"] is False and "agreement with the teacher's neighbours" in report["reason"]
     assert report["validation"]["agreement"] == {"unfitted": 0.5, "1": 0.4, "0.1": 0.5}
     np.testing.assert_array_equal(table, unfitted)
@@ -230,8 +243,8 @@ def test_the_fit_and_its_shaping_are_chosen_together_by_agreement(teacher, input
 
     monkeypatch.setattr(proxy_module, "reciprocal_ranks", fake_ranks)
     monkeypatch.setattr(distill, "neighbour_agreement", fake_agreement)
-    _, report = distill_table(
-        teacher, texts, inputs, samples=250, lambdas=(1.0, 0.1), shapes=("whiten-partial", "center"), mixes=()
+    _, report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(1.0, 0.1), shapes=("whiten-partial", "center"), mixes=()
     )
     assert report["fitted"] is True and report["lam"] == 1.0 and report["shape"] == "center"
     assert report["reason"].startswith("lam 1 center: neighbour agreement 0.5000 -> 0.6500")
@@ -251,8 +264,15 @@ def test_another_shaping_needs_a_margin_of_agreement(teacher, inputs, monkeypatc
     )
     agreements = iter([0.5, 0.6, centred])  # unfitted, lam 1, lam 1 centred
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    _, report = distill_table(
-        teacher, make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,), mixes=(), shapes=("whiten-partial", "center")
+    _, report = table_and_report(
+        teacher,
+        make_sentences(300, seed=4),
+        inputs,
+        pair_lambdas=(),
+        samples=250,
+        lambdas=(1.0,),
+        mixes=(),
+        shapes=("whiten-partial", "center"),
     )
     assert distill.SHAPE_MARGIN == 0.02 and report["fitted"] is True and report["shape"] == chosen
 
@@ -261,14 +281,22 @@ def test_a_mix_candidate_is_half_the_unfitted_table_and_half_the_fit(teacher, in
     """``mixes``: MIX of the unfitted table and the rest of the fit at that strength, tried in the shapings after the
     first, in validation and in the final table (against the two ends computed on their own)."""
     texts = make_sentences(300, seed=4)
-    unfitted, _ = distill_table(teacher, texts, inputs, samples=250, lambdas=(), mixes=())
+    unfitted, _ = table_and_report(teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(), mixes=())
     agreements = iter([0.5, 0.6, 0.5, 0.6])  # unfitted, then the one candidate (lam 0.1; mix 0.1 center): chosen
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    fitted, fit_report = distill_table(
-        teacher, texts, inputs, samples=250, lambdas=(0.1,), mixes=(), margin=-100.0, shapes=distill.SHAPES[:1]
+    fitted, fit_report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=250, lambdas=(0.1,), mixes=(), margin=-100.0, shapes=distill.SHAPES[:1]
     )
-    mixed, report = distill_table(
-        teacher, texts, inputs, samples=250, lambdas=(), mixes=(0.1,), margin=-100.0, shapes=("whiten-partial", "center")
+    mixed, report = table_and_report(
+        teacher,
+        texts,
+        inputs,
+        pair_lambdas=(),
+        samples=250,
+        lambdas=(),
+        mixes=(0.1,),
+        margin=-100.0,
+        shapes=("whiten-partial", "center"),
     )
     assert list(report["validation"]["agreement"]) == ["unfitted", "mix 0.1 center"]
     assert report["reason"].startswith("lam mix 0.1 center:") and report["shape"] == "center"
@@ -331,7 +359,7 @@ def test_held_aside_chunks_and_their_windows_stay_out_of_the_validation_fit(teac
         return passes(teacher, sample, holdout, show_progress)
 
     monkeypatch.setattr(distill, "teacher_pass", recording_pass)
-    _, report = distill_table(teacher, texts, inputs, samples=600, lambdas=(1.0,), windows="sentences")
+    _, report = table_and_report(teacher, texts, inputs, samples=600, lambdas=(1.0,), windows="sentences")
     assert report["chunks"] == 220 and report["windows"] == 380 and report["held_aside"] == 66  # 30 % of 220
     held_chunks = {seen["sample"][i] for i in seen["holdout"] if i < 220}
     assert len(held_chunks) == 66
@@ -343,7 +371,7 @@ def test_held_aside_chunks_and_their_windows_stay_out_of_the_validation_fit(teac
 def test_query_rows_are_each_chunks_sentences_weighing_as_its_own_row(teacher):
     chunks = paragraphs(12, seed=5)
     chunks[3] = "A single sentence of several words."  # no query rows (and no division by zero)
-    bags, parents, scale = distill.query_rows(chunks, teacher, 2.0)
+    bags, parents, scale = distill.query_rows(chunks, teacher.token_ids, teacher.vocab_size, teacher.special_ids(), 2.0)
     split = [re.split(r"(?<=\.) (?=[A-Z])", c) for c in chunks]
     found = [[s for s in parts if len(s.split()) >= 4] if len(parts) >= 2 else [] for parts in split]
     expected = [(s, p) for p, kept in enumerate(found) if len(kept) >= 3 for s in kept]  # chunks of >= 3 sentences
@@ -357,8 +385,8 @@ def test_query_rows_are_each_chunks_sentences_weighing_as_its_own_row(teacher):
 
 def test_pseudo_query_rows_join_the_fit_and_respect_the_held_aside_chunks(teacher, inputs):
     texts = paragraphs(220, seed=2)
-    _, report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), query_weight=0.0)
-    _, rows_report = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,))  # the default: weight 1
+    _, report = table_and_report(teacher, texts, inputs, samples=220, lambdas=(0.1,), query_weight=0.0)
+    _, rows_report = table_and_report(teacher, texts, inputs, samples=220, lambdas=(0.1,))  # the default: weight 1
     assert "query_rows" not in report and rows_report["query_rows"] > 220 and rows_report["windows"] == 0
     assert rows_report["held_aside"] == report["held_aside"]
     assert rows_report["validation"]["mrr@10"]["unfitted"] == report["validation"]["mrr@10"]["unfitted"]
@@ -384,13 +412,44 @@ def test_the_final_fit_leaves_out_the_held_aside_chunks_query_rows_and_names_the
     monkeypatch.setattr(distill, "solve_rows", recording_solve)
     agreements = iter([0.5, 0.6])  # the fit agrees better than the unfitted table: it is kept
     monkeypatch.setattr(distill, "neighbour_agreement", lambda *args, **kwargs: next(agreements))
-    _, report = distill_table(
-        teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1], mixes=()
+    _, report = table_and_report(
+        teacher, texts, inputs, pair_lambdas=(), samples=220, lambdas=(0.1,), margin=-100.0, shapes=distill.SHAPES[:1], mixes=()
     )
     assert report["fitted"] is True and len(seen["held"]) == report["held_aside"] == 66
     assert set(report["held_aside_chunks"]) == {distill.text_key(t) for t in seen["held"]}
-    held_rows = len(distill.query_rows(seen["held"], teacher, 1.0)[1])
+    held_rows = len(distill.query_rows(seen["held"], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), 1.0)[1])
     assert held_rows > 0 and seen["rows"] == 220 + report["query_rows"] - held_rows  # the last solve: the final fit
+
+
+def test_a_pair_tables_final_fit_sees_the_held_aside_chunks_as_tokens_alone(teacher, inputs, monkeypatch):
+    """A pair table's rows learn phrases: in its final fit the held-aside chunks' own rows hold their tokens and no
+    pair (and their pseudo-query rows stay out), so that the default-search calibration's pseudo-queries, cut from
+    them, meet pair rows that never learned them."""
+    texts = paragraphs(220, seed=2)
+    seen: dict[str, Any] = {}
+    passes, solves = distill.teacher_pass, distill.solve_rows
+
+    def recording_pass(teacher, sample, holdout, show_progress=False):
+        seen["held"] = sorted(holdout.tolist())
+        return passes(teacher, sample, holdout, show_progress)
+
+    def recording_solve(bags, *args, **kwargs):
+        seen["bags"] = bags
+        return solves(bags, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "teacher_pass", recording_pass)
+    monkeypatch.setattr(distill, "solve_rows", recording_solve)
+    monkeypatch.setattr(distill, "PAIR_GIVE_BACK", float("inf"))
+    distilled = distill_table(teacher, texts, inputs, samples=220, lambdas=(0.1,), margin=-100.0, mixes=())
+    assert distilled.report["pairs"]["chosen"] and distilled.pairs is not None
+    bags, vocab = seen["bags"].tocsr(), teacher.vocab_size  # the last solve: the final fit (texts first, in order)
+    pair_columns = (bags[:220, vocab:] != 0).sum(axis=1).A.ravel()
+    held = np.zeros(220, dtype=bool)
+    held[seen["held"]] = True
+    assert len(seen["held"]) == 66 and not pair_columns[held].any() and pair_columns[~held].sum() > 0
+    assert np.allclose(bags[:220][held].sum(axis=1), 1.0)  # still each chunk's bag of tokens
+    held_rows = len(distill.query_rows([texts[i] for i in seen["held"]], teacher.token_ids, vocab, teacher.special_ids(), 1.0)[1])
+    assert bags.shape[0] == 220 + distilled.report["query_rows"] - held_rows
 
 
 def test_token_bags_match_a_dense_count():
@@ -614,11 +673,11 @@ def test_the_teacher_is_released_before_the_table_is_solved(tiny_bert_path, inpu
         return solve(*args, **kwargs)
 
     monkeypatch.setattr(distill, "solve_rows", counting_solve)
-    table, report = distill_table(
+    distilled = distill_table(  # the teacher passed as a temporary: the helper's arguments would hold it
         Teacher(tiny_bert_path, device="cpu"), make_sentences(300, seed=4), inputs, samples=250, lambdas=(1.0,)
     )
-    assert report["fitted"] in (True, False) and alive_at_solve and set(alive_at_solve) == {0}
-    assert table.dtype == np.float32
+    assert distilled.report["fitted"] in (True, False) and alive_at_solve and set(alive_at_solve) == {0}
+    assert distilled.table.dtype == np.float32
 
 
 def test_the_input_table_is_loaded_after_the_teachers_pass(teacher, inputs, monkeypatch):
@@ -637,8 +696,8 @@ def test_the_input_table_is_loaded_after_the_teachers_pass(teacher, inputs, monk
 
     monkeypatch.setattr(distill, "teacher_pass", recording_pass)
     texts = make_sentences(300, seed=4)
-    table, report = distill_table(teacher, texts, load, samples=250, lambdas=(1.0,), mixes=())
+    table, report = table_and_report(teacher, texts, load, samples=250, lambdas=(1.0,), mixes=())
     assert events == ["pass", "load"]
-    again, report_again = distill_table(teacher, texts, inputs, samples=250, lambdas=(1.0,), mixes=())
+    again, report_again = table_and_report(teacher, texts, inputs, samples=250, lambdas=(1.0,), mixes=())
     np.testing.assert_array_equal(table, again)
     assert report == report_again

@@ -61,6 +61,8 @@ class EncoderConfig:
     distill_samples: int | None = None
     #: ``fast``: queries also through the teacher (:mod:`isotrope.teacher_queries`); documents through the table alone
     teacher_queries: bool = False
+    #: ``fast``: the table may also hold rows for the corpus's frequent token pairs (:mod:`isotrope.token_pairs`)
+    fast_pairs: bool = False
     #: torch, onnx, onnx-int8, onnx-int8-per-channel (None: torch for a new encoder)
     backend: str | None = None
 
@@ -118,7 +120,7 @@ class EncoderConfig:
             )
         else:  # static tables and folded ones (``folded:<source>``)
             options.update(model=backbone["source"], distill_samples=backbone.get("distill_samples"), backend="torch")
-            options.update(teacher_queries="query_teacher" in spec)
+            options.update(teacher_queries="query_teacher" in spec, fast_pairs=backbone.get("pairs", False))
         return cls(
             **options,
             max_length=backbone.get("max_length"),
@@ -143,6 +145,8 @@ class EncoderConfig:
             parts.append(f"distill_samples={self.distill_samples}")
         if self.teacher_queries:
             parts.append("teacher-queries")
+        if self.fast_pairs:
+            parts.append("fast-pairs")
         if self.layers != "last":
             parts.append(f"layers={_text(self.layers)}")
         if self.prompt:
@@ -167,7 +171,17 @@ class EncoderConfig:
 
 FIELDS = frozenset(spec.name for spec in fields(EncoderConfig))
 #: the fields the backbone is built from (the rest is weighting, pooling and shaping)
-BACKBONE_FIELDS = ("model", "layers", "prompt", "max_length", "token_prepending", "tp_layers", "distill_samples", "backend")
+BACKBONE_FIELDS = (
+    "model",
+    "layers",
+    "prompt",
+    "max_length",
+    "token_prepending",
+    "tp_layers",
+    "distill_samples",
+    "fast_pairs",
+    "backend",
+)
 
 _NONE = type(None)
 #: field -> the types it may hold (bool is never taken for an int)
@@ -187,6 +201,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "tp_layers": (str, tuple, _NONE),
     "distill_samples": (int, _NONE),
     "teacher_queries": (bool,),
+    "fast_pairs": (bool,),
     "backend": (str, _NONE),
 }
 _LOWEST = {"max_length": 1, "drop_top": 0, "distill_samples": 1}

@@ -15,7 +15,10 @@ by conjugate gradients on the normal equations (one joint solve for every output
 Jacobi-preconditioned, started from ``T0``). On chunks held aside from the fit, ``lam`` and the
 shaping (:data:`SHAPES`) are chosen together by agreement with the teacher's nearest neighbours, and a
 retrieval proxy can veto a candidate (:mod:`isotrope.distill_proxy`: pseudo-queries cut from them, as
-``--shape auto`` makes, with a paired bootstrap interval against ``T0`` in the default shaping).
+``--shape auto`` makes, with a paired bootstrap interval against ``T0`` in the default shaping). With
+``--fast-pairs`` (``pair_lambdas``; the encoder passes none without it) a table that also holds rows for the
+sample's frequent token pairs (:mod:`isotrope.token_pairs`) is fitted the same way and replaces the pick where
+it agrees with the teacher's neighbours nearly as well (:data:`PAIR_GIVE_BACK`).
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ import numpy as np
 from isotrope.pooling import pool
 from isotrope.resources import return_freed_memory, usable_cores
 from isotrope.sentences import split_sentences
+from isotrope.token_pairs import TokenPairs
 
 if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
     from scipy import sparse
 
     from isotrope.backbones.base import TokenizedBackbone
     from isotrope.backbones.context import ContextSums
+    from isotrope.distill_proxy import ProxyQueries
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +83,15 @@ QUERY_MIN_SENTENCES = 3
 #: one-sentence paraphrases and topical newsgroup posts centring beats partial whitening by 2 to 3 nDCG@10
 #: points, and the teacher's neighbours say so (docs/results/fast-small-corpora.md)
 SHAPES = ("whiten-partial", "center")
+#: token-pair rows (:mod:`isotrope.token_pairs`): the fit strengths tried, in the default shaping. A pair table
+#: replaces the token table picked when it gives back at most :data:`PAIR_GIVE_BACK` of the agreement with the
+#: teacher's neighbours that the pick gained over the unfitted table (the best such strength). Where it did
+#: (SciFact and its 1,000 and 2,000 abstracts: 10-16 %) the pairs gained 1.4-3.2 nDCG@10; where it did not (500
+#: abstracts, paraphrases, newsgroup posts, STS-B sentences: 28-169 %) they gained nothing or lost up to 4.8
+#: points. The pseudo-query proxy is recorded, not asked: it rated the pairs wholly below the pick at 1,000 and
+#: 2,000 abstracts (docs/results/fast-pairs.md)
+PAIR_LAMBDAS = (1.0,)
+PAIR_GIVE_BACK = 0.2
 #: rows of the input table mapped at a time (bounds the float64 temporaries)
 _ROW_BLOCK = 4096
 NEIGHBOURS = 10
@@ -114,6 +128,67 @@ class TeacherPass:
         taken = self.sums, self.held_sums
         self.sums = self.held_sums = None
         return taken
+
+
+@dataclass
+class Distilled:
+    """A distilled table (V, d), or (V + pairs, d) with token-pair rows, and what was sampled, tried and chosen."""
+
+    table: np.ndarray
+    report: dict[str, Any]
+    pairs: TokenPairs | None = None
+
+
+@dataclass
+class Pick:
+    """The token table a fit chose: its candidate's name, pseudo-query reciprocal ranks and neighbour agreement."""
+
+    name: str
+    row: np.ndarray
+    agreement: float
+    gain: float  # its agreement over the unfitted table's
+
+
+@dataclass
+class PairRows:
+    """The teacher's texts as bags over tokens and token pairs: the rows of a pair table's fit and checks."""
+
+    pairs: TokenPairs
+    bags: sparse.csr_matrix  # (texts + pseudo-query rows, V + pairs): the rows of ``TeacherPass.bags``, with pairs
+    proxy: ProxyQueries
+
+
+def pair_rows(
+    teacher: TokenizedBackbone,
+    sample: Sequence[str],
+    n_chunks: int,
+    query_weight: float,
+    proxy: ProxyQueries,
+    held_texts: Sequence[str],
+    seed: int,
+) -> PairRows | None:
+    """The pairs found in at least :data:`isotrope.token_pairs.MIN_CHUNKS` of the sampled chunks, every teacher
+    text and pseudo-query row as a bag over tokens and pairs, and ``proxy``'s queries so bagged; None without
+    pairs."""
+    from scipy import sparse
+
+    from isotrope.distill_proxy import make_proxy, token_bags
+
+    special = teacher.special_ids()
+    sample_ids = teacher.token_ids(list(sample))
+    pairs = TokenPairs.found_in(sample_ids[:n_chunks], teacher.vocab_size, special)
+    if not len(pairs):
+        return None
+    vocab = teacher.vocab_size + len(pairs)
+    bags = token_bags(pairs.extend(sample_ids), vocab, special)
+    if query_weight > 0:
+        bags = sparse.vstack(
+            [bags, query_rows(sample[:n_chunks], pairs.extending(teacher.token_ids), vocab, special, query_weight)[0]]
+        )
+    paired_proxy = make_proxy(held_texts, pairs.extending(teacher.token_ids), vocab, special, seed)
+    if paired_proxy is None or not np.array_equal(paired_proxy.targets, proxy.targets):
+        raise RuntimeError("the pair table's pseudo-queries differ from the token table's")
+    return PairRows(pairs, bags.tocsr(), paired_proxy)
 
 
 def teacher_pass(
@@ -355,17 +430,21 @@ def teacher_texts(
 
 
 def query_rows(
-    chunks: Sequence[str], teacher: TokenizedBackbone, weight: float
+    chunks: Sequence[str],
+    token_ids: Callable[[list[str]], list[list[int]]],
+    vocab_size: int,
+    special: np.ndarray,
+    weight: float,
 ) -> tuple[sparse.csr_matrix, np.ndarray, np.ndarray]:
-    """Pseudo-query rows: each chunk's sentences as bags of tokens, to be mapped to the chunk's own teacher
-    vector (short queries should land near the chunks that hold them). Each row is scaled by
+    """Pseudo-query rows: each chunk's sentences as bags of the ids ``token_ids`` gives, to be mapped to the
+    chunk's own teacher vector (short queries should land near the chunks that hold them). Each row is scaled by
     ``sqrt(weight / k)`` (``k``: its chunk's sentences; chunks of fewer than :data:`QUERY_MIN_SENTENCES`
     get none), so a chunk's rows weigh ``weight`` times its own
     row in the least squares. Returns the scaled bags, each row's chunk and its scale."""
     from isotrope.distill_proxy import token_bags
 
     sentences, parents = query_sentences(chunks)
-    bags = token_bags(teacher.token_ids(sentences) if sentences else [], teacher.vocab_size, teacher.special_ids())
+    bags = token_bags(token_ids(sentences) if sentences else [], vocab_size, special)
     scale = np.sqrt(weight / np.bincount(parents)[parents]) if len(parents) else np.zeros(0)
     return bags.multiply(scale[:, None]).tocsr(), parents, scale
 
@@ -405,14 +484,15 @@ def distill_table(
     seed: int = 0,
     lambdas: Sequence[float] = LAMBDAS,
     mixes: Sequence[float] = MIX_LAMBDAS,
+    pair_lambdas: Sequence[float] = PAIR_LAMBDAS,
     iterations: int = CG_ITERATIONS,
     windows: str = WINDOWS,
     query_weight: float = QUERY_WEIGHT,
     margin: float | None = None,
     shapes: Sequence[str] = SHAPES,
     show_progress: bool = False,
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """The distilled table, float32 (V, d), and a report of what was sampled, tried and chosen.
+) -> Distilled:
+    """The distilled table, float32, and a report of what was sampled, tried and chosen.
 
     ``input_table``: the teacher's input embeddings (V, d), or a function that loads them (called after the
     teacher's pass). Memory: ``teacher`` is dropped after its pass (the caller should hold no other reference, as
@@ -421,13 +501,15 @@ def distill_table(
     and its inputs; every table and target here is float32 (the solves run in float32 anyway), and each fit is
     kept as the rows it moved (:class:`RowFit`). The tables tried are the fit at each of ``lambdas``, in each
     of ``shapes``, and, for each of ``mixes``, :data:`MIX` of the unfitted table and the rest of the fit at that
-    strength, in each of ``shapes`` but the first. A table in a shaping it is a candidate when its shaped static vectors of the held-aside chunks find
-    the teacher's nearest neighbours better than the unfitted table's do in the first shaping
-    (:func:`neighbour_agreement`) and its pseudo-query MRR@10 interval against that unfitted table does not lie
-    wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto). The candidate of
-    best agreement in the first shaping is kept, unless one in another shaping agrees better by more than
-    :data:`SHAPE_MARGIN`; the unfitted table when none is a candidate. The report's ``shape`` names the shaping
-    to fit with the table (:meth:`isotrope.encoder.ShapedEncoder.adopt_distilled_shape`).
+    strength, in each of ``shapes`` but the first. A table in a shaping is a candidate when its shaped static
+    vectors of the held-aside chunks find the teacher's nearest neighbours better than the unfitted table's do in
+    the first shaping (:func:`neighbour_agreement`) and its pseudo-query MRR@10 interval against that unfitted
+    table does not lie wholly below ``margin`` (default :data:`isotrope.distill_proxy.MARGIN`: the proxy's veto).
+    The candidate of best agreement in the first shaping is kept, unless one in another shaping agrees better by
+    more than :data:`SHAPE_MARGIN`; the unfitted table when none is a candidate. Then a table with token-pair rows
+    (:mod:`isotrope.token_pairs`), fitted at each of ``pair_lambdas`` in the first shaping, replaces the pick
+    when it gives back at most :data:`PAIR_GIVE_BACK` of the agreement the pick gained over the unfitted table. The report's ``shape`` names the shaping to fit with the table
+    (:meth:`isotrope.encoder.ShapedEncoder.adopt_distilled_shape`).
     """
     from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
     from isotrope.pseudo_queries import paired_interval
@@ -437,7 +519,8 @@ def distill_table(
     n_held = held_aside_count(n_chunks)
     held_chunks = np.sort(rng.choice(n_chunks, size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
     held = np.isin(parents, held_chunks)  # held-aside chunks and their windows: out of every validation fit
-    proxy = make_proxy([sample[i] for i in held_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed)
+    held_texts = [sample[i] for i in held_chunks]
+    proxy = make_proxy(held_texts, teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed)
     logger.info(
         "fast: teacher pass over %d texts (%d of %d chunks, %d %s windows; %d chunks held aside to choose the fit)",
         len(sample),
@@ -447,7 +530,16 @@ def distill_table(
         windows,
         n_held,
     )
-    extra = query_rows(sample[:n_chunks], teacher, query_weight) if query_weight > 0 else None
+    extra = (
+        query_rows(sample[:n_chunks], teacher.token_ids, teacher.vocab_size, teacher.special_ids(), query_weight)
+        if query_weight > 0
+        else None
+    )
+    paired = (
+        pair_rows(teacher, sample, n_chunks, query_weight, proxy, held_texts, seed)
+        if proxy is not None and pair_lambdas and (lambdas or mixes)
+        else None
+    )
     passed = teacher_pass(teacher, sample, np.flatnonzero(held), show_progress)
     texts_sampled = sample[:n_chunks]
     del teacher, sample
@@ -473,19 +565,22 @@ def distill_table(
     if proxy is None or not (lambdas or mixes):
         reason = "no fit strength to try" if proxy else f"{n_chunks} chunks give too few pseudo-queries to check a fit"
         report.update(fitted=False, shape=SHAPES[0], reason=f"{reason}: unfitted context table")
-        return final_prior, report
+        return Distilled(final_prior, report)
     train = np.flatnonzero(~held)
     train_bags = passed.bags[train]
     train_targets = passed.vectors[train]
-    chunk_bags = passed.bags[np.setdiff1d(np.arange(n_chunks), held_chunks)].astype(np.float32)  # whiten-partial's fit
+    fit_chunks = np.setdiff1d(np.arange(n_chunks), held_chunks)
+    chunk_bags = passed.bags[fit_chunks].astype(np.float32)  # whiten-partial's fit
     sums.subtract(held_sums)  # the sums over the fitting texts: the held-aside ones' tokens stay out of the prior
     prior = initial_table(sums, inputs)
     del sums, held_sums, inputs
     scale = lambda_scale(train_bags)
     held_bags, held_targets = passed.bags[held_chunks].astype(np.float32), passed.vectors[held_chunks].astype(np.float64)
 
-    def agreement(table: np.ndarray, shape: str) -> float:
-        return neighbour_agreement(chunk_bags @ table, held_bags @ table, held_targets, shape=shape)
+    def agreement(
+        table: np.ndarray, shape: str, bags: sparse.csr_matrix = chunk_bags, held: sparse.csr_matrix = held_bags
+    ) -> float:
+        return neighbour_agreement(bags @ table, held @ table, held_targets, shape=shape)
 
     # candidates: the unfitted table in the default shaping, then each table in each shaping ("3", "3 center",
     # "mix 1": MIX of the unfitted table and the rest of the fit at lam 1); each fit is kept as the rows it moved
@@ -505,15 +600,7 @@ def distill_table(
                     rows.append(reciprocal_ranks(tried_table, chunk_bags, proxy, shape))
                     agreements.append(agreement(tried_table, shape))
                     candidates.append((relative, mixed, shape))
-                    logger.info(
-                        "fast: %s (lam x %.3g): neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
-                        names[-1],
-                        scale,
-                        agreements[-1],
-                        agreements[0],
-                        rows[-1].mean(),
-                        rows[0].mean(),
-                    )
+                    _log_candidate(names[-1], scale, agreements, rows)
     margin = MARGIN if margin is None else margin
     comparisons = [paired_interval(100 * (row - rows[0]), seed=seed) for row in rows[1:]]
     report["validation"] = {
@@ -531,7 +618,25 @@ def distill_table(
         if i not in kept
     )
     where = f"on {len(proxy.targets)} {proxy.proxy} pseudo-queries, MRR@10 against the unfitted table, 95% paired bootstrap"
-    if not kept:
+    chosen = _choose(kept, agreements, [candidates[i][2] == SHAPES[0] for i in range(len(candidates))]) if kept else 0
+    pick = Pick(names[chosen], rows[chosen], agreements[chosen], agreements[chosen] - agreements[0])
+    pair_fit = (
+        _pair_candidate(
+            paired,
+            prior,
+            (train, fit_chunks, held_chunks),
+            train_targets,
+            pair_lambdas,
+            iterations,
+            pick,
+            agreement,
+            report,
+            seed,
+        )
+        if paired is not None
+        else None
+    )
+    if pair_fit is None and not kept:
         reason = (
             f"every fit that beat the unfitted table's agreement with the teacher's neighbours ({agreements[0]:.4f}) lies wholly "
             f"below {margin:+g} {where}: {vetoed}"
@@ -540,36 +645,142 @@ def distill_table(
         )
         report.update(fitted=False, shape=SHAPES[0], reason=f"{reason}: unfitted context table")
         logger.info("fast: %s", report["reason"])
-        return final_prior, report
-    chosen = _choose(kept, agreements, [candidates[i][2] == SHAPES[0] for i in range(len(candidates))])
-    mean, low, high = comparisons[chosen - 1]
-    relative, mixed, shape = candidates[chosen]
+        return Distilled(final_prior, report)
+    if pair_fit is None:
+        mean, low, high = comparisons[chosen - 1]
+        relative, mixed, shape = candidates[chosen]
+        report.update(
+            fitted=True,
+            lam=relative,
+            mix=MIX if mixed else 0.0,
+            lam_scale=scale,
+            shape=shape,
+            reason=f"lam {names[chosen]}: neighbour agreement {agreements[0]:.4f} -> {agreements[chosen]:.4f}, the best of the "
+            f"candidates not vetoed; {mean:+.2f} [{low:.2f}, {high:.2f}] {where}" + (f" (vetoed: {vetoed})" if vetoed else ""),
+        )
+        logger.info("fast: %s", report["reason"])
+        # the chosen fit warm-starts the final one, on every text and the token table's prior over them
+        all_bags, final_table, start, mix = passed.bags, final_prior, fits[relative].write(prior), report["mix"]
+    else:
+        relative, start, chosen_pairs = pair_fit
+        # the held-aside chunks' own rows stay in as bags of tokens alone: with their pairs they taught the pair rows
+        # their phrases, and the default-search calibration's pseudo-queries, cut from them, then rated dense 11 points
+        # higher on SciFact and chose it over hybrid (docs/results/hybrid-default.md)
+        all_bags = _tokens_only(chosen_pairs.bags, passed.bags, held_chunks)
+        final_table, mix = chosen_pairs.pairs.prior(final_prior), 0.0
+    del prior, fit, fits, train_bags, train_targets
+    final_rows = _final_rows(held, len(parents))
+    report["held_aside_chunks"] = [text_key(texts_sampled[i]) for i in held_chunks]
+    final_bags = all_bags[final_rows]
+    final = solve_rows(
+        final_bags, passed.vectors[final_rows], final_table, relative * lambda_scale(final_bags), iterations, start=start
+    )
+    del start
+    return Distilled(final.write(final_table, mix), report, None if pair_fit is None else pair_fit[2].pairs)
+
+
+def _tokens_only(pair_bags: sparse.csr_matrix, token_bags: sparse.csr_matrix, rows: np.ndarray) -> sparse.csr_matrix:
+    """``pair_bags`` with its ``rows`` replaced by those of ``token_bags`` (no pair column)."""
+    from scipy import sparse
+
+    padded = sparse.hstack([token_bags[rows], sparse.csr_matrix((len(rows), pair_bags.shape[1] - token_bags.shape[1]))])
+    order = np.arange(pair_bags.shape[0])
+    order[rows] = pair_bags.shape[0] + np.arange(len(rows))
+    return sparse.vstack([pair_bags, padded]).tocsr()[order]
+
+
+def _final_rows(held: np.ndarray, n_texts: int) -> np.ndarray:
+    """The rows of the final fit: every teacher text, and the pseudo-query rows of the chunks not held aside (the
+    held-aside chunks' sentences are then queries the table never learned, for the store's default-search
+    calibration, :mod:`isotrope.autofusion`)."""
+    return np.flatnonzero(~held | (np.arange(len(held)) < n_texts))
+
+
+def _log_candidate(name: str, scale: float, agreements: list[float], rows: list[np.ndarray]) -> None:
+    logger.info(
+        "fast: %s (lam x %.3g): neighbour agreement %.4f (unfitted %.4f), pseudo-query MRR@10 %.4f (unfitted %.4f)",
+        name,
+        scale,
+        agreements[-1],
+        agreements[0],
+        rows[-1].mean(),
+        rows[0].mean(),
+    )
+
+
+def _pair_candidate(
+    paired: PairRows,
+    prior: np.ndarray,
+    split: tuple[np.ndarray, np.ndarray, np.ndarray],
+    targets: np.ndarray,
+    lambdas: Sequence[float],
+    iterations: int,
+    pick: Pick,
+    agreement: Callable[..., float],
+    report: dict[str, Any],
+    seed: int,
+) -> tuple[float, np.ndarray, PairRows] | None:
+    """Fit the pair table at each of ``lambdas`` (from ``prior``, the token prior, with the pairs' rows) and score it
+    against the token table picked; the pair table kept (the best agreement of those that give back at most
+    :data:`PAIR_GIVE_BACK` of the pick's gain) as its strength, its table and ``paired``, or None. Records every
+    figure in ``report``, the pseudo-query proxy's comparison with the pick included."""
+    from isotrope.distill_proxy import reciprocal_ranks
+    from isotrope.pseudo_queries import paired_interval
+
+    train, fit_chunks, held_chunks = split  # the fit's rows, the chunks whitening is fitted on, the held-aside ones
+    prior = paired.pairs.prior(prior)
+    bags = paired.bags[train]
+    chunk_bags = paired.bags[fit_chunks].astype(np.float32)
+    held_bags = paired.bags[held_chunks].astype(np.float32)
+    scale = lambda_scale(bags)
+    validation = report["validation"]
+    fit: RowFit | None = None
+    kept: list[tuple[float, float, RowFit]] = []  # (agreement, lam, fit)
+    compared = {}
+    for relative in sorted(lambdas, reverse=True):
+        fit = solve_rows(bags, targets, prior, relative * scale, iterations, start=fit)
+        name = f"pairs {relative:g}"
+        with fit.applied(prior) as table:
+            row = reciprocal_ranks(table, chunk_bags, paired.proxy)
+            agreed = agreement(table, SHAPES[0], chunk_bags, held_bags)
+        mean, low, high = paired_interval(100 * (row - pick.row), seed=seed)
+        validation["agreement"][name] = round(agreed, 4)
+        validation["mrr@10"][name] = round(100 * float(row.mean()), 2)
+        compared[name] = [round(mean, 2), round(low, 2), round(high, 2)]
+        logger.info(
+            "fast: %s (lam x %.3g, %d pairs): neighbour agreement %.4f (%s %.4f), pseudo-query MRR@10 %+.2f [%.2f, %.2f] against it",
+            name, scale, len(paired.pairs), agreed, pick.name, pick.agreement, mean, low, high,
+        )  # fmt: skip
+        if _given_back(agreed, pick) <= PAIR_GIVE_BACK:
+            kept.append((agreed, relative, fit))
+    validation["pairs_vs_pick"] = {"pick": pick.name, **compared}
+    report["pairs"] = {"rows": len(paired.pairs), "chosen": bool(kept)}
+    if not kept:
+        return None
+    agreed, relative, fit = max(kept, key=lambda entry: (entry[0], entry[1]))
+    mean, low, high = compared[f"pairs {relative:g}"]
     report.update(
         fitted=True,
         lam=relative,
-        mix=MIX if mixed else 0.0,
+        mix=0.0,
         lam_scale=scale,
-        shape=shape,
-        reason=f"lam {names[chosen]}: neighbour agreement {agreements[0]:.4f} -> {agreements[chosen]:.4f}, the best of the "
-        f"candidates not vetoed; {mean:+.2f} [{low:.2f}, {high:.2f}] {where}" + (f" (vetoed: {vetoed})" if vetoed else ""),
+        shape=SHAPES[0],
+        reason=f"pairs {relative:g}: {len(paired.pairs)} token-pair rows, neighbour agreement {agreed:.4f} against the token "
+        f"table's pick ({pick.name}) {pick.agreement:.4f}, giving back {_given_back(agreed, pick):.0%} of its gain over the "
+        f"unfitted table (at most {PAIR_GIVE_BACK:.0%}); pseudo-query MRR@10 {mean:+.2f} [{low:.2f}, {high:.2f}] against "
+        "it (95% paired bootstrap, not asked)",
     )
     logger.info("fast: %s", report["reason"])
-    start = fits[relative].write(prior)  # the chosen fit, warm start of the final one
-    del prior, fit, fits, train_bags, train_targets
-    # the held-aside chunks' pseudo-query rows stay out of the final fit too: their sentences are then queries the
-    # table never learned, for the store's default-search calibration (isotrope.autofusion)
-    final_rows = np.flatnonzero(~held | (np.arange(len(held)) < len(parents)))
-    report["held_aside_chunks"] = [text_key(texts_sampled[i]) for i in held_chunks]
-    final = solve_rows(
-        passed.bags[final_rows],
-        passed.vectors[final_rows],
-        final_prior,
-        relative * lambda_scale(passed.bags[final_rows]),
-        iterations,
-        start=start,
-    )
-    del start
-    return final.write(final_prior, MIX if mixed else 0.0), report
+    return relative, fit.write(prior), paired
+
+
+def _given_back(agreement: float, pick: Pick) -> float:
+    """The share of ``pick``'s agreement gain over the unfitted table that a table of ``agreement`` gives back (0 when
+    it agrees at least as well; infinite when it agrees less with a pick that gained nothing)."""
+    lost = pick.agreement - agreement
+    if lost <= 0:
+        return 0.0
+    return lost / pick.gain if pick.gain > 0 else float("inf")
 
 
 def _choose(kept: list[int], agreements: list[float], default_shape: list[bool]) -> int:

@@ -86,8 +86,8 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
     model = fast_source(config.model) or config.model
     backend = config.backend or DEFAULT_BACKEND
     static = is_static_source(model)
-    for field in ("distill_samples", "teacher_queries"):
-        if getattr(config, field) not in (None, False) and not model.startswith("fast:"):
+    for field, default in (("distill_samples", None), ("teacher_queries", False), ("fast_pairs", False)):
+        if getattr(config, field) != default and not model.startswith("fast:"):
             raise ValueError(f"{field} applies to the fast model (model 'fast' or 'fast:<teacher>'), not {model!r}")
     if static and backend != "torch":
         raise ValueError(f"backend {backend!r} runs transformers; {model!r} is a static table (use backend 'torch')")
@@ -103,6 +103,8 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
             backbone["max_length"] = config.max_length
         if config.distill_samples is not None:
             backbone["distill_samples"] = config.distill_samples
+        if config.fast_pairs:
+            backbone["pairs"] = True
         return backbone
     name, _, extra = model.partition("+")
     if extra and extra != f"context:{name}":

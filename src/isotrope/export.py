@@ -35,6 +35,12 @@ def _exportable(encoder: ShapedEncoder) -> ShapedEncoder:
         )
     if encoder.spec["backbone"]["type"] != "folded":
         encoder = fold_encoder(encoder)
+    pairs = cast(FoldedBackbone, encoder.backbone).pairs
+    if pairs is not None:
+        raise FoldError(
+            f"this table also has rows for {len(pairs)} token pairs, which model2vec and sentence-transformers do not look up: "
+            "export an encoder fitted without --fast-pairs"
+        )
     if not encoder.transforms or encoder.transforms[-1].kind != "l2":
         raise FoldError(
             f"export needs a chain that ends in l2 (this one: {encoder.metadata.get('folded', {}).get('from_shape', encoder.shape)}): "

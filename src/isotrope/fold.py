@@ -167,6 +167,7 @@ def fold_encoder(encoder: EncoderT, *, dtype: str = "float32", dims: int | None 
         max_length=getattr(backbone, "max_length", 8192),
         ordered_by_variance=ordered,
         folded_from=str(config.get("folded_from") or config.get("source") or config.get("model")),
+        pairs=None if getattr(backbone, "pairs", None) is None else backbone.pairs.codes,
     )
     metadata = dict(encoder.metadata)
     metadata["folded"] = {

@@ -20,10 +20,12 @@ import numpy as np
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.word_cache import WordPieceCache
 from isotrope.pooling import table_mean
+from isotrope.token_pairs import TokenPairs
 
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
+PAIRS_STATE = "pairs"
 DTYPES = ("float32", "float16", "int8")
 
 
@@ -55,6 +57,7 @@ class FoldedBackbone(TokenizedBackbone):
     float32/float16/int8, ``row_scale`` the per-row scale of an int8 table.
     ``ordered_by_variance`` records that column i is the i-th principal direction (the
     chain's last linear step was whiten or pca), so leading columns may be kept alone.
+    ``pairs``: token-pair rows (:mod:`isotrope.token_pairs`), the table's last rows.
     """
 
     needs_fit = False
@@ -70,6 +73,7 @@ class FoldedBackbone(TokenizedBackbone):
         ordered_by_variance: bool = False,
         folded_from: str = "",
         tokenizer_json: str | None = None,
+        pairs: np.ndarray | None = None,
     ) -> None:
         dtype = str(table.dtype)
         if dtype not in DTYPES:
@@ -81,8 +85,13 @@ class FoldedBackbone(TokenizedBackbone):
         if row_scale is not None and row_scale.shape != (table.shape[0],):
             raise ValueError(f"row_scale has shape {row_scale.shape}; the table has {table.shape[0]} rows")
         vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-        if vocab > table.shape[0]:
-            raise ValueError(f"the tokenizer has {vocab} tokens but the folded table only {table.shape[0]} rows")
+        pair_count = 0 if pairs is None else len(pairs)
+        if vocab > table.shape[0] - pair_count:
+            raise ValueError(
+                f"the tokenizer has {vocab} tokens and {pair_count} token pairs but the folded table only {table.shape[0]} rows"
+            )
+        #: the token pairs whose rows end the table (their ids start after the tokens' rows)
+        self.pairs = None if pairs is None else TokenPairs(pairs, table.shape[0] - pair_count)
         self._tokenizer = tokenizer
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
@@ -129,6 +138,7 @@ class FoldedBackbone(TokenizedBackbone):
             ordered_by_variance=config.get("ordered_by_variance", False),
             folded_from=config.get("folded_from", ""),
             tokenizer_json=text,
+            pairs=state.get(PAIRS_STATE),
         )
 
     def tokenizer_json(self) -> str:
@@ -155,6 +165,8 @@ class FoldedBackbone(TokenizedBackbone):
         state = {"table": self.stored}
         if self.row_scale is not None:
             state["row_scale"] = self.row_scale
+        if self.pairs is not None:
+            state[PAIRS_STATE] = self.pairs.codes
         return state
 
     # -- the table -------------------------------------------------------------
@@ -197,7 +209,9 @@ class FoldedBackbone(TokenizedBackbone):
         return int(self.stored.shape[0])
 
     def vocabulary(self) -> list[str]:
-        return [self._tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
+        rows = self.vocab_size if self.pairs is None else self.pairs.vocab
+        tokens = [self._tokenizer.id_to_token(i) or "" for i in range(rows)]
+        return tokens + (self.pairs.names(tokens) if self.pairs is not None else [])
 
     def special_ids(self) -> np.ndarray:
         return self._special_ids
@@ -206,11 +220,13 @@ class FoldedBackbone(TokenizedBackbone):
         return 0
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        ids = [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        return ids if self.pairs is None else self.pairs.extend(ids)
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encodings = self._tokenizer.encode_batch(list(texts))
-        return [e.ids for e in encodings], [e.special_tokens_mask for e in encodings]
+        ids, special = [e.ids for e in encodings], [e.special_tokens_mask for e in encodings]
+        return (ids, special) if self.pairs is None else self.pairs.extend_with_mask(ids, special)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         return TokenBatch(
@@ -220,4 +236,5 @@ class FoldedBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d) (:func:`isotrope.pooling.table_mean`): ids
         through the word cache (the tokenizer's ids; see :mod:`isotrope.backbones.word_cache`)."""
-        return table_mean(texts, self._word_cache.ids, self.stored, weights, self.row_scale)
+        ids = self._word_cache.ids if self.pairs is None else self.pairs.extending(self._word_cache.ids)
+        return table_mean(texts, ids, self.stored, weights, self.row_scale)

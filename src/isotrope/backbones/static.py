@@ -17,11 +17,13 @@ from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.resolve import require_transformers, resolve_model_path
 from isotrope.backbones.word_cache import WordPieceCache, core_tokenizer
 from isotrope.pooling import table_mean
+from isotrope.token_pairs import TokenPairs
 from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
 
 UNK, PAD = "[UNK]", "[PAD]"
+PAIRS_STATE = "pairs_"
 PACKAGED_GLOVE = "glove-6b-50d"
 
 
@@ -130,7 +132,8 @@ class StaticBackbone(TokenizedBackbone):
     joined by ``+`` over one tokenizer, concatenated with each table scaled to unit
     mean norm. ``fast:<model>`` is a table distilled from the transformer on the fit
     corpus (:mod:`isotrope.distill`; needs ``fit``): the teacher runs on a seeded sample
-    of at most ``distill_samples`` fit texts.
+    of at most ``distill_samples`` fit texts; alone, it may also hold rows for the corpus's
+    frequent token pairs (``pairs``, :mod:`isotrope.token_pairs`).
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class StaticBackbone(TokenizedBackbone):
         max_length: int = 8192,
         distill_samples: int | None = None,
         state: dict[str, np.ndarray] | None = None,
+        pairs: bool = False,
     ) -> None:
         from isotrope.distill import DEFAULT_DISTILL_SAMPLES
 
@@ -147,6 +151,8 @@ class StaticBackbone(TokenizedBackbone):
         self.seed = int(seed)
         self.max_length = int(max_length)
         self.distill_samples = int(distill_samples or DEFAULT_DISTILL_SAMPLES)
+        #: whether a distilled table may hold token-pair rows (a ``fast:`` table alone)
+        self.pairs_allowed = bool(pairs)
         #: what the distillation sampled, tried and chose (set by fit)
         self.distill_report: dict[str, Any] = {}
         self._parts = source.split("+")
@@ -156,10 +162,14 @@ class StaticBackbone(TokenizedBackbone):
         if len(sizes) > 1:
             raise ValueError(f"{source!r}: concatenated tables must share one tokenizer (vocab sizes {sorted(sizes)})")
         self._tables: list[np.ndarray | None] = [table for _, table in loaded]
+        #: the distilled table's token-pair rows (a ``fast:`` table alone), after the tokens' rows
+        self.pairs: TokenPairs | None = None
         for index, part in enumerate(self._parts):
             for kind in ("context", "fast"):
                 if part.startswith(f"{kind}:") and state and f"{kind}.{index}.table_" in state:
                     self._tables[index] = np.asarray(state[f"{kind}.{index}.table_"], dtype=np.float32)
+            if state and f"fast.{index}.{PAIRS_STATE}" in state:
+                self.pairs = TokenPairs(state[f"fast.{index}.{PAIRS_STATE}"], len(self.tokenizer))
         self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
         self._assemble()
 
@@ -201,14 +211,18 @@ class StaticBackbone(TokenizedBackbone):
             elif part.startswith("fast:"):
                 model = part.split(":", 1)[1]
                 runtimes: list[str] = []
-                self._tables[index], self.distill_report = distill_table(
+                # token-pair rows only where asked for, in a fast table alone
+                options: dict[str, Any] = {} if self.pairs_allowed and len(self._parts) == 1 else {"pair_lambdas": ()}
+                distilled = distill_table(
                     _noting_backend(teacher(model), runtimes),  # a temporary: distill_table drops it after its pass
                     texts,
                     functools.partial(_input_embeddings, model),  # loaded after the teacher's pass
                     samples=self.distill_samples,
                     seed=self.seed,
                     show_progress=show_progress,
+                    **options,
                 )
+                self._tables[index], self.distill_report, self.pairs = distilled.table, distilled.report, distilled.pairs
                 self.distill_report["teacher_backend"] = runtimes[0]
         self._assemble()
         return self
@@ -242,17 +256,21 @@ class StaticBackbone(TokenizedBackbone):
     # -- Backbone protocol -----------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return len(self.tokenizer)
+        """The table's rows: the tokenizer's tokens, then the token pairs'."""
+        return len(self.tokenizer) + (len(self.pairs) if self.pairs is not None else 0)
 
     def vocabulary(self) -> list[str]:
-        tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
-        return [token if token is not None else "" for token in tokens]
+        tokens = [
+            token if token is not None else "" for token in self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        ]
+        return tokens + (self.pairs.names(tokens) if self.pairs is not None else [])
 
     def special_ids(self) -> np.ndarray:
         return self._special_ids
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self._core_tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        ids = [encoding.ids for encoding in self._core_tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        return self.pairs.extend(ids) if self.pairs is not None else ids
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"type": "static", "source": self.source, "max_length": self.max_length}
@@ -260,15 +278,20 @@ class StaticBackbone(TokenizedBackbone):
             config["seed"] = self.seed
         if "fast:" in self.source:
             config["distill_samples"] = self.distill_samples
+            if self.pairs_allowed:
+                config["pairs"] = True
         return config
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Context and distilled tables are fitted: they are saved with the encoder."""
-        return {
+        state = {
             f"{part.split(':', 1)[0]}.{i}.table_": table
             for i, (part, table) in enumerate(zip(self._parts, self._tables))
             if part.startswith(("context:", "fast:")) and table is not None
         }
+        if self.pairs is not None:
+            state[f"fast.0.{PAIRS_STATE}"] = self.pairs.codes
+        return state
 
     @functools.cached_property
     def _core_tokenizer(self) -> Any:
@@ -289,11 +312,13 @@ class StaticBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d), without padded batches
         (:func:`isotrope.pooling.table_mean`; ids through the word cache, :mod:`isotrope.backbones.word_cache`)."""
-        return table_mean(texts, self._word_cache.ids, self._fitted_table(), weights)
+        ids = self._word_cache.ids if self.pairs is None else self.pairs.extending(self._word_cache.ids)
+        return table_mean(texts, ids, self._fitted_table(), weights)
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encodings = self._core_tokenizer.encode_batch(list(texts))
-        return [e.ids for e in encodings], [e.special_tokens_mask for e in encodings]
+        ids, special = [e.ids for e in encodings], [e.special_tokens_mask for e in encodings]
+        return (ids, special) if self.pairs is None else self.pairs.extend_with_mask(ids, special)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, special_mask: np.ndarray) -> TokenBatch:
         """One gather from the table for the whole padded batch."""
