@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
 
     from isotrope.backbones.base import TokenizedBackbone
     from isotrope.backbones.context import ContextSums
-    from isotrope.distill_proxy import ProxyQueries
+    from isotrope.distill_proxy import ProxyQueries, ProxyTexts
 
 logger = logging.getLogger(__name__)
 
@@ -163,16 +163,14 @@ def pair_rows(
     sample: Sequence[str],
     n_chunks: int,
     query_weight: float,
-    proxy: ProxyQueries,
-    held_texts: Sequence[str],
-    seed: int,
+    proxy_texts: ProxyTexts,
 ) -> PairRows | None:
     """The pairs found in at least :data:`isotrope.token_pairs.MIN_CHUNKS` of the sampled chunks, every teacher
-    text and pseudo-query row as a bag over tokens and pairs, and ``proxy``'s queries so bagged; None without
+    text and pseudo-query row as a bag over tokens and pairs, and the proxy's texts so bagged; None without
     pairs."""
     from scipy import sparse
 
-    from isotrope.distill_proxy import make_proxy, token_bags
+    from isotrope.distill_proxy import bag_proxy, token_bags
 
     special = teacher.special_ids()
     sample_ids = teacher.token_ids(list(sample))
@@ -185,10 +183,7 @@ def pair_rows(
         bags = sparse.vstack(
             [bags, query_rows(sample[:n_chunks], pairs.extending(teacher.token_ids), vocab, special, query_weight)[0]]
         )
-    paired_proxy = make_proxy(held_texts, pairs.extending(teacher.token_ids), vocab, special, seed)
-    if paired_proxy is None or not np.array_equal(paired_proxy.targets, proxy.targets):
-        raise RuntimeError("the pair table's pseudo-queries differ from the token table's")
-    return PairRows(pairs, bags.tocsr(), paired_proxy)
+    return PairRows(pairs, bags.tocsr(), bag_proxy(proxy_texts, pairs.extending(teacher.token_ids), vocab, special))
 
 
 def teacher_pass(
@@ -511,7 +506,7 @@ def distill_table(
     when it gives back at most :data:`PAIR_GIVE_BACK` of the agreement the pick gained over the unfitted table. The report's ``shape`` names the shaping to fit with the table
     (:meth:`isotrope.encoder.ShapedEncoder.adopt_distilled_shape`).
     """
-    from isotrope.distill_proxy import MARGIN, make_proxy, reciprocal_ranks
+    from isotrope.distill_proxy import MARGIN, bag_proxy, proxy_texts, reciprocal_ranks
     from isotrope.pseudo_queries import paired_interval
 
     rng = np.random.default_rng(seed)
@@ -519,8 +514,8 @@ def distill_table(
     n_held = held_aside_count(n_chunks)
     held_chunks = np.sort(rng.choice(n_chunks, size=n_held, replace=False)) if n_held else np.zeros(0, dtype=np.int64)
     held = np.isin(parents, held_chunks)  # held-aside chunks and their windows: out of every validation fit
-    held_texts = [sample[i] for i in held_chunks]
-    proxy = make_proxy(held_texts, teacher.token_ids, teacher.vocab_size, teacher.special_ids(), seed)
+    made = proxy_texts([sample[i] for i in held_chunks], seed)  # cut once, bagged by tokens (and by pairs)
+    proxy = None if made is None else bag_proxy(made, teacher.token_ids, teacher.vocab_size, teacher.special_ids())
     logger.info(
         "fast: teacher pass over %d texts (%d of %d chunks, %d %s windows; %d chunks held aside to choose the fit)",
         len(sample),
@@ -536,8 +531,8 @@ def distill_table(
         else None
     )
     paired = (
-        pair_rows(teacher, sample, n_chunks, query_weight, proxy, held_texts, seed)
-        if proxy is not None and pair_lambdas and (lambdas or mixes)
+        pair_rows(teacher, sample, n_chunks, query_weight, made)
+        if made is not None and pair_lambdas and (lambdas or mixes)
         else None
     )
     passed = teacher_pass(teacher, sample, np.flatnonzero(held), show_progress)
@@ -661,8 +656,10 @@ def distill_table(
         logger.info("fast: %s", report["reason"])
         # the chosen fit warm-starts the final one, on every text and the token table's prior over them
         all_bags, final_table, start, mix = passed.bags, final_prior, fits[relative].write(prior), report["mix"]
+        kept_pairs = None
     else:
         relative, start, chosen_pairs = pair_fit
+        kept_pairs = chosen_pairs.pairs
         # the held-aside chunks' own rows stay in as bags of tokens alone: with their pairs they taught the pair rows
         # their phrases, and the default-search calibration's pseudo-queries, cut from them, then rated dense 11 points
         # higher on SciFact and chose it over hybrid (docs/results/hybrid-default.md)
@@ -676,7 +673,7 @@ def distill_table(
         final_bags, passed.vectors[final_rows], final_table, relative * lambda_scale(final_bags), iterations, start=start
     )
     del start
-    return Distilled(final.write(final_table, mix), report, None if pair_fit is None else pair_fit[2].pairs)
+    return Distilled(final.write(final_table, mix), report, kept_pairs)
 
 
 def _tokens_only(pair_bags: sparse.csr_matrix, token_bags: sparse.csr_matrix, rows: np.ndarray) -> sparse.csr_matrix:

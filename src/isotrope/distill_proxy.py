@@ -65,8 +65,16 @@ def make_proxy(
     """One pseudo-query per held-aside chunk where the passage proxy can cut one (else the masked
     proxy); None when even that gives fewer than :data:`MIN_QUERIES`."""
     texts = proxy_texts(held_texts, seed)
-    if texts is None:
-        return None
+    return None if texts is None else bag_proxy(texts, tokenize, vocab_size, special)
+
+
+ProxyTexts = tuple[str, list[str], list[str], np.ndarray]
+
+
+def bag_proxy(
+    texts: ProxyTexts, tokenize: Callable[[list[str]], list[list[int]]], vocab_size: int, special: np.ndarray
+) -> ProxyQueries:
+    """The pseudo-queries and documents of :func:`proxy_texts` as bags of the ids ``tokenize`` gives."""
     proxy, queries, documents, targets = texts
     return ProxyQueries(
         token_bags(tokenize(queries), vocab_size, special).astype(np.float32),
@@ -76,7 +84,7 @@ def make_proxy(
     )
 
 
-def proxy_texts(held_texts: Sequence[str], seed: int) -> tuple[str, list[str], list[str], np.ndarray] | None:
+def proxy_texts(held_texts: Sequence[str], seed: int) -> ProxyTexts | None:
     """The texts of :func:`make_proxy`: its proxy's name, the pseudo-queries, the held-aside chunks as the queries
     search them (a passage query's chunk without the sentence cut from it) and each query's chunk."""
     for proxy in (DEFAULT_PROXY, FALLBACK_PROXY):

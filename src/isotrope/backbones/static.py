@@ -23,7 +23,8 @@ from isotrope.transforms.base import NotFittedError
 logger = logging.getLogger(__name__)
 
 UNK, PAD = "[UNK]", "[PAD]"
-PAIRS_STATE = "pairs_"
+#: the state key of a distilled table's token pairs (only a ``fast:`` table alone, part 0, holds them)
+PAIRS_STATE = "fast.0.pairs_"
 PACKAGED_GLOVE = "glove-6b-50d"
 
 
@@ -168,8 +169,8 @@ class StaticBackbone(TokenizedBackbone):
             for kind in ("context", "fast"):
                 if part.startswith(f"{kind}:") and state and f"{kind}.{index}.table_" in state:
                     self._tables[index] = np.asarray(state[f"{kind}.{index}.table_"], dtype=np.float32)
-            if state and f"fast.{index}.{PAIRS_STATE}" in state:
-                self.pairs = TokenPairs(state[f"fast.{index}.{PAIRS_STATE}"], len(self.tokenizer))
+        if state and PAIRS_STATE in state:
+            self.pairs = TokenPairs(state[PAIRS_STATE], len(self.tokenizer))
         self._special_ids = np.array(sorted(set(self.tokenizer.all_special_ids)), dtype=np.int64)
         self._assemble()
 
@@ -290,7 +291,7 @@ class StaticBackbone(TokenizedBackbone):
             if part.startswith(("context:", "fast:")) and table is not None
         }
         if self.pairs is not None:
-            state[f"fast.0.{PAIRS_STATE}"] = self.pairs.codes
+            state[PAIRS_STATE] = self.pairs.codes
         return state
 
     @functools.cached_property
