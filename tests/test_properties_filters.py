@@ -62,8 +62,15 @@ def test_any_sequence_of_filter_tokens_parses_or_names_the_position(text):
 
 def test_deep_nesting_and_huge_numbers_are_position_errors_not_crashes():
     """Found by the properties above: 5000 '(' overflowed the stack, 1e999 and 5000-digit integers were
-    refused without a position, and integers beyond int64 reached SQLite (OverflowError)."""
-    for text in ("(" * 5000 + "a = 1" + ")" * 5000, "a = 1e999", "a = " + "9" * 5000, "a in (1, 9223372036854775808)"):
+    refused without a position, integers beyond int64 reached SQLite (OverflowError), and an ordering of a boolean
+    (``a < true``) was refused without a position."""
+    for text in (
+        "(" * 5000 + "a = 1" + ")" * 5000,
+        "a = 1e999",
+        "a = " + "9" * 5000,
+        "a in (1, 9223372036854775808)",
+        "a < true",
+    ):
         assert_parses_or_names_position(text)
         with pytest.raises(ValueError, match="position"):
             parse_where(text)

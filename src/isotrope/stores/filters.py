@@ -400,18 +400,29 @@ class _Parser:
         field = self.take().text
         if self.peek().kind == "op":
             op = _OPS[self.take().text]
-            return {field: {op: self.literal()}}
+            return {field: {op: self.checked_literal(field, op)}}
         negated = self.accept("keyword", "not")
         if not self.accept("keyword", "in"):
             raise self.fail("'in'" if negated else "a comparison operator or 'in'")
         if not self.accept("punct", "("):
             raise self.fail("'('")
-        values = [self.literal()]
+        op = "$nin" if negated else "$in"
+        values = [self.checked_literal(field, op)]
         while self.accept("punct", ","):
-            values.append(self.literal())
+            values.append(self.checked_literal(field, op))
         if not self.accept("punct", ")"):
             raise self.fail("',' or ')'")
-        return {field: {"$nin" if negated else "$in": values}}
+        return {field: {op: values}}
+
+    def checked_literal(self, field: str, op: str) -> Any:
+        """:meth:`literal`, checked as the filter dict checks ``op``'s value, its error at the literal's position
+        (``a < true``: an ordering of a boolean)."""
+        position = self.peek().pos
+        value = self.literal()
+        try:
+            return _check_value(value, field, op)
+        except ValueError as error:
+            raise ValueError(f"filter syntax error at position {position}: {error} in {self.expr!r}") from None
 
     def literal(self) -> Any:
         token = self.peek()
