@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,22 +53,6 @@ def test_conjugate_gradients_match_dense_least_squares():
     np.testing.assert_allclose(solved[used], reference, rtol=1e-6, atol=1e-8)
     np.testing.assert_array_equal(solved[[3, 17]], prior[[3, 17]])
     np.testing.assert_allclose(default[used], reference, rtol=1e-3, atol=1e-4)
-
-
-@pytest.mark.parametrize("parts", [1, 2, 3, 7])
-def test_row_ranges_multiply_as_one_sparse_product(parts):
-    """A matrix cut into ranges of rows gives, range by range in threads, exactly the floats of scipy's one
-    product: with empty rows, more parts than rows, no nonzeros, and no rows."""
-    rng = np.random.default_rng(parts)
-    dense = rng.random((6, 9)) * (rng.random((6, 9)) < 0.4)
-    dense[[1, 4]] = 0
-    block = rng.standard_normal((9, 5)).astype(np.float32)
-    with ThreadPoolExecutor(max_workers=parts) as workers:
-        for matrix in (dense, np.zeros((6, 9)), np.zeros((0, 9))):
-            csr = sparse.csr_matrix(matrix, dtype=np.float32)
-            ranges = distill.RowRanges(csr, parts, workers)
-            assert sum(stop - start for start, stop, _ in ranges.ranges) == csr.shape[0]
-            np.testing.assert_array_equal(ranges @ block, csr @ block)
 
 
 def test_a_fit_is_kept_as_the_rows_it_moved():

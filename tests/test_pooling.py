@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from isotrope.pooling import POOLING_MODES, last_real_position, pool
+import isotrope.pooling
+from isotrope.pooling import POOLING_MODES, IdBatch, last_real_position, pool, table_mean
 
 B, T, D = 5, 7, 6
 LENGTHS = [7, 4, 1, 3, 6]
@@ -142,3 +143,46 @@ def test_unknown_mode_names_the_known_ones():
 
 def test_every_mode_is_covered():
     assert set(POOLING_MODES) == {"cls", "mask", "last_token", *MEAN_LIKE}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("batch_size", [512, 2])
+def test_table_mean_is_each_texts_weighted_mean_of_its_rows(monkeypatch, dtype, batch_size):
+    """table_mean against a float64 loop over each text's ids: ids of a text apart in the batch (a pair's
+    ids come after every token's), repeated ids, a text whose weights are all 0 (the plain mean of its rows), a
+    text without ids (0), one text alone (a query), batches cut mid-way, and float16 / int8 tables (int8
+    with a scale per row)."""
+    monkeypatch.setattr(isotrope.pooling, "TABLE_MEAN_BATCH", batch_size)
+    rng = np.random.default_rng(3)
+    vocab, dim = 40, 8
+    table64 = rng.standard_normal((vocab, dim))
+    row_scale = rng.uniform(0.01, 0.05, vocab).astype(np.float32) if dtype == "int8" else None
+    table = np.round(table64 / row_scale[:, None]).astype(np.int8) if row_scale is not None else table64.astype(dtype)
+    weights = rng.uniform(0.2, 2.0, vocab).astype(np.float32)
+    weights[[5, 6]] = 0.0
+    id_lists = [[1, 2, 3, 2, 30], [5, 6, 5], [], [7, 39, 39, 0, 11, 12], [9]]
+    extra = {0: [31, 32], 3: [33]}  # appended after the batch's own ids, as a pair's are
+    texts = [f"text {i}" for i in range(len(id_lists))]
+
+    def token_ids(batch_texts):
+        rows = [int(text.split()[1]) for text in batch_texts]
+        batch = IdBatch.of([id_lists[row] for row in rows])
+        added = [(at, i) for at, row in enumerate(rows) for i in extra.get(row, [])]
+        return IdBatch(
+            np.concatenate([batch.ids, np.array([i for _, i in added], dtype=np.intp)]),
+            np.concatenate([batch.texts, np.array([at for at, _ in added], dtype=np.intp)]),
+            batch.count,
+        )
+
+    rows64 = table.astype(np.float64) * (row_scale[:, None] if row_scale is not None else 1.0)
+    expected = np.zeros((len(texts), dim))
+    for row, ids in enumerate(id_lists):
+        ids = ids + extra.get(row, [])
+        if ids:
+            w = weights[ids].astype(np.float64)
+            w = w if w.sum() > 0 else np.ones(len(ids))
+            expected[row] = w @ rows64[ids] / w.sum()
+    pooled = table_mean(texts, token_ids, table, weights, row_scale)
+    assert pooled.dtype == np.float32
+    np.testing.assert_allclose(pooled, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(table_mean(texts[3:4], token_ids, table, weights, row_scale), expected[3:4], rtol=1e-5, atol=1e-6)

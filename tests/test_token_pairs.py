@@ -16,7 +16,7 @@ from isotrope.backbones.static import StaticBackbone, _input_embeddings
 from isotrope.encoder import ShapedEncoder
 from isotrope.export import export_encoder
 from isotrope.fold import FoldError
-from isotrope.token_pairs import TokenPairs
+from isotrope.token_pairs import TokenPairs, batch_ids
 
 SPECIAL = np.array([0, 1])
 
@@ -40,10 +40,28 @@ def test_a_text_is_extended_by_the_ids_of_its_known_pairs_in_order():
     for ids, extended in zip(texts, found):
         known = [10 + [23, 32, 55].index(a * 10 + b) for a, b in pairwise(ids) if a * 10 + b in (23, 32, 55)]
         assert extended == ids + known
+    batch = batch_ids(texts, pairs)  # the flat batch table_mean pools: the same ids per text, no pair across texts
+    assert [sorted(batch.ids[batch.texts == row].tolist()) for row in range(len(texts))] == [sorted(ids) for ids in found]
     ids, masks = pairs.extend_with_mask([[1, 2, 3, 0]], [[1, 0, 0, 1]])
     assert ids == [[1, 2, 3, 0, 10]] and masks == [[1, 0, 0, 1, 0]]
     with pytest.raises(ValueError, match="distinct sorted"):
         TokenPairs(np.array([5, 3]), 10)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 5000])
+def test_pair_codes_are_found_as_a_binary_search_finds_them(size):
+    """index_of (a hash table, linear probing) against np.searchsorted on the sorted codes: codes crowded
+    into few hash slots, codes just beside known ones, and none known."""
+    rng = np.random.default_rng(size)
+    vocab = 30_522
+    codes = np.unique(rng.integers(0, vocab * vocab, size=size))
+    codes = np.unique(np.concatenate([codes, np.arange(4 * len(codes) // 5)]))  # a dense run: long probes
+    pairs = TokenPairs(codes, vocab)
+    queries = np.concatenate([codes, codes + 1, codes - 1, rng.integers(0, vocab * vocab, size=2000)])
+    queries = queries[(queries >= 0) & (queries < vocab * vocab)]
+    at = np.minimum(np.searchsorted(codes, queries), max(len(codes) - 1, 0))
+    expected = np.where(codes[at] == queries, at, -1) if len(codes) else np.full(len(queries), -1)
+    np.testing.assert_array_equal(pairs.index_of(queries), expected)
 
 
 def test_a_table_with_pair_rows_pools_the_mean_over_tokens_and_pairs(tiny_bert_path):

@@ -27,9 +27,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +35,7 @@ import numpy as np
 from isotrope.pooling import pool
 from isotrope.resources import return_freed_memory, usable_cores
 from isotrope.sentences import split_sentences
+from isotrope.sparse_rows import RowRanges, shared_workers
 from isotrope.token_pairs import TokenPairs
 
 if TYPE_CHECKING:  # scipy and tqdm are imported only where a table is distilled
@@ -310,44 +309,20 @@ def solve_rows(
     diagonal: np.ndarray = (np.asarray(a.multiply(a).sum(axis=0)).ravel() + lam).astype(dtype)
     threads = usable_cores()
 
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="isotrope-distill") as workers:
-        forward, backward = RowRanges(a, threads, workers), RowRanges(a_t, threads, workers)
+    workers = shared_workers()
+    forward, backward = RowRanges(a, threads, workers), RowRanges(a_t, threads, workers)
 
-        def normal_matvec(flat: np.ndarray) -> np.ndarray:
-            block = flat.reshape(size, dim)
-            return (backward @ (forward @ block) + dtype(lam) * block).ravel()
+    def normal_matvec(flat: np.ndarray) -> np.ndarray:
+        block = flat.reshape(size, dim)
+        return (backward @ (forward @ block) + dtype(lam) * block).ravel()
 
-        operator = LinearOperator((size * dim, size * dim), matvec=normal_matvec, dtype=dtype)
-        jacobi = LinearOperator(
-            (size * dim, size * dim), dtype=dtype, matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel()
-        )
-        x0 = start.values if isinstance(start, RowFit) else prior if start is None else start[used]
-        solution, _ = cg(operator, rhs.ravel(), x0=np.asarray(x0, dtype=dtype).ravel(), rtol=tol, maxiter=iterations, M=jacobi)
+    operator = LinearOperator((size * dim, size * dim), matvec=normal_matvec, dtype=dtype)
+    jacobi = LinearOperator(
+        (size * dim, size * dim), dtype=dtype, matvec=lambda flat: (flat.reshape(size, dim) / diagonal[:, None]).ravel()
+    )
+    x0 = start.values if isinstance(start, RowFit) else prior if start is None else start[used]
+    solution, _ = cg(operator, rhs.ravel(), x0=np.asarray(x0, dtype=dtype).ravel(), rtol=tol, maxiter=iterations, M=jacobi)
     return RowFit(used, solution.reshape(size, dim))
-
-
-class RowRanges:
-    """A CSR matrix cut into ranges of rows holding about equal numbers of nonzeros, multiplied by a dense
-    block one range per thread: scipy's sparse products release the GIL, and each row of the result is the
-    same floats as in one product (idle, 2 cores: a solve's products take 0.6 of their time in one thread)."""
-
-    def __init__(self, matrix: sparse.csr_matrix, parts: int, workers: ThreadPoolExecutor) -> None:
-        cuts = np.searchsorted(matrix.indptr, np.linspace(0, matrix.nnz, parts + 1)[1:-1])
-        edges = [0, *np.unique(np.clip(cuts, 0, matrix.shape[0])).tolist(), matrix.shape[0]]
-        self.ranges = [(start, stop, matrix[start:stop]) for start, stop in pairwise(edges) if stop > start]
-        self.rows, self.dtype = matrix.shape[0], matrix.dtype
-        self.workers = workers
-
-    def __matmul__(self, block: np.ndarray) -> np.ndarray:
-        out = np.empty((self.rows, block.shape[1]), dtype=np.result_type(block.dtype, self.dtype))
-
-        def product(part: tuple[int, int, sparse.csr_matrix]) -> None:
-            start, stop, rows = part
-            out[start:stop] = rows @ block
-
-        for done in [self.workers.submit(product, part) for part in self.ranges]:
-            done.result()
-        return out
 
 
 def solve_table(

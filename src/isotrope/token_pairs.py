@@ -10,15 +10,20 @@ retrieval from 64.82 to 67.88 nDCG@10 (docs/results/fast-probe.md, "Bigram rows"
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
 
+from isotrope.pooling import IdBatch
+
 Texts = TypeVar("Texts", bound=Sequence[str])
 
 #: a pair becomes a row when it is found in at least this many sampled chunks
 MIN_CHUNKS = 3
+#: Fibonacci hashing's multiplier (2^64 / the golden ratio)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 class TokenPairs:
@@ -55,17 +60,29 @@ class TokenPairs:
         first, second = divmod(self.codes, self.vocab)
         return np.vstack([table, 0.5 * (table[first] + table[second])]).astype(table.dtype, copy=False)
 
+    def index_of(self, codes: np.ndarray) -> np.ndarray:
+        """Each pair code's index in :attr:`codes`, -1 where the pair is not known."""
+        return self._lookup.find(codes)
+
+    @functools.cached_property
+    def _lookup(self) -> _CodeTable:
+        return _CodeTable(self.codes)
+
     def extend(self, id_lists: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each text's ids followed by the ids of its known pairs (no pair holds a special token)."""
         extended = []
         for ids in id_lists:
-            array = np.asarray(ids, dtype=np.int64)
-            codes = _codes(array, self.vocab)
-            at = np.searchsorted(self.codes, codes)
-            hit = at < len(self.codes)
-            hit[hit] = self.codes[at[hit]] == codes[hit]
-            extended.append([*ids, *(self.vocab + at[hit]).tolist()])
+            index = self.index_of(_codes(np.asarray(ids, dtype=np.int64), self.vocab))
+            extended.append([*ids, *(self.vocab + index[index >= 0]).tolist()])
         return extended
+
+    def extend_batch(self, batch: IdBatch) -> IdBatch:
+        """:meth:`extend` on a batch's flat arrays: its pairs' ids added, each with its text."""
+        index = self.index_of(_codes(batch.ids, self.vocab))
+        at = np.flatnonzero((index >= 0) & (batch.texts[:-1] == batch.texts[1:]))
+        return IdBatch(
+            np.concatenate([batch.ids, self.vocab + index[at]]), np.concatenate([batch.texts, batch.texts[at]]), batch.count
+        )
 
     def extend_with_mask(
         self, id_lists: Sequence[Sequence[int]], special_masks: Sequence[Sequence[int]]
@@ -77,6 +94,45 @@ class TokenPairs:
     def extending(self, token_ids: Callable[[Texts], list[list[int]]]) -> Callable[[Texts], list[list[int]]]:
         """``token_ids`` with each text's pairs appended (:meth:`extend`)."""
         return lambda texts: self.extend(token_ids(texts))
+
+
+class _CodeTable:
+    """A hash table from pair codes to their index (open addressing, linear probing, at most a quarter
+    full): a batch's look-ups in a few vectorised passes, 2.5x faster on abstracts than a binary search of
+    the sorted codes (most consecutive tokens of a text are known pairs)."""
+
+    def __init__(self, codes: np.ndarray) -> None:
+        self.bits = max(4, (codes.size * 4 - 1).bit_length())
+        self.keys = np.full(1 << self.bits, -1, dtype=np.int64)
+        self.values = np.zeros(1 << self.bits, dtype=np.intp)
+        pending, slot = np.arange(codes.size), self._home(codes)
+        while pending.size:  # each pass places one key in each free slot that pending keys probe
+            free = np.flatnonzero(self.keys[slot] == -1)
+            taken = free[np.unique(slot[free], return_index=True)[1]]
+            self.keys[slot[taken]], self.values[slot[taken]] = codes[pending[taken]], pending[taken]
+            left = np.ones(pending.size, dtype=bool)
+            left[taken] = False
+            pending, slot = pending[left], (slot[left] + 1) & (self.keys.size - 1)
+
+    def _home(self, codes: np.ndarray) -> np.ndarray:
+        return ((codes.astype(np.uint64) * _GOLDEN) >> np.uint64(64 - self.bits)).astype(np.intp)
+
+    def find(self, codes: np.ndarray) -> np.ndarray:
+        found = np.full(codes.shape, -1, dtype=np.intp)
+        todo, slot = np.arange(codes.size), self._home(codes)
+        while todo.size:
+            keys = self.keys[slot]
+            hit = keys == codes[todo]
+            found[todo[hit]] = self.values[slot[hit]]
+            more = (keys != -1) & ~hit
+            todo, slot = todo[more], (slot[more] + 1) & (self.keys.size - 1)
+        return found
+
+
+def batch_ids(id_lists: Sequence[Sequence[int]], pairs: TokenPairs | None) -> IdBatch:
+    """``id_lists`` as one batch (:func:`isotrope.pooling.table_mean`'s input), with their known ``pairs``."""
+    batch = IdBatch.of(id_lists)
+    return batch if pairs is None else pairs.extend_batch(batch)
 
 
 def _codes(ids: np.ndarray, vocab: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from isotrope.backbones.base import TextKind, TokenBatch, TokenizedBackbone
 from isotrope.backbones.word_cache import WordPieceCache
 from isotrope.pooling import table_mean
-from isotrope.token_pairs import TokenPairs
+from isotrope.token_pairs import TokenPairs, batch_ids
 
 logger = logging.getLogger(__name__)
 
@@ -236,5 +236,6 @@ class FoldedBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d) (:func:`isotrope.pooling.table_mean`): ids
         through the word cache (the tokenizer's ids; see :mod:`isotrope.backbones.word_cache`)."""
-        ids = self._word_cache.ids if self.pairs is None else self.pairs.extending(self._word_cache.ids)
-        return table_mean(texts, ids, self.stored, weights, self.row_scale)
+        return table_mean(
+            texts, lambda batch: batch_ids(self._word_cache.ids(batch), self.pairs), self.stored, weights, self.row_scale
+        )

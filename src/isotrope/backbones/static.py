@@ -17,7 +17,7 @@ from isotrope.backbones.context import context_average, unit_mean_norm
 from isotrope.backbones.resolve import require_transformers, resolve_model_path
 from isotrope.backbones.word_cache import WordPieceCache, core_tokenizer
 from isotrope.pooling import table_mean
-from isotrope.token_pairs import TokenPairs
+from isotrope.token_pairs import TokenPairs, batch_ids
 from isotrope.transforms.base import NotFittedError
 
 logger = logging.getLogger(__name__)
@@ -313,8 +313,7 @@ class StaticBackbone(TokenizedBackbone):
     def pool_mean(self, texts: Sequence[str], weights: np.ndarray) -> np.ndarray:
         """Weighted mean of each text's rows, float32 (n, d), without padded batches
         (:func:`isotrope.pooling.table_mean`; ids through the word cache, :mod:`isotrope.backbones.word_cache`)."""
-        ids = self._word_cache.ids if self.pairs is None else self.pairs.extending(self._word_cache.ids)
-        return table_mean(texts, ids, self._fitted_table(), weights)
+        return table_mean(texts, lambda batch: batch_ids(self._word_cache.ids(batch), self.pairs), self._fitted_table(), weights)
 
     def tokenize(self, texts: Sequence[str], kind: TextKind = "document") -> tuple[list[list[int]], list[list[int]]]:
         encodings = self._core_tokenizer.encode_batch(list(texts))
