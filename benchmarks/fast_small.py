@@ -81,7 +81,9 @@ def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], spli
             config = EncoderConfig(model=MODEL)
         else:
             config = EncoderConfig(
-                model="fast", teacher_queries=variant.startswith("teacher-queries"), fast_pairs=False if variant == "tokens" else None
+                model="fast",
+                teacher_queries=variant.startswith("teacher-queries"),
+                fast_pairs=False if variant == "tokens" else None,
             )
         scores = run_retrieval(
             Evaluator(cache_dir=cache_dir),

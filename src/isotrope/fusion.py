@@ -15,7 +15,6 @@ SciFact's *train* queries only and then frozen (docs/results/hybrid.md).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import numpy as np
 
-from isotrope.resources import usable_cores
+from isotrope.resources import thread_pool, usable_cores
 from isotrope.stores.base import Hit, as_vectors, check_k
 from isotrope.stores.memory import exact_scores
 
@@ -217,11 +216,9 @@ def run_beside(second: Callable[[], T], first: Callable[[], U]) -> tuple[U, T]:
     return here, pending.result()
 
 
-@functools.lru_cache(maxsize=1)
 def worker_pool() -> ThreadPoolExecutor:
-    """The threads hybrid searches run their full-text side in, beside the dense side (kept: starting a
-    thread per query costs about a millisecond)."""
-    return ThreadPoolExecutor(max_workers=max(2, usable_cores()), thread_name_prefix="isotrope-hybrid")
+    """The threads hybrid searches run their full-text side in, beside the dense side."""
+    return thread_pool("isotrope-hybrid", max(2, usable_cores()))
 
 
 def search_store(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 
 def usable_cores() -> int:
@@ -19,3 +21,15 @@ def return_freed_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """The process's pool of ``workers`` threads named ``name``, started once (starting threads per call costs
+    about a millisecond). Threads do not survive a fork: a forked child starts its own pool, where the parent's
+    would take its work and never run it."""
+    return _thread_pool(name, workers, os.getpid())
+
+
+@functools.cache
+def _thread_pool(name: str, workers: int, pid: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)

@@ -3,23 +3,21 @@ the GIL, so a product over every core takes a fraction of one thread's time."""
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from isotrope.resources import usable_cores
+from isotrope.resources import thread_pool, usable_cores
 
 if TYPE_CHECKING:
     from scipy import sparse
 
 
-@functools.lru_cache(maxsize=1)
 def shared_workers() -> ThreadPoolExecutor:
     """One thread per usable core, kept for the process (encoding many batches starts none of its own)."""
-    return ThreadPoolExecutor(max_workers=usable_cores(), thread_name_prefix="isotrope-rows")
+    return thread_pool("isotrope-rows", usable_cores())
 
 
 class RowRanges:
