@@ -1,7 +1,7 @@
 """Cold ``isotrope search``: a fresh process per query, as a user's shell runs it.
 
 Stores of the first N SciFact abstracts are written with ``isotrope index`` (FAISS and LanceDB; the
-transformer all-MiniLM-L6-v2, ``--model fast``, and ``--model fast --teacher-queries`` and ``--no-fast-pairs`` in FAISS). Each round then
+transformer all-MiniLM-L6-v2, ``--model fast``, and ``--model fast --teacher-queries`` in FAISS). Each round then
 runs ``isotrope search STORE QUERY -k 3`` once per store, each in a new process, in rotating order, beside
 the floor ``python -c "import numpy, faiss"``, after one untimed run of each (the children may write bytecode, as
 an installed package has it: the source files of an editable install are otherwise compiled again in every
@@ -32,7 +32,6 @@ ENCODERS = {
     "transformer": (["--model", MODEL], ("faiss", "lancedb")),
     "fast": (["--model", "fast"], ("faiss", "lancedb")),
     "fast, teacher queries": (["--model", "fast", "--teacher-queries"], ("faiss",)),
-    "fast, no pairs": (["--model", "fast", "--no-fast-pairs"], ("faiss",)),
 }
 WARM_QUERIES = 50
 FLOOR = [sys.executable, "-c", "import numpy, faiss"]

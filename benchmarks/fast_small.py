@@ -4,9 +4,7 @@ variants of the fit, each fitted on the evaluated corpus alone (nDCG@10, exact s
 Every cell goes through the harness as ``isotrope eval retrieval --model fast --fit-corpus corpus --beir
 DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.distill.distill_table`:
 
-* ``default``: the product (pseudo-query rows; λ by agreement, the pseudo-query proxy's veto; token-pair rows
-  where the rule keeps them, :mod:`isotrope.token_pairs`); every variant but ``tokens`` tries pair rows as it does;
-* ``tokens``: ``--no-fast-pairs``, the token table alone (the product's default before pair rows);
+* ``default``: the product (pseudo-query rows; λ by agreement, the pseudo-query proxy's veto);
 * ``unfitted``: no fit strength to try (the unfitted context table, the fallback);
 * ``sentence-windows``: the budget a small corpus leaves spent on its chunks' sentences (their own
   teacher vectors as targets);
@@ -15,6 +13,7 @@ DIR`` does; a variant only changes the keyword arguments of :func:`isotrope.dist
 * ``fit-always``: the fit the proxy ranks best, even when its interval does not clear the margin;
 * ``lam-X``: the fit at that one strength (X times the unit), whatever the proxy says;
 * ``no-mixes``: without the candidates halfway between the unfitted table and a fit (the rule before them);
+* ``pairs``: ``--fast-pairs`` (token-pair rows, :mod:`isotrope.token_pairs`, where the rule keeps them);
 * ``pairs-X``: the token-pair table at that one strength, whatever its agreement with the teacher;
 * ``query-weight-X``: the pseudo-query rows of a chunk weighing X times its own row (the default: 1);
 * ``teacher-queries``: the product's table with ``--teacher-queries`` (queries also through the teacher);
@@ -57,7 +56,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fit-always": {"margin": -100.0},
     **{f"lam-{lam:g}": {"lambdas": (lam,), "mixes": (), "margin": -100.0} for lam in (10.0, 3.0, 1.0, 0.3)},
     "no-mixes": {"mixes": ()},
-    "tokens": {},
+    "pairs": {},
     **{f"pairs-{lam:g}": {"pair_lambdas": (lam,)} for lam in (1.0, 0.3)},
     **{f"query-weight-{weight:g}": {"query_weight": weight} for weight in (0.3, 3.0)},
 }
@@ -81,9 +80,7 @@ def run_cell(cache_dir: Path, folder: Path, variant: str, modes: list[str], spli
             config = EncoderConfig(model=MODEL)
         else:
             config = EncoderConfig(
-                model="fast",
-                teacher_queries=variant.startswith("teacher-queries"),
-                fast_pairs=False if variant == "tokens" else None,
+                model="fast", teacher_queries=variant.startswith("teacher-queries"), fast_pairs=variant.startswith("pairs")
             )
         scores = run_retrieval(
             Evaluator(cache_dir=cache_dir),

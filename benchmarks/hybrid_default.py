@@ -23,15 +23,15 @@ from isotrope.evaluate.harness import Evaluator
 
 STORES = ("faiss", "lancedb")
 COLUMNS = ("dense", "lexical", "hybrid", "auto")
-#: a model name ending so (``fast-tokens``) is ``--model fast --no-fast-pairs``
-TOKENS = "-tokens"
+#: a model name ending so (``fast-pairs``) is ``--model fast --fast-pairs``
+PAIRS = "-pairs"
 
 
 def run(folder: Path, model: str, cache_dir: str | None, out: Path) -> dict:
     """One ``eval retrieval --mode auto`` run, written to ``out/<set>__<model>.json``."""
     result = evaluate(
         "retrieval",
-        EncoderConfig(model=model.removesuffix(TOKENS), fast_pairs=False if model.endswith(TOKENS) else None),
+        EncoderConfig(model=model.removesuffix(PAIRS), fast_pairs=model.endswith(PAIRS)),
         Evaluator(cache_dir=cache_dir),
         beir=folder,
         fit_corpus="corpus",

@@ -131,10 +131,10 @@ def test_pair_rows_replace_the_pick_where_they_agree_nearly_as_well_with_the_tea
 def paired_encoder(tiny_bert_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(distill, "PAIR_GIVE_BACK", float("inf"))
-        unfolded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=250)
+        unfolded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=250, fast_pairs=True)
         unfolded._fold_in_place = lambda: False
         unfolded.fit(make_sentences(300, seed=6))
-        folded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=250)
+        folded = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=250, fast_pairs=True)
         folded.fit(make_sentences(300, seed=6))
     return unfolded, folded
 
@@ -156,23 +156,19 @@ def test_a_fast_encoder_with_pair_rows_folds_saves_and_loads_the_same_vectors(pa
         export_encoder(folded, tmp_path / "m2v", "model2vec")
 
 
-def test_pair_rows_are_tried_unless_refused_and_the_recipe_keeps_the_choice(tiny_bert_path, monkeypatch, tmp_path):
-    """By default (``fast_pairs`` None, as with True) the fit tries a pair table; ``fast_pairs=False``
-    (``--no-fast-pairs``) tries none, even where one would be kept, and the saved recipe says which. The option
-    is refused for other models, either way."""
+def test_pair_rows_are_asked_for_and_the_recipe_keeps_the_ask(tiny_bert_path, monkeypatch, tmp_path):
+    """By default the fit tries no pair table, even where one would be kept; ``fast_pairs=True`` (``--fast-pairs``)
+    asks for it, and the saved recipe says so. The option is refused for other models."""
     monkeypatch.setattr(distill, "PAIR_GIVE_BACK", float("inf"))
-    for asked in (None, False, True):
+    for asked in (False, True):
         encoder = ShapedEncoder.create(model=f"fast:{tiny_bert_path}", distill_samples=250, fast_pairs=asked)
         encoder._fold_in_place = lambda: False
         encoder.fit(make_sentences(300, seed=6))
-        tried = asked is not False
-        assert (encoder.backbone.pairs is not None) is tried and ("pairs" in encoder.metadata["distill"]) is tried
+        assert (encoder.backbone.pairs is not None) is asked and ("pairs" in encoder.metadata["distill"]) is asked
         encoder.save(tmp_path / str(asked))
         assert ShapedEncoder.load(tmp_path / str(asked)).config.fast_pairs is asked
-        assert ("no-fast-pairs" in encoder.config.label()) is (asked is False)
-    for asked in (True, False):
-        with pytest.raises(ValueError, match="fast_pairs applies to the fast model"):
-            ShapedEncoder.create(model=tiny_bert_path, fast_pairs=asked)
+    with pytest.raises(ValueError, match="fast_pairs applies to the fast model"):
+        ShapedEncoder.create(model=tiny_bert_path, fast_pairs=True)
 
 
 def test_the_share_of_agreement_a_pair_table_gives_back():

@@ -61,9 +61,8 @@ class EncoderConfig:
     distill_samples: int | None = None
     #: ``fast``: queries also through the teacher (:mod:`isotrope.teacher_queries`); documents through the table alone
     teacher_queries: bool = False
-    #: ``fast``: whether the table may also hold rows for the corpus's frequent token pairs
-    #: (:mod:`isotrope.token_pairs`; None: yes for ``fast``, not asked of other models)
-    fast_pairs: bool | None = None
+    #: ``fast``: the table may also hold rows for the corpus's frequent token pairs (:mod:`isotrope.token_pairs`)
+    fast_pairs: bool = False
     #: torch, onnx, onnx-int8, onnx-int8-per-channel (None: torch for a new encoder)
     backend: str | None = None
 
@@ -121,8 +120,7 @@ class EncoderConfig:
             )
         else:  # static tables and folded ones (``folded:<source>``)
             options.update(model=backbone["source"], distill_samples=backbone.get("distill_samples"), backend="torch")
-            fast = "fast:" in backbone["source"]
-            options.update(teacher_queries="query_teacher" in spec, fast_pairs=bool(backbone.get("pairs")) if fast else None)
+            options.update(teacher_queries="query_teacher" in spec, fast_pairs=backbone.get("pairs", False))
         return cls(
             **options,
             max_length=backbone.get("max_length"),
@@ -147,8 +145,8 @@ class EncoderConfig:
             parts.append(f"distill_samples={self.distill_samples}")
         if self.teacher_queries:
             parts.append("teacher-queries")
-        if self.fast_pairs is False:
-            parts.append("no-fast-pairs")
+        if self.fast_pairs:
+            parts.append("fast-pairs")
         if self.layers != "last":
             parts.append(f"layers={_text(self.layers)}")
         if self.prompt:
@@ -203,7 +201,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "tp_layers": (str, tuple, _NONE),
     "distill_samples": (int, _NONE),
     "teacher_queries": (bool,),
-    "fast_pairs": (bool, _NONE),
+    "fast_pairs": (bool,),
     "backend": (str, _NONE),
 }
 _LOWEST = {"max_length": 1, "drop_top": 0, "distill_samples": 1}

@@ -15,8 +15,8 @@ by conjugate gradients on the normal equations (one joint solve for every output
 Jacobi-preconditioned, started from ``T0``). On chunks held aside from the fit, ``lam`` and the
 shaping (:data:`SHAPES`) are chosen together by agreement with the teacher's nearest neighbours, and a
 retrieval proxy can veto a candidate (:mod:`isotrope.distill_proxy`: pseudo-queries cut from them, as
-``--shape auto`` makes, with a paired bootstrap interval against ``T0`` in the default shaping). Unless
-``--no-fast-pairs`` is asked (``pair_lambdas``; the encoder then passes none) a table that also holds rows for the
+``--shape auto`` makes, with a paired bootstrap interval against ``T0`` in the default shaping). With
+``--fast-pairs`` (``pair_lambdas``; the encoder passes none without it) a table that also holds rows for the
 sample's frequent token pairs (:mod:`isotrope.token_pairs`) is fitted the same way and replaces the pick where
 it agrees with the teacher's neighbours nearly as well (:data:`PAIR_GIVE_BACK`).
 """

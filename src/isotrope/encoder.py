@@ -86,7 +86,7 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
     model = fast_source(config.model) or config.model
     backend = config.backend or DEFAULT_BACKEND
     static = is_static_source(model)
-    for field, default in (("distill_samples", None), ("teacher_queries", False), ("fast_pairs", None)):
+    for field, default in (("distill_samples", None), ("teacher_queries", False), ("fast_pairs", False)):
         if getattr(config, field) != default and not model.startswith("fast:"):
             raise ValueError(f"{field} applies to the fast model (model 'fast' or 'fast:<teacher>'), not {model!r}")
     if static and backend != "torch":
@@ -103,7 +103,7 @@ def backbone_config(config: EncoderConfig, device: str = "auto") -> dict[str, An
             backbone["max_length"] = config.max_length
         if config.distill_samples is not None:
             backbone["distill_samples"] = config.distill_samples
-        if model.startswith("fast:") and config.fast_pairs is not False:
+        if config.fast_pairs:
             backbone["pairs"] = True
         return backbone
     name, _, extra = model.partition("+")

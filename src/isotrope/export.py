@@ -39,7 +39,7 @@ def _exportable(encoder: ShapedEncoder) -> ShapedEncoder:
     if pairs is not None:
         raise FoldError(
             f"this table also has rows for {len(pairs)} token pairs, which model2vec and sentence-transformers do not look up: "
-            "export an encoder fitted with --no-fast-pairs"
+            "export an encoder fitted without --fast-pairs"
         )
     if not encoder.transforms or encoder.transforms[-1].kind != "l2":
         raise FoldError(
