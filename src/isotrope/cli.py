@@ -53,7 +53,7 @@ FastPairsFlag = Annotated[
     typer.Option(
         "--fast-pairs",
         help="--model fast: let the table also hold rows for the corpus's frequent token pairs where the teacher's "
-        "neighbours keep them (on abstracts: +3 nDCG@10 dense, about half the encode speed, 3x the table)",
+        "neighbours keep them (on abstracts: +3 nDCG@10 dense, two thirds of the encode speed, 3x the table)",
     ),
 ]
 EncoderDir = Annotated[Path | None, typer.Option("--encoder", help="a saved encoder folder (from `isotrope fit`), used as it is")]
