@@ -132,6 +132,28 @@ def test_modified_spec_fails_the_fingerprint_check(copy):
         ShapedEncoder.load(copy, device="cpu")
 
 
+def test_a_load_hashes_the_arrays_once_and_still_checks_the_rebuilt_encoder(saved, monkeypatch):
+    """The fingerprint is computed once (the file's check) when the rebuilt encoder holds the very arrays read; a
+    rebuilt encoder whose arrays differ from them is hashed again and refused."""
+    import isotrope.encoder
+    import isotrope.persist
+
+    hashed: list[int] = []
+    for module in (isotrope.encoder, isotrope.persist):
+        monkeypatch.setattr(module, "fingerprint", lambda spec, state, real=fingerprint: hashed.append(1) or real(spec, state))
+    assert ShapedEncoder.load(saved, device="cpu").fingerprint == read_spec(saved)["fingerprint"] and len(hashed) == 1
+    real_state = isotrope.encoder.ShapedEncoder.get_state
+
+    def drifted(encoder):
+        state = real_state(encoder)
+        return {**state, "transforms.2.scale_": state["transforms.2.scale_"] * 1.001}
+
+    monkeypatch.setattr(isotrope.encoder.ShapedEncoder, "get_state", drifted)
+    with pytest.raises(EncoderFormatError):
+        ShapedEncoder.load(saved, device="cpu")
+    assert len(hashed) == 3
+
+
 # -- damaged folders ---------------------------------------------------------------------------------
 def test_missing_folder_or_spec(tmp_path, copy):
     with pytest.raises(EncoderFormatError, match=r"isotrope\.json not found: .* is not a saved isotrope encoder"):

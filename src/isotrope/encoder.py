@@ -17,7 +17,7 @@ from isotrope.config import EncoderConfig
 from isotrope.distill import fast_source
 from isotrope.fingerprint import fingerprint
 from isotrope.fold import FoldError, fold_encoder
-from isotrope.persist import check_fingerprint, read_encoder, write_encoder
+from isotrope.persist import check_fingerprint, read_encoder, rebuilt_as_read, write_encoder
 from isotrope.pooling import POOLING_MODES, pool
 from isotrope.progress import encoding_progress
 from isotrope.sampling import fair_sample as fair_sample  # its old home: still importable from here
@@ -471,7 +471,8 @@ class ShapedEncoder:
             config=config,
             query_teacher=parts.query_teacher,
         )
-        computed = encoder.fingerprint_as(parts.saved_backend)
+        spec, state = with_backend(encoder.spec, parts.saved_backend), encoder.get_state()
+        computed = parts.document["fingerprint"] if rebuilt_as_read(spec, state, parts) else fingerprint(spec, state)
         check_fingerprint(path, parts.document, computed)
         if backend is None:  # runs as saved: the fingerprint just checked is its own
             encoder._fingerprint = computed

@@ -18,7 +18,7 @@ from isotrope.backbones import make_backbone
 from isotrope.backbones.backends import backend_fields, check_backend, recorded_backend
 from isotrope.config import EncoderConfig
 from isotrope.errors import EncoderFormatError
-from isotrope.fingerprint import fingerprint
+from isotrope.fingerprint import canonical_json, fingerprint
 from isotrope.pooling import POOLING_MODES
 from isotrope.teacher_queries import TeacherQueries
 from isotrope.transforms import chain_from_state
@@ -48,6 +48,8 @@ class EncoderParts(NamedTuple):
     saved_backend: str
     #: the recipe it was built from
     config: EncoderConfig
+    #: the arrays read, checked against the saved fingerprint
+    state: dict[str, np.ndarray]
     #: ``--teacher-queries``: how its queries also go through the teacher (None: the table alone)
     query_teacher: TeacherQueries | None = None
 
@@ -154,8 +156,7 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
             raise
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
     # checked before the backbone is built: a tampered backbone config (its source) is never loaded
-    saved_spec = {key: value for key, value in document.items() if key not in _NOT_FINGERPRINTED}
-    if fingerprint(saved_spec, state) != document["fingerprint"]:
+    if fingerprint(fingerprinted_spec(document), state) != document["fingerprint"]:
         raise EncoderFormatError(
             f"{path}: {SPEC_FILE} and {STATE_FILE} do not match the saved fingerprint "
             f"{document['fingerprint'][:12]}; the folder was modified or is corrupt: nothing was loaded"
@@ -173,7 +174,23 @@ def read_encoder(path: str | Path, device: str = "auto", backend: str | None = N
         backbone = make_backbone(backbone_config, _substate(state, "backbone."), folder=path)
     except (TypeError, KeyError, ValueError) as error:
         raise EncoderFormatError(f"{path}: cannot rebuild the encoder: {error}") from None
-    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend, config, query_teacher)
+    return EncoderParts(document, backbone, pooling, weighting, transforms, saved_backend, config, state, query_teacher)
+
+
+def fingerprinted_spec(document: dict[str, Any]) -> dict[str, Any]:
+    """The part of a parsed ``isotrope.json`` its fingerprint covers."""
+    return {key: value for key, value in document.items() if key not in _NOT_FINGERPRINTED}
+
+
+def rebuilt_as_read(spec: dict[str, Any], state: dict[str, np.ndarray], parts: EncoderParts) -> bool:
+    """Whether an encoder rebuilt from ``parts`` (its ``spec`` as its saved backend reads it, and ``state``) is
+    what :func:`read_encoder` checked: the same spec and the very arrays read, so the same fingerprint without
+    hashing the arrays a second time (a 140 MB table: 78 ms of a cold search)."""
+    return (
+        canonical_json(spec) == canonical_json(fingerprinted_spec(parts.document))
+        and state.keys() == parts.state.keys()
+        and all(array is parts.state[name] for name, array in state.items())
+    )
 
 
 def read_config(document: dict[str, Any]) -> EncoderConfig:
