@@ -70,19 +70,20 @@ class TokenPairs:
 
     def extend(self, id_lists: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each text's ids followed by the ids of its known pairs (no pair holds a special token)."""
-        extended = []
-        for ids in id_lists:
-            index = self.index_of(_codes(np.asarray(ids, dtype=np.int64), self.vocab))
-            extended.append([*ids, *(self.vocab + index[index >= 0]).tolist()])
-        return extended
+        pair_ids, pair_texts = self._pairs_of(IdBatch.of(id_lists))
+        per_text = np.split(pair_ids, np.cumsum(np.bincount(pair_texts, minlength=len(id_lists)))[:-1])
+        return [[*ids, *pairs.tolist()] for ids, pairs in zip(id_lists, per_text)]
 
     def extend_batch(self, batch: IdBatch) -> IdBatch:
         """:meth:`extend` on a batch's flat arrays: its pairs' ids added, each with its text."""
+        pair_ids, pair_texts = self._pairs_of(batch)
+        return IdBatch(np.concatenate([batch.ids, pair_ids]), np.concatenate([batch.texts, pair_texts]), batch.count)
+
+    def _pairs_of(self, batch: IdBatch) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the batch's known pairs of consecutive tokens of one text, in order, and their texts."""
         index = self.index_of(_codes(batch.ids, self.vocab))
         at = np.flatnonzero((index >= 0) & (batch.texts[:-1] == batch.texts[1:]))
-        return IdBatch(
-            np.concatenate([batch.ids, self.vocab + index[at]]), np.concatenate([batch.texts, batch.texts[at]]), batch.count
-        )
+        return self.vocab + index[at], batch.texts[at]
 
     def extend_with_mask(
         self, id_lists: Sequence[Sequence[int]], special_masks: Sequence[Sequence[int]]

@@ -89,22 +89,19 @@ class WordPieceCache:
 
     def _text_ids(self, text: str) -> list[int]:
         words = _words(text)
-        if len(words) < self.max_length:  # every word looked up at once, truncated after (a longer text stops early)
+        if len(words) < self.max_length:  # every word looked up at once, truncated after
             try:
                 pieces = list(map(self._words.__getitem__, words))
             except KeyError:
                 pieces = [self._word_ids(word) for word in words]
-            ids = [self._first, *chain.from_iterable(pieces)]
-            del ids[self.max_length - 1 :]
-            ids.append(self._last)
-            return ids
-        ids = [self._first]
-        for word in words:
-            if not word:
-                continue
-            ids.extend(self._word_ids(word))
-            if len(ids) >= self.max_length:
-                break
+        else:  # a longer text stops at max_length ids
+            pieces, count = [], 0
+            for word in words:
+                pieces.append(self._word_ids(word))
+                count += len(pieces[-1])
+                if count >= self.max_length:
+                    break
+        ids = [self._first, *chain.from_iterable(pieces)]
         del ids[self.max_length - 1 :]
         ids.append(self._last)
         return ids
