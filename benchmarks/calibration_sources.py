@@ -2,7 +2,8 @@
 benchmark built (``--keep``). At each breadth of the store's index (FAISS ``nprobe``, LanceDB ``ef``), through
 the store's own search: recall@10 against exact search of the real held-out sentence queries, of the queries
 made from stored vectors (``index_plan.calibration_set``, the rule before), and of pseudo-queries cut from the
-stored chunks (``Collection.index_queries``), their source chunk kept or left out; then the breadth each would
+stored chunks (``Collection.index_queries``), their source chunk kept or left out, and those of them whose
+source chunk is among their exact top 10; then the breadth each would
 choose at each margin over 0.95 and the real queries' recall there. A FAISS IVF store also gets the other of
 IVF,Flat / IVF,SQ8 on the very same lists (its coarse quantizer), searched bare, with and without an exact
 re-ranking of 4 x 10 candidates, and the bytes each scans per real query.
@@ -160,6 +161,8 @@ def main() -> None:
         "pseudo-queries, source kept": (pseudo, pseudo_top[:, :K], None),
         "pseudo-queries, source left out": (pseudo, index_plan.without_sources(pseudo_top, pseudo_sources, K), pseudo_sources),
     }
+    found_source = (pseudo_top[:, :K] == pseudo_sources[:, None]).any(axis=1)
+    sets["pseudo-queries whose source is in their exact top 10"] = (pseudo[found_source], pseudo_top[found_source, :K], None)
     recalls = {}
     for name, (queries, truth, sources) in sets.items():
         recalls[name] = recall_by_breadth(search, ladder, queries, truth, sources)
@@ -171,6 +174,7 @@ def main() -> None:
         "knob": knob,
         "queries_each": args.queries,
         "pseudo_queries": len(pseudo),
+        "pseudo_queries_source_in_top_10": int(found_source.sum()),
         "recall_at_10_by_breadth": recalls,
         "chosen": choices(recalls, "real held-out sentences"),
         "machine": {**machine_info(), "threads": args.threads},
