@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 from conftest import make_sentences
 from isotrope.encoder import ShapedEncoder
 from isotrope.fingerprint import fingerprint
-from isotrope.persist import FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, read_spec
+from isotrope.persist import CHECKED_FILE, FORMAT_VERSION, SPEC_FILE, STATE_FILE, EncoderFormatError, read_spec
 from isotrope.transforms import NotFittedError
 
 TEXTS = ["the cat sees a small bird.", "dogs run", "she loves the music of the river and the rain in the city!"]
@@ -132,16 +134,25 @@ def test_modified_spec_fails_the_fingerprint_check(copy):
         ShapedEncoder.load(copy, device="cpu")
 
 
-def test_a_load_hashes_the_arrays_once_and_still_checks_the_rebuilt_encoder(saved, monkeypatch):
-    """The fingerprint is computed once (the file's check) when the rebuilt encoder holds the very arrays read; a
-    rebuilt encoder whose arrays differ from them is hashed again and refused."""
+def count_hashes(monkeypatch) -> list[int]:
+    """Count the fingerprints computed from here on (by the file check and by the rebuilt encoder's check)."""
     import isotrope.encoder
     import isotrope.persist
 
     hashed: list[int] = []
     for module in (isotrope.encoder, isotrope.persist):
         monkeypatch.setattr(module, "fingerprint", lambda spec, state, real=fingerprint: hashed.append(1) or real(spec, state))
-    assert ShapedEncoder.load(saved, device="cpu").fingerprint == read_spec(saved)["fingerprint"] and len(hashed) == 1
+    return hashed
+
+
+def test_a_load_hashes_the_arrays_once_and_still_checks_the_rebuilt_encoder(copy, monkeypatch):
+    """The fingerprint is computed once (the file's check) when the rebuilt encoder holds the very arrays read; a
+    rebuilt encoder whose arrays differ from them is hashed again and refused."""
+    import isotrope.encoder
+
+    hashed = count_hashes(monkeypatch)
+    assert ShapedEncoder.load(copy, device="cpu").fingerprint == read_spec(copy)["fingerprint"] and len(hashed) == 1
+    (copy / CHECKED_FILE).unlink()  # the file check hashes again
     real_state = isotrope.encoder.ShapedEncoder.get_state
 
     def drifted(encoder):
@@ -150,8 +161,50 @@ def test_a_load_hashes_the_arrays_once_and_still_checks_the_rebuilt_encoder(save
 
     monkeypatch.setattr(isotrope.encoder.ShapedEncoder, "get_state", drifted)
     with pytest.raises(EncoderFormatError):
-        ShapedEncoder.load(saved, device="cpu")
+        ShapedEncoder.load(copy, device="cpu")
     assert len(hashed) == 3
+
+
+def test_files_unchanged_since_a_checked_load_are_not_hashed_again(copy, monkeypatch):
+    """A load records the stats of the files it checked; the next load of the same files skips hashing them. A
+    change, even one that keeps the file's size and modification time, changes its ctime: hashed and refused."""
+    time.sleep(0.05)  # a record is trusted only if newer than the files' last change (the clock's tick)
+    first = ShapedEncoder.load(copy, device="cpu")
+    assert (copy / CHECKED_FILE).is_file()
+    hashed = count_hashes(monkeypatch)
+    again = ShapedEncoder.load(copy, device="cpu")
+    assert hashed == [] and again.fingerprint == first.fingerprint
+    np.testing.assert_array_equal(again.encode(TEXTS), first.encode(TEXTS))
+
+    before = (copy / STATE_FILE).stat()
+    state = load_file(copy / STATE_FILE)
+    state["transforms.2.scale_"][0] *= 1.001
+    save_file(state, copy / STATE_FILE)  # rewritten in place: the same size
+    os.utime(copy / STATE_FILE, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (copy / STATE_FILE).stat().st_size == before.st_size
+    with pytest.raises(EncoderFormatError, match="do not match the saved fingerprint"):
+        ShapedEncoder.load(copy, device="cpu")
+    assert len(hashed) == 1
+
+
+def test_a_record_no_newer_than_the_files_is_not_trusted(copy, monkeypatch):
+    """A file changed in the clock tick of the record could keep every stat: such a record is not trusted."""
+    ShapedEncoder.load(copy, device="cpu")
+    changed = max((copy / name).stat().st_ctime_ns for name in (SPEC_FILE, STATE_FILE))
+    os.utime(copy / CHECKED_FILE, ns=(changed, changed))
+    hashed = count_hashes(monkeypatch)
+    ShapedEncoder.load(copy, device="cpu")
+    assert len(hashed) == 1
+
+
+def test_a_folder_where_the_record_cannot_be_written_loads(copy, monkeypatch):
+    (copy / CHECKED_FILE).unlink(missing_ok=True)
+    (copy / CHECKED_FILE).mkdir()  # replacing it fails
+    hashed = count_hashes(monkeypatch)
+    for _ in range(2):
+        ShapedEncoder.load(copy, device="cpu")
+    assert len(hashed) == 2
+    assert sorted(p.name for p in copy.iterdir()) == sorted([CHECKED_FILE, SPEC_FILE, STATE_FILE])
 
 
 # -- damaged folders ---------------------------------------------------------------------------------
