@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--variants",
-        help='ingest: isotrope sides beside torch, comma-separated ("": none; default onnx,onnx-int8,onnx-int8-per-channel,fast)',
+        help='ingest: isotrope sides beside torch, comma-separated ("": none; '
+        "default onnx,onnx-int8,onnx-int8-per-channel,fast,fast-pairs)",
     )
     parser.add_argument("--check", action="store_true", help="render: exit 1 when a committed table is stale")
     parser.set_defaults(mode="quick")

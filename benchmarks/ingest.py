@@ -43,12 +43,14 @@ WARMUP_DOCS = 4
 SIZES = {"quick": 20, "full": None}  # documents of SciFact (None: the whole corpus)
 #: LlamaIndex's SentenceSplitter as isotrope chunks (index_documents' defaults: 256 tokens, 32 repeated)
 LLAMA_SPLITTER = {"chunk_size": 256, "chunk_overlap": 32}
-#: isotrope FAISS variants run beside the default (torch) side: the other backends and ``--model fast``
+#: isotrope FAISS variants run beside the default (torch) side: the other backends and ``--model fast`` (with and
+#: without ``--fast-pairs``)
 VARIANTS: dict[str, list[str]] = {
     "onnx": ["--backend", "onnx"],
     "onnx-int8": ["--backend", "onnx-int8"],
     "onnx-int8-per-channel": ["--backend", "onnx-int8-per-channel"],
     "fast": ["--model", "fast"],
+    "fast-pairs": ["--model", "fast", "--fast-pairs"],
 }
 
 
@@ -62,8 +64,8 @@ def ingest_isotrope(
     corpus: Path, target: Path, store: str, device: str, batch_size: int, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """``index_documents`` as ``isotrope index`` runs it. ``options``: ``backend`` (torch, onnx, ...),
-    ``model`` (e.g. ``fast``; its shaping is then the model's default), ``encoder`` (a saved encoder
-    folder, as ``--encoder``), ``factory`` (the FAISS index, e.g. ``Flat``)."""
+    ``model`` (e.g. ``fast``; its shaping is then the model's default), ``fast_pairs`` (``--fast-pairs``),
+    ``encoder`` (a saved encoder folder, as ``--encoder``), ``factory`` (the FAISS index, e.g. ``Flat``)."""
     from isotrope.config import EncoderConfig
     from isotrope.encoder import DEFAULT_SHAPE, ShapedEncoder, default_shape
     from isotrope.ingest.pipeline import index_documents
@@ -75,6 +77,7 @@ def ingest_isotrope(
         shape=DEFAULT_SHAPE if model == MODEL else default_shape(model),
         max_length=MAX_SEQ_LENGTH if model == MODEL else None,
         backend=options.get("backend") or "torch",
+        fast_pairs=bool(options.get("fast_pairs")),
     )
     memory = StageMemory()
     with memory.stage("encoder"):  # an onnx backend's first use exports and quantises (in a child process)
@@ -231,6 +234,7 @@ def _child(args: Any) -> dict[str, Any]:
         options = {
             "backend": args.backend,
             "model": args.model,
+            "fast_pairs": args.fast_pairs,
             "encoder": args.encoder,
             "factory": args.factory,
             "keep_encoder": args.keep_encoder,
@@ -389,6 +393,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--backend", default="torch", help="isotrope: torch, onnx, onnx-int8, onnx-int8-per-channel")
     parser.add_argument("--model", default=None, help=f"isotrope: the model (default {MODEL}; e.g. fast)")
+    parser.add_argument("--fast-pairs", action="store_true", help="isotrope --model fast: with token-pair rows")
     parser.add_argument("--encoder", default=None, help="isotrope: a saved encoder folder (as --encoder)")
     parser.add_argument("--keep-encoder", default=None, help="isotrope: copy the encoder the run saved to this folder")
     parser.add_argument("--factory", default=None, help="isotrope FAISS: the index (e.g. Flat; default: auto)")
