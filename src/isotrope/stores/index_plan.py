@@ -56,7 +56,8 @@ CALIBRATION_MARGIN = 0.03
 #: recall above the target asked of pseudo-queries cut from the stored chunks: 0.01 below it, as they are a little
 #: harder than real sentence queries (0.01 to 0.05 less recall at equal breadth at 100k and 1M, both stores: at 0.94
 #: every store measured picks a breadth where real queries reach 0.957 or more, at 0.93 FAISS at 1M 0.945;
-#: docs/SCALING.md, "Index rules")
+#: docs/SCALING.md, "Index rules"). At 1M the harder ones are sentences cut from within a multi-sentence line of the
+#: benchmark's sentence file, of which every real query is a whole line
 PSEUDO_QUERY_MARGIN = -0.01
 #: what a breadth was calibrated on (``calibrated_on`` in ``index_info()``)
 STORED_VECTORS, PSEUDO_QUERIES, GIVEN_QUERIES = "stored vectors", "pseudo-queries", "queries"
