@@ -2,7 +2,7 @@
 benchmark built (``--keep``). At each breadth of the store's index (FAISS ``nprobe``, LanceDB ``ef``), through
 the store's own search: recall@10 against exact search of the real held-out sentence queries, of the queries
 made from stored vectors (``index_plan.calibration_set``, the rule before), and of pseudo-queries cut from the
-stored chunks (``Collection.index_queries``), their source chunk kept or left out, those of them whose
+stored chunks (``Collection.index_query_texts``), their source chunk kept or left out, those of them whose
 source chunk is among their exact top 10, and those that are a whole line of the sentence file (as every real
 query is) against those cut from within a line of several sentences; then the breadth each would
 choose at each margin over 0.95 and the real queries' recall there. A FAISS IVF store also gets the other of
@@ -104,18 +104,6 @@ def ivf_variants(store: Any, vectors: np.ndarray, real: np.ndarray, truth: np.nd
     return out
 
 
-def whole_lines(collection: Any, n: int, ids: list[str], lines: set[str]) -> np.ndarray:
-    """Which of the store's pseudo-queries (``Collection.index_queries(n)``, cut again here from the same seeded
-    sample for their text) is a whole line of the sentence file the corpus was made of, as every real query is."""
-    from isotrope.autofusion import pseudo_queries, sample_chunks
-    from isotrope.search import INDEX_QUERY_SAMPLE
-
-    sample_ids, texts = sample_chunks(collection.store, INDEX_QUERY_SAMPLE * n, 0)
-    queries, _ = pseudo_queries(texts, n, 0)
-    assert [sample_ids[q.target] for q in queries] == ids, "the pseudo-queries were not cut as Collection.index_queries cuts them"
-    return np.array([q.text.strip() in lines for q in queries])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True, help="faiss:DIR or lancedb:DIR (a scale benchmark store)")
@@ -145,10 +133,11 @@ def main() -> None:
 
     lines = read_sentences(args.data_dir)
     real = collection.encoder.encode(query_texts(lines, args.queries), kind="query").astype(np.float32)
-    pseudo, pseudo_ids = collection.index_queries(args.queries)
-    assert pseudo is not None, "the store's chunks gave too few pseudo-queries"
-    whole_line = whole_lines(collection, args.queries, pseudo_ids, set(lines))
-    pseudo = pseudo.astype(np.float32)
+    pseudo_texts, pseudo_ids = collection.index_query_texts(args.queries)
+    assert pseudo_texts, "the store's chunks gave too few pseudo-queries"
+    pseudo = collection.encoder.encode(pseudo_texts, kind="query").astype(np.float32)  # as Collection.index_queries
+    line_set = set(lines)
+    whole_line = np.array([text.strip() in line_set for text in pseudo_texts])
     pseudo_sources = np.array([position[i] for i in pseudo_ids], dtype=np.int64)
     chosen = np.sort(np.random.default_rng(1).choice(n, min(args.queries, n), replace=False))
     rows = np.arange(n, dtype=np.int64)

@@ -80,7 +80,12 @@ def test_index_queries_are_sentences_cut_from_their_stored_chunks(tmp_path, enco
     with Collection.create(f"faiss:{tmp_path / 's'}", encoder) as collection:
         collection.add([f"c{i}" for i in range(len(texts))], texts)
         vectors, sources = collection.index_queries(50)
+        texts_cut, cut_from = collection.index_query_texts(50)
     assert vectors is not None and len(vectors) == len(sources) == 50 and len(set(sources)) == 50
+    assert cut_from == sources
+    np.testing.assert_allclose(encoder.encode(texts_cut, kind="query"), vectors, atol=1e-6)
+    for text, source in zip(texts_cut, sources):
+        assert text in [texts[int(source[1:])][start:end] for start, end in split_sentences(texts[int(source[1:])])]
     for vector, source in zip(vectors, sources):
         text = texts[int(source[1:])]
         sentences = [text[start:end] for start, end in split_sentences(text)]

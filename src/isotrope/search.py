@@ -381,17 +381,23 @@ class Collection:
 
     def index_queries(self, n: int = index_plan.CALIBRATION_QUERIES, seed: int = 0) -> tuple[np.ndarray | None, list[str]]:
         """Queries like real ones for calibrating the store's approximate index at build, without the user's:
-        at most ``n`` pseudo-queries cut from a seeded sample of the stored chunks (a sentence cut out of a
-        chunk, as the default search's: :func:`isotrope.autofusion.pseudo_queries`), encoded as queries, and
-        the ids of the chunks they were cut from; ``(None, [])`` where the chunks give too few."""
+        :meth:`index_query_texts` encoded as queries, and the ids of the chunks they were cut from; ``(None, [])``
+        where the chunks give too few."""
+        texts, sources = self.index_query_texts(n, seed)
+        return (self.encoder.encode(texts, kind="query") if texts else None), sources
+
+    def index_query_texts(self, n: int = index_plan.CALIBRATION_QUERIES, seed: int = 0) -> tuple[list[str], list[str]]:
+        """At most ``n`` pseudo-queries cut from a seeded sample of the stored chunks (a sentence cut out of a
+        chunk, as the default search's: :func:`isotrope.autofusion.pseudo_queries`) and the ids of the chunks they
+        were cut from; ``([], [])`` where the chunks give too few."""
         ids, texts = sample_chunks(self.store, INDEX_QUERY_SAMPLE * n, seed)
         try:
             queries, proxy = pseudo_queries(texts, n, seed)
         except ValueError as error:
             logger.info("%s: %s; the index calibrates on queries made from stored vectors", self.path, error)
-            return None, []
+            return [], []
         logger.info("%s: calibrating the index on %d %s pseudo-queries", self.path, len(queries), proxy)
-        return self.encoder.encode([q.text for q in queries], kind="query"), [ids[q.target] for q in queries]
+        return [q.text for q in queries], [ids[q.target] for q in queries]
 
     def calibrate(self, queries: Sequence[str], target: float | None = None) -> dict[str, Any]:
         """Set the approximate index's search breadth (IVF lists, HNSW ef) to the smallest whose recall@10
