@@ -276,7 +276,11 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             index = keyed(fresh)
         elif n >= self.threshold:
             index = keyed(fresh)
-            index.train(self._training_sample(n))
+            sample = self._training_sample(n)
+            ivf = faiss.try_extract_index_ivf(index)
+            if ivf is not None:
+                ivf.cp.niter = index_plan.kmeans_iterations(len(sample), ivf.nlist)
+            index.train(sample)
         else:
             index = self._exact_index()
         for keys, vectors in self._iter_vectors():

@@ -52,7 +52,8 @@ def fill(store, data: np.ndarray, batch: int = 700, first: int = 0) -> None:
 
 def test_rules_follow_the_count():
     assert index_plan.faiss_factory_for(index_plan.EXACT_BELOW - 1) == "Flat"
-    assert index_plan.faiss_factory_for(1_000_000) == "IVF4096,SQ8"  # 4 sqrt(n) = 4000
+    assert index_plan.faiss_factory_for(400_000) == "IVF2048,SQ8"  # 4 sqrt(n) = 2530
+    assert index_plan.faiss_factory_for(1_000_000) == "IVF8192,SQ8"  # from 500,000 rows 8 sqrt(n) = 8000
     assert index_plan.nlist_for(100_000) == 1024 and index_plan.nlist_for(10) == 64
     assert index_plan.nlist_for(9000) == 128  # 4 sqrt(n) = 379, but 39 training points per list allow 230
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW - 1, 384) is None
@@ -61,6 +62,24 @@ def test_rules_follow_the_count():
     assert plan == {"type": "hnsw_sq", "num_partitions": 2, **index_plan.HNSW_BUILD}  # 524,288 rows a graph
     assert index_plan.lancedb_index_for(1_083_961, 384)["num_partitions"] == 3  # the scale benchmark's million
     assert index_plan.lancedb_index_for(index_plan.EXACT_BELOW, 384)["num_partitions"] == 1
+
+
+def test_kmeans_iterations_stay_within_the_work_budget():
+    assert index_plan.kmeans_iterations(39 * 4096, 4096) == 10  # the budget: 4,096 lists at faiss's default
+    assert index_plan.kmeans_iterations(200_000, 8192) == 4  # a million rows' 8,192 lists
+    assert index_plan.kmeans_iterations(200_000, 65_536) == 4  # never fewer than 4
+    assert index_plan.kmeans_iterations(3000, 64) == 10  # never more than faiss's default
+
+
+def test_faiss_training_takes_the_planned_iterations(tmp_path, small_threshold, monkeypatch):
+    planned = []
+    monkeypatch.setattr(index_plan, "kmeans_iterations", lambda points, nlist: planned.append((points, nlist)) or 3)
+    store = FaissStore(tmp_path / "s", dim=DIM, index="auto", metric="ip")
+    fill(store, draw(3000, 9), batch=3000)
+    nlist = index_plan.nlist_for(3000)
+    assert planned == [(39 * nlist, nlist)]  # the sample: 39 points a list
+    assert faiss.extract_index_ivf(store._index).cp.niter == 3
+    store.close()
 
 
 def test_exact_neighbours_matches_a_full_sort():
