@@ -107,7 +107,8 @@ def nlist_for(n: int) -> int:
 
     Measured on the scale benchmark's passages, its 200 real queries, bare faiss on one thread (an Intel
     Xeon): at 1,083,961 rows 8,192 lists reach recall@10 0.951 at nprobe 256 in 3.3 ms where 4,096 need
-    nprobe 384 and 7.9 ms; at its first 108,000 rows 2,048 lists gain nothing over 1,024 (0.9595 at 1.36 ms
+    nprobe 384 and 7.9 ms (the build's calibration, its pseudo-queries harder than real queries, picks nprobe 512
+    there: 0.9535 at 5.5 ms); at its first 108,000 rows 2,048 lists gain nothing over 1,024 (0.9595 at 1.36 ms
     against 0.954 at 1.42) and take four times as long to train (docs/SCALING.md, "Index rules").
     """
     n = max(n, 1)
