@@ -73,6 +73,7 @@ FINER_LISTS_FROM = 500_000
 #: k-means work (sample points x lists x iterations) an IVF training may do: what 4,096 lists cost on their
 #: 159,744 points at faiss's 10 iterations (88 s on a 2-core Intel Xeon)
 KMEANS_WORK = 39 * 4096 * 4096 * 10
+#: fewest and most k-means iterations an IVF training takes (the most: faiss's default for IVF)
 KMEANS_ITERATIONS = (4, 10)
 #: a calibration query is moved as far from its stored vector as that vector's this-th nearest neighbour
 CALIBRATION_NEIGHBOUR = 10
