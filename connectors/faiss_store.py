@@ -276,8 +276,8 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             index = keyed(fresh)
         elif n >= self.threshold:
             index = keyed(fresh)
-            sample = self._training_sample(n)
             ivf = faiss.try_extract_index_ivf(index)
+            sample = self._training_sample(n, ivf)
             if ivf is not None:
                 ivf.cp.niter = index_plan.kmeans_iterations(len(sample), ivf.nlist)
             index.train(sample)
@@ -297,8 +297,9 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             index.add_with_ids(vectors, keys)
         return index
 
-    def _training_sample(self, n: int) -> np.ndarray:
-        ivf = faiss.try_extract_index_ivf(self._new_index())
+    def _training_sample(self, n: int, ivf: faiss.IndexIVF | None) -> np.ndarray:
+        """The vectors an index is trained on: 39 a list for an IVF index ``ivf`` (at least the training
+        threshold), at most 200,000, drawn with a fixed seed."""
         size = _TRAIN_SAMPLE if ivf is None else min(_TRAIN_SAMPLE, max(_TRAIN_PER_LIST * ivf.nlist, self.threshold))
         if n <= size:
             return np.concatenate([v for _, v in self._iter_vectors()])
