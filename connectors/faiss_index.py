@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+from faiss.contrib.clustering import two_level_clustering
 
 from isotrope.resources import usable_cores
 from isotrope.stores.options import AUTO, FLAT
@@ -82,6 +84,39 @@ def default_threshold(index: faiss.Index) -> int:
     if pq is not None:
         need = max(need, 39 * pq.ksub)
     return need
+
+
+def flat_coarse_ivf(index: faiss.Index) -> faiss.IndexIVF | None:
+    """The IVF layer of ``index`` where it takes the vectors as given (under id maps and refinement only, no
+    pre-transform) and finds its lists with a flat coarse quantizer: one :func:`train_lists` can train."""
+    index = faiss.downcast_index(index)
+    while isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexRefine)):
+        index = faiss.downcast_index(index.base_index if isinstance(index, faiss.IndexRefine) else index.index)
+    if isinstance(index, faiss.IndexIVF) and isinstance(faiss.downcast_index(index.quantizer), faiss.IndexFlat):
+        return index
+    return None
+
+
+def train_lists(ivf: faiss.IndexIVF, sample: np.ndarray, coarse_iterations: int) -> None:
+    """Fill the empty coarse quantizer of ``ivf`` with k-means centroids of ``sample`` (its clustering
+    parameters: ``ivf.cp``), started from a two-level clustering instead of faiss's random sample rows: sqrt(nlist)
+    clusters of ``coarse_iterations``, each split in proportion to its points
+    (``faiss.contrib.clustering.two_level_clustering``). The index's own ``train`` then keeps these lists
+    and trains the rest (its codes)."""
+    nlist = ivf.nlist
+    spherical = ivf.metric_type == faiss.METRIC_INNER_PRODUCT
+    start, _ = two_level_clustering(
+        sample,
+        max(1, round(math.sqrt(nlist))),
+        nlist,
+        clustering_niter=coarse_iterations,
+        spherical=spherical,
+        min_points_per_centroid=1,  # the sample is sized by the plan: no warning for fewer than 39 a list
+    )
+    ivf.cp.min_points_per_centroid = 1
+    clustering = faiss.Clustering(ivf.d, nlist, ivf.cp)
+    faiss.copy_array_to_vector(np.ascontiguousarray(start, dtype=np.float32).ravel(), clustering.centroids)
+    clustering.train(sample, ivf.quantizer)  # leaves the centroids in the quantizer
 
 
 class SelectorUnsupported(Exception):

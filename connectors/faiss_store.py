@@ -62,6 +62,7 @@ from .faiss_index import (
     default_threshold,
     factory_of,
     file_sha256,
+    flat_coarse_ivf,
     fsync_dir,
     keyed,
     leaves_a_core,
@@ -71,6 +72,7 @@ from .faiss_index import (
     remove_stale_copies,
     rerank,
     serial_if_small,
+    train_lists,
     working_index,
     write_copy,
 )
@@ -280,6 +282,9 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             sample = self._training_sample(n, ivf)
             if ivf is not None:
                 ivf.cp.niter = index_plan.kmeans_iterations(len(sample), ivf.nlist)
+                plain = flat_coarse_ivf(index)
+                if plain is not None and index_plan.two_level_start(len(sample), ivf.nlist):
+                    train_lists(plain, sample, index_plan.KMEANS_ITERATIONS[1])
             index.train(sample)
         else:
             index = self._exact_index()
