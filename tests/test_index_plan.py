@@ -97,7 +97,9 @@ def test_capped_training_starts_its_lists_from_two_levels(tmp_path, monkeypatch)
     assert spread(lists) < 0.9 * spread(random_start)
 
 
-def test_exact_neighbours_matches_a_full_sort():
+@pytest.mark.parametrize("block", [1 << 23, 7 * 37])  # whole batches; blocks of 37 rows across the batches' ends
+def test_exact_neighbours_matches_a_full_sort(monkeypatch, block):
+    monkeypatch.setattr(index_plan, "SCORE_BLOCK", block)
     data, queries = draw(3000, 1), draw(7, 2)
     batches = ((np.arange(s, s + 500) + 100, data[s : s + 500]) for s in range(0, 3000, 500))
     found = index_plan.exact_neighbours(queries, batches, 10, "ip")

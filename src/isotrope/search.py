@@ -379,14 +379,14 @@ class Collection:
         self.store.optimize()
         return self.store.index_info()
 
-    def index_queries(self, n: int = index_plan.CALIBRATION_QUERIES, seed: int = 0) -> tuple[np.ndarray | None, list[str]]:
+    def index_queries(self, n: int = index_plan.INDEX_QUERIES, seed: int = 0) -> tuple[np.ndarray | None, list[str]]:
         """Queries like real ones for calibrating the store's approximate index at build, without the user's:
         :meth:`index_query_texts` encoded as queries, and the ids of the chunks they were cut from; ``(None, [])``
         where the chunks give too few."""
         texts, sources = self.index_query_texts(n, seed)
         return (self.encoder.encode(texts, kind="query") if texts else None), sources
 
-    def index_query_texts(self, n: int = index_plan.CALIBRATION_QUERIES, seed: int = 0) -> tuple[list[str], list[str]]:
+    def index_query_texts(self, n: int = index_plan.INDEX_QUERIES, seed: int = 0) -> tuple[list[str], list[str]]:
         """At most ``n`` pseudo-queries cut from a seeded sample of the stored chunks (a sentence cut out of a
         chunk, as the default search's: :func:`isotrope.autofusion.pseudo_queries`) and the ids of the chunks they
         were cut from; ``([], [])`` where the chunks give too few."""

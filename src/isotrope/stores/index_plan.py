@@ -24,7 +24,7 @@ The rules (``--index auto``, the default):
 - the search breadth (FAISS ``nprobe`` / HNSW ``efSearch``, LanceDB ``nprobes`` / ``ef``) is measured when
   the index is built and saved with it (``--nprobe`` / ``--ef`` override it): the smallest of the
   :func:`finer` ladder whose recall@10 against exact search reaches :data:`TARGET_RECALL` plus
-  :data:`PSEUDO_QUERY_MARGIN` (negative) on up to :data:`CALIBRATION_QUERIES` pseudo-queries cut from the stored
+  :data:`PSEUDO_QUERY_MARGIN` (negative) on up to :data:`INDEX_QUERIES` pseudo-queries cut from the stored
   chunks (a sentence cut out of a chunk, encoded as a query: the store's
   :attr:`~isotrope.stores.base.VectorStore.calibration_queries`, which a Collection sets), their
   source chunk kept among the neighbours (as a real query's sentence stands in stored chunks).
@@ -66,6 +66,13 @@ PSEUDO_QUERY_MARGIN = -0.01
 #: what a breadth was calibrated on (``calibrated_on`` in ``index_info()``)
 STORED_VECTORS, PSEUDO_QUERIES, GIVEN_QUERIES = "stored vectors", "pseudo-queries", "queries"
 CALIBRATION_QUERIES = 200
+#: pseudo-queries an index is calibrated on at build: on a million passages 200 of them, drawn with five seeds,
+#: picked FAISS nprobe 256 to 1024 and 192 to 512 on two builds; 1,000, drawn with three, picked 512, 512, 512 and
+#: 384, 512, 384, and LanceDB ef 384 three times where 200 picked 768 (docs/SCALING.md, "Index rules"). Their exact
+#: top 10 over a million rows and the breadths tried cost 40-50 s more than 200's in each store
+INDEX_QUERIES = 1000
+#: query x row scores an exact search computes at a time (8M: 64 MB in float64, 1,000 queries against 8,388 rows)
+SCORE_BLOCK = 1 << 23
 CALIBRATION_K = 10
 #: how an auto FAISS IVF index stores its vectors: 8-bit scalar quantization, a quarter of float32's bytes scanned per probe
 IVF_CODES = "SQ8"
@@ -165,17 +172,21 @@ def exact_neighbours(queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np
 def exact_top(
     queries: np.ndarray, batches: Iterable[tuple[np.ndarray, np.ndarray]], k: int, metric: str, dtype: type = np.float64
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and scores (computed in ``dtype``) of the exact top ``k`` per query over ``(keys, vectors)`` batches, best first."""
+    """Keys and scores (computed in ``dtype``) of the exact top ``k`` per query over ``(keys, vectors)`` batches, best
+    first; at most :data:`SCORE_BLOCK` query-row scores at a time."""
     from isotrope.stores.memory import exact_scores, top_k
 
     best_keys = np.full((len(queries), 0), -1, dtype=np.int64)
     best_scores = np.full((len(queries), 0), -np.inf)
-    for keys, vectors in batches:
-        scores = np.concatenate([best_scores, exact_scores(queries, vectors, metric, dtype)], axis=1)
-        all_keys = np.concatenate([best_keys, np.broadcast_to(keys, (len(queries), len(keys)))], axis=1)
-        chosen = top_k(scores, k)
-        rows = np.arange(len(queries))[:, None]
-        best_keys, best_scores = all_keys[rows, chosen], scores[rows, chosen]
+    rows = np.arange(len(queries))[:, None]
+    step = max(1, SCORE_BLOCK // max(len(queries), 1))
+    for batch_keys, batch_vectors in batches:
+        for start in range(0, len(batch_keys), step):
+            keys, vectors = batch_keys[start : start + step], batch_vectors[start : start + step]
+            scores = np.concatenate([best_scores, exact_scores(queries, vectors, metric, dtype)], axis=1)
+            all_keys = np.concatenate([best_keys, np.broadcast_to(keys, (len(queries), len(keys)))], axis=1)
+            chosen = top_k(scores, k)
+            best_keys, best_scores = all_keys[rows, chosen], scores[rows, chosen]
     return best_keys, best_scores
 
 
