@@ -86,15 +86,13 @@ def default_threshold(index: faiss.Index) -> int:
     return need
 
 
-def flat_coarse_ivf(index: faiss.Index) -> faiss.IndexIVF | None:
-    """The IVF layer of ``index`` where it takes the vectors as given (under id maps and refinement only, no
-    pre-transform) and finds its lists with a flat coarse quantizer: one :func:`train_lists` can train."""
+def has_plain_lists(index: faiss.Index) -> bool:
+    """Whether the IVF layer of ``index`` takes the vectors as given (under id maps and refinement only, no
+    pre-transform) and finds its lists with a flat coarse quantizer: lists :func:`train_lists` can train."""
     index = faiss.downcast_index(index)
     while isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexRefine)):
         index = faiss.downcast_index(index.base_index if isinstance(index, faiss.IndexRefine) else index.index)
-    if isinstance(index, faiss.IndexIVF) and isinstance(faiss.downcast_index(index.quantizer), faiss.IndexFlat):
-        return index
-    return None
+    return isinstance(index, faiss.IndexIVF) and isinstance(faiss.downcast_index(index.quantizer), faiss.IndexFlat)
 
 
 def train_lists(ivf: faiss.IndexIVF, sample: np.ndarray, coarse_iterations: int) -> None:

@@ -62,8 +62,8 @@ from .faiss_index import (
     default_threshold,
     factory_of,
     file_sha256,
-    flat_coarse_ivf,
     fsync_dir,
+    has_plain_lists,
     keyed,
     leaves_a_core,
     over_fetch,
@@ -282,9 +282,8 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             sample = self._training_sample(n, ivf)
             if ivf is not None:
                 ivf.cp.niter = index_plan.kmeans_iterations(len(sample), ivf.nlist)
-                plain = flat_coarse_ivf(index)
-                if plain is not None and index_plan.two_level_start(len(sample), ivf.nlist):
-                    train_lists(plain, sample, index_plan.KMEANS_ITERATIONS[1])
+                if index_plan.two_level_start(len(sample), ivf.nlist) and has_plain_lists(index):
+                    train_lists(ivf, sample, index_plan.KMEANS_ITERATIONS[1])
             index.train(sample)
         else:
             index = self._exact_index()
