@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +16,9 @@ from typing import Any, cast
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from isotrope.resources import usable_cores
 from isotrope.stores.base import Hit, as_ids
 from isotrope.stores.filters import lance_literal, to_lance
 from isotrope.stores.rows import chunks, load_metadata
@@ -24,6 +26,12 @@ from isotrope.stores.rows import chunks, load_metadata
 #: Lance's announced default, taken now: index statistics (read at each commit) without the IVF centroids,
 #: which otherwise cost memory and print a warning on every commit of an indexed table; a user's setting stays
 os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
+#: Lance computes on the cores it does not keep for I/O (two), on at least one thread: on two or three cores,
+#: one, on which a hybrid query's vector and full-text searches queue. Two there (a user's setting stays): a
+#: dense search of a million rows 11.1-12.5 -> 9.4-9.7 ms (docs/SCALING.md). Rankings do not depend on it
+#: (:func:`top_rows`).
+if "LANCE_CPU_THREADS" not in os.environ and 2 <= usable_cores() < 4:
+    os.environ["LANCE_CPU_THREADS"] = "2"
 
 PROPERTY = "isotrope.property."
 ID_CHUNK = 1000
@@ -44,6 +52,31 @@ def fragment_rows(dataset: Any) -> list[tuple[int, int]]:
 def signature(fragments: Iterable[tuple[int, int]]) -> str:
     """Rows given as :func:`fragment_rows`, hashed: the stamp of what describes them (indexes, field set)."""
     return hashlib.sha256(",".join(f"{i}:{d}" for i, d in fragments).encode()).hexdigest()
+
+
+#: rows a Lance top-k query asks beyond k (and a tenth of k): a million rows, 200 sentence queries: 6-20 % of the
+#: top 10 and top 200 lists had rows tied with the k-th beyond it, at most 17 and 20; asking 1 + k // 10 more,
+#: 3-5 % of the top 10 asked again, which took keyword search's p99 from 65 to 105-110 ms (docs/SCALING.md)
+TIE_MARGIN = 8
+
+
+def top_rows(search: Callable[[int], pa.Table], k: int, column: str, descending: bool) -> pa.Table:
+    """The best ``k`` rows by ``column`` of a Lance top-``limit`` query, ``search(limit)`` (its rows with
+    ``_rowid``), ties by row id: Lance's order of tied rows, and its pick among rows tied at its limit, follow
+    its threads' timing once it computes on more than one. :data:`TIE_MARGIN` rows more than ``k`` and a tenth
+    of ``k`` are asked, and twice as many while the last row returned ties the ``k``-th (every row tied with the
+    ``k``-th is then among those returned)."""
+    limit = k + TIE_MARGIN + k // 10
+    while True:
+        table = search(limit)
+        order = pc.sort_indices(table, [(column, "descending" if descending else "ascending"), ("_rowid", "ascending")])
+        if table.num_rows < limit:
+            break
+        kth, last = table.column(column).take(order.take([k - 1, table.num_rows - 1])).to_pylist()
+        if kth != last:
+            break
+        limit *= 2
+    return table.take(order[:k])
 
 
 def id_filter(ids: Sequence[str]) -> str:

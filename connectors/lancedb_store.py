@@ -65,7 +65,7 @@ from .lance_copies import FragmentCopies
 from .lance_exact import HeldVectors
 from .lance_index import INDEX_TYPES, LANCE_DISTANCE, META_EF, META_INDEX, META_NPROBES, LanceVectorIndex
 from .lance_lexical import TERMS, LanceLexicalIndex
-from .lance_rows import ID_CHUNK, PROPERTY, id_filter, read_args, to_numpy, vector_array
+from .lance_rows import ID_CHUNK, PROPERTY, id_filter, read_args, to_numpy, top_rows, vector_array
 
 logger = logging.getLogger(__name__)
 
@@ -462,9 +462,10 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         with_text: bool,
         refine: bool = True,
     ) -> pa.Table:
-        """One query's ``k`` nearest rows (``_rowid`` too without text): from the vectors held in memory when
-        the table has no ANN index and no filter applies (:mod:`.lance_exact`), else through pylance's scanner
-        (without ``refine``: an index's own top ``k`` and approximate distances)."""
+        """One query's ``k`` nearest rows with their ``_rowid``, closest first, ties by row id: from the vectors
+        held in memory when the table has no ANN index and no filter applies (:mod:`.lance_exact`), else through
+        pylance's scanner (:func:`.lance_rows.top_rows`; without ``refine``: an index's own top ``k`` and
+        approximate distances)."""
         held = None if condition or self.vector_index is not None else self._held.nearest(dataset, query, k)
         if held is not None:
             rows, distances = held
@@ -472,12 +473,15 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             taken = dataset._take_rows(rows.tolist(), columns=wanted) if wanted and len(rows) else None
             found = {name: taken.column(name) if taken else pa.array([], pa.string()) for name in wanted}
             found["_distance"] = pa.array(distances, pa.float32())
-            if not with_text:
-                found["_rowid"] = pa.array(rows, pa.uint64())
+            found["_rowid"] = pa.array(rows, pa.uint64())
             return pa.table(found)
-        settings = self._index_settings(k, with_text, refine)
-        nearest = {"column": "vector", "q": query, "k": k, "metric": LANCE_DISTANCE[self.metric], **settings}
-        return dataset.scanner(**read_args(columns, condition, not with_text), nearest=nearest).to_table()
+
+        def nearest(limit: int) -> pa.Table:
+            settings = self._index_settings(limit, with_text, refine)
+            asked = {"column": "vector", "q": query, "k": limit, "metric": LANCE_DISTANCE[self.metric], **settings}
+            return dataset.scanner(**read_args(columns, condition, True), nearest=asked).to_table()
+
+        return top_rows(nearest, k, "_distance", descending=False)
 
     def hybrid_candidates(
         self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
@@ -528,8 +532,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         for query in queries:
             table = self._nearest(dataset, query, depth, condition, ["_distance"], with_text=False, refine=refine)
             distances = table.column("_distance").to_numpy().astype(np.float64)
-            order = np.argsort(distances, kind="stable")
-            dense.append((table.column("_rowid").to_numpy()[order].tolist(), self._scores(distances[order])))
+            dense.append((table.column("_rowid").to_pylist(), self._scores(distances)))
         return dense
 
     def _row_vectors(self, dataset: Any, rows: list[int]) -> KeyedVectors:
@@ -562,7 +565,6 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             table = self._nearest(dataset, query, k, condition, columns, with_text)
             if not with_text:
                 self._remember_rows(table)
-            distances = table.column("_distance").to_numpy().astype(np.float64)
-            rows, scores = list(self._hit_rows(table, with_text)), self._scores(distances).tolist()
-            out.append([Hit(rows[r][0], scores[r], rows[r][1], rows[r][2]) for r in np.argsort(distances, kind="stable")])
+            scores = self._scores(table.column("_distance").to_numpy().astype(np.float64)).tolist()
+            out.append([Hit(i, score, text, meta) for (i, text, meta), score in zip(self._hit_rows(table, with_text), scores)])
         return out

@@ -5,7 +5,9 @@ and each store's own corrupt directories, crashes and index management."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -625,3 +627,80 @@ def test_lancedb_reads_a_table_the_store_wrote(tmp_path):
     assert {i.index_type for i in table.list_indices()} == {"FTS"}
     hits = table.search(data[1], vector_column_name="vector").distance_type("cosine").limit(K).to_arrow()
     assert hits.column("id").to_pylist() == [h.id for h in store.search(data[1:2], K)[0]]
+
+
+@pytest.mark.parametrize("descending", [True, False], ids=["score", "distance"])
+def test_lance_top_rows_ties_by_row_id_whatever_lance_picks_at_its_limit(descending):
+    """A stand-in for a Lance top-``limit`` query that returns its rows shuffled and, among those tied at its
+    limit, a random pick (what Lance does on several compute threads): the top k is the full sort's, ties by
+    row id; a query asked again only while the last row returned ties the k-th."""
+    import pyarrow as pa
+
+    from isotrope.connectors.lance_rows import TIE_MARGIN, top_rows
+
+    rng = np.random.default_rng(3)
+    n, column = 300, "_score" if descending else "_distance"
+    values = rng.integers(0, 12, n).astype(np.float32)  # about 25 rows per value: every cut is tied
+    row_ids = rng.permutation(10_000)[:n]
+    key = -values if descending else values
+    asked: list[int] = []
+
+    def search(limit: int) -> pa.Table:
+        asked.append(limit)
+        ranked = sorted(range(n), key=lambda r: key[r])
+        picked = ranked
+        if limit < n:
+            boundary = key[ranked[limit - 1]]
+            better = [r for r in ranked if key[r] < boundary]
+            tied = [r for r in ranked if key[r] == boundary]
+            picked = better + list(rng.choice(tied, limit - len(better), replace=False))
+        picked = rng.permutation(picked)
+        return pa.table({column: values[picked], "_rowid": pa.array(row_ids[picked], pa.uint64())})
+
+    full = sorted(range(n), key=lambda r: (key[r], row_ids[r]))
+    for k in (1, 10, 37, 120, n, n + 50):
+        asked.clear()
+        got = top_rows(search, k, column, descending)
+        assert got.column("_rowid").to_pylist() == [int(row_ids[r]) for r in full[:k]], k
+        expected = [k + TIE_MARGIN + k // 10]
+        while expected[-1] < n and key[full[k - 1]] == key[full[expected[-1] - 1]]:
+            expected.append(2 * expected[-1])
+        assert asked == expected
+    values = rng.permutation(n).astype(np.float32)  # no ties: one query
+    key = -values if descending else values
+    asked.clear()
+    got = top_rows(search, 10, column, descending)
+    assert got.column(column).to_pylist() == sorted(values.tolist(), reverse=descending)[:10] and len(asked) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs and affinity")
+@pytest.mark.parametrize(("cores", "given", "expected"), [(2, None, "2"), (1, None, None), (2, "1", "1")])
+def test_lance_computes_on_two_threads_where_it_would_on_one(cores, given, expected):
+    """On two or three cores Lance keeps one compute thread; the store asks two unless the user set it."""
+    code = textwrap.dedent(f"""
+        import os
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{cores}])
+        import isotrope.connectors.lance_rows
+        print(os.environ.get("LANCE_CPU_THREADS"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "LANCE_CPU_THREADS"} | ({"LANCE_CPU_THREADS": given} if given else {})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == str(expected)
+
+
+def test_lance_tied_rows_rank_in_the_order_they_were_written(tmp_path):
+    """Rows tied on BM25 or on distance rank in write order (Lance row id; ids shuffled, so not by id), in
+    keyword search and in a filtered vector search read through Lance's scanner, call after call."""
+    rng = np.random.default_rng(5)
+    kinds = rng.permutation([0, 1] * 30)
+    vectors = make_data("clustered", 2)[kinds]
+    ids = [f"r{i:03d}" for i in rng.permutation(60)]
+    texts = ["apple pie recipe" if kind == 0 else "banana bread recipe" for kind in kinds]
+    store = LanceDBStore(tmp_path / "lance", dim=DIM, metric="cosine")
+    store.add(ids, vectors, texts, [{"n": i} for i in range(60)])
+    store.commit()
+    apples = [i for i, kind in zip(ids, kinds) if kind == 0]
+    for _ in range(5):
+        assert [h.id for h in store.lexical_search(["apple"], 7)[0]] == apples[:7]
+        assert [h.id for h in store.lexical_search(["recipe"], 7)[0]] == ids[:7]  # every row tied
+        assert [h.id for h in store.search(vectors[kinds == 0][:1], 7, where={"n": {"$gte": 0}})[0]] == apples[:7]
