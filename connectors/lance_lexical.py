@@ -174,8 +174,8 @@ class LanceLexicalIndex(LanceRows):
             table = _top_text(self._dataset(), terms, self._hit_columns(with_text), condition, k)
             if not with_text:
                 self._remember_rows(table)
-            scores = table.column("_score").to_pylist()
-            out.append([Hit(i, float(score), text, meta) for score, (i, text, meta) in zip(scores, self._hit_rows(table, with_text))])
+            rows = zip(table.column("_score").to_pylist(), self._hit_rows(table, with_text))
+            out.append([Hit(i, float(score), text, meta) for score, (i, text, meta) in rows])
         return out
 
     def lexical_scores(self, texts: Sequence[str], ids: Sequence[Sequence[str]]) -> list[np.ndarray]:

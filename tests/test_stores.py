@@ -5,7 +5,6 @@ and each store's own corrupt directories, crashes and index management."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import signal
@@ -673,7 +672,9 @@ def test_lance_top_rows_ties_by_row_id_whatever_lance_picks_at_its_limit(descend
     assert got.column(column).to_pylist() == sorted(values.tolist(), reverse=descending)[:10] and len(asked) == 1
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs and affinity")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs and affinity"
+)
 @pytest.mark.parametrize(("cores", "given", "expected"), [(2, None, "2"), (1, None, None), (2, "1", "1")])
 def test_lance_computes_on_two_threads_where_it_would_on_one(cores, given, expected):
     """On two or three cores Lance keeps one compute thread; the store asks two unless the user set it."""
