@@ -27,9 +27,9 @@ from isotrope.stores.rows import chunks, load_metadata
 #: which otherwise cost memory and print a warning on every commit of an indexed table; a user's setting stays
 os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
 #: Lance computes on the cores it does not keep for I/O (two), on at least one thread: on two or three cores,
-#: one, on which a hybrid query's vector and full-text searches queue. Two there (a user's setting stays): a
-#: dense search of a million rows 11.1-12.5 -> 9.4-9.7 ms (docs/SCALING.md). Rankings do not depend on it
-#: (:func:`top_rows`).
+#: one, on which a hybrid query's vector and full-text searches queue. Two there (a user's setting stays): on a
+#: million rows, dense search 10.5 -> 9.4 ms, hybrid 23.4 -> 19.5 ms (docs/SCALING.md). Rankings do not depend
+#: on it (:func:`top_rows`).
 if "LANCE_CPU_THREADS" not in os.environ and 2 <= usable_cores() < 4:
     os.environ["LANCE_CPU_THREADS"] = "2"
 
