@@ -55,10 +55,21 @@ def serial_if_small(queries: int, exact_scan: int | None) -> Iterator[None]:
         faiss.omp_set_num_threads(threads)
 
 
-def leaves_a_core() -> bool:
-    """Whether faiss's OpenMP threads leave one of this process's cores idle (for a second thread's work: OpenMP
-    threads spin-wait when more want the cores than there are, and hold a core a while after each search)."""
-    return faiss.omp_get_max_threads() < usable_cores()
+@contextmanager
+def leaving_a_core() -> Iterator[bool]:
+    """faiss on one thread fewer than this process's cores at most (OpenMP's thread count is a per-thread setting)
+    while the block runs in the calling thread, so a second thread's work has a core of its own: OpenMP threads
+    spin-wait when more want the cores than there are, and hold a core a while after each search. Yields whether
+    a core is left (not on one core)."""
+    threads, cores = faiss.omp_get_max_threads(), usable_cores()
+    if cores < 2:
+        yield False
+        return
+    faiss.omp_set_num_threads(min(threads, cores - 1))
+    try:
+        yield True
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def working_index(index: faiss.Index) -> faiss.Index:

@@ -65,7 +65,7 @@ from .faiss_index import (
     fsync_dir,
     has_plain_lists,
     keyed,
-    leaves_a_core,
+    leaving_a_core,
     over_fetch,
     params_for,
     read_index,
@@ -121,9 +121,9 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
 
     #: only the shaped vectors are kept (reshape needs a LanceDB store)
     stores_raw_vectors = False
-    #: the full-text and vector queries of a hybrid search run one after the other (measured: side by side
-    #: on two cores they take longer, faiss's threads and the keyword scoring compete; so did the one-pass
-    #: keyword side beside faiss on a loaded machine, 100k chunks: 12.2 against 10.5 ms p50)
+    #: the generic hybrid path (by id) runs the full-text and vector queries one after the other (side by side
+    #: on two cores they took longer, faiss's threads and the keyword scoring compete); :meth:`hybrid_candidates`
+    #: runs them side by side with faiss on a core fewer
     concurrent_queries = False
     #: add(new_ids=True) skips looking the ids up (a stored one still fails the UNIQUE constraint)
     appends_new_ids = True
@@ -658,16 +658,18 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
     ) -> Candidates:
         """Hybrid search's candidates named by row key: the dense top ``depth`` and the keyword top ``depth`` (in a
-        second thread where faiss leaves a core idle: faiss releases the GIL), then (``complete``) the dense
-        candidates' BM25; only the fused top rows are read (:func:`isotrope.fusion.search_store`). Idle, 1M
-        chunks, 2 cores, 200 queries: 15.2 ms beside one faiss thread against 18.0 after it; beside two, 16.9
-        against 15.8."""
+        second thread, faiss on a core fewer: :func:`.faiss_index.leaving_a_core`; faiss releases the GIL), then
+        (``complete``) the dense candidates' BM25; only the fused top rows are read
+        (:func:`isotrope.fusion.search_store`). 2 cores, faiss on both for dense search, 200 queries after open:
+        1M chunks 8.45-11.22 ms against 11.38-11.57 after the dense side, 100k 3.01-3.17 against 3.30-3.51
+        (docs/scaling/keyword-search.md)."""
 
         def dense() -> list[tuple[np.ndarray, np.ndarray]]:
             labels, scores = self._dense_keys(queries, depth, where)
             return [(row[row >= 0], row_scores[row >= 0].astype(np.float64)) for row, row_scores in zip(labels, scores)]
 
-        return self._keyword_candidates(texts, depth, where, dense, complete, beside=leaves_a_core())
+        with leaving_a_core() as beside:
+            return self._keyword_candidates(texts, depth, where, dense, complete, beside=beside)
 
     def _refined(
         self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]

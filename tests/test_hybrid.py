@@ -6,7 +6,6 @@ with the rows; and the collection, CLI, LlamaIndex and evaluation interfaces."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -205,14 +204,16 @@ def test_faiss_store_without_a_current_keyword_index_builds_it_on_first_use(tmp_
 
 
 @pytest.mark.parametrize("uncommitted", [False, True])
-@pytest.mark.parametrize("faiss_threads", [1, 64])
-def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads, uncommitted, tmp_path):
-    """Beside the dense side, the keyword side reads its rows' vectors through the reader connection in its
-    own thread (inside an open write, which only the writer sees, after the dense side in this one)."""
+@pytest.mark.parametrize(("cores", "faiss_threads"), [(1, 64), (2, 1), (2, 64)])
+def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(cores, faiss_threads, uncommitted, tmp_path, monkeypatch):
+    """Beside the dense side (two cores or more), the keyword side reads its rows' vectors through the reader
+    connection in its own thread (inside an open write, which only the writer sees, after the dense side in this
+    one); on one core it runs after the dense side."""
     import faiss
 
     from isotrope.connectors import faiss_index
 
+    monkeypatch.setattr(faiss_index, "usable_cores", lambda: cores)
     store = open_store("faiss", tmp_path)
     contents = fill(store)
     if uncommitted:
@@ -220,14 +221,18 @@ def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads,
         store.add(list(extra), make_data("random", 2, DIM, 9), [t for t, _ in extra.values()], [{}, {}])
         contents.update(extra)
     queries = make_data("random", len(QUERIES), DIM, 5)
+    sides = []
+    real = store._keyword_candidates
+    monkeypatch.setattr(store, "_keyword_candidates", lambda *args, beside: sides.append(beside) or real(*args, beside=beside))
     before = faiss.omp_get_max_threads()
     try:
         faiss.omp_set_num_threads(faiss_threads)
-        assert faiss_index.leaves_a_core() == (faiss_threads == 1 and len(os.sched_getaffinity(0)) > 1)
         found = search_store(store, QUERIES, queries, K)
         alone = [search_store(store, [text], queries[i : i + 1], K)[0] for i, text in enumerate(QUERIES)]
+        assert faiss.omp_get_max_threads() == faiss_threads
     finally:
         faiss.omp_set_num_threads(before)
+    assert sides == [cores > 1] * (1 + len(QUERIES))
     reference = search_store(TwoPass(store), QUERIES, queries, K)  # the generic path, by id
     for ranked in (found, alone):
         assert [[h.id for h in hits] for hits in ranked] == [[h.id for h in hits] for hits in reference]
@@ -236,19 +241,53 @@ def test_faiss_hybrid_is_the_same_beside_and_after_the_dense_side(faiss_threads,
         assert all(h.text == contents[h.id][0] for hits in ranked for h in hits)
 
 
+@pytest.mark.parametrize(("cores", "faiss_threads", "dense_threads"), [(4, 64, 3), (4, 2, 2), (2, 8, 1), (1, 8, 8)])
+def test_faiss_hybrid_leaves_the_keyword_side_a_core(cores, faiss_threads, dense_threads, tmp_path, monkeypatch):
+    """A hybrid query's dense side searches on at most one faiss thread fewer than the cores (a one-core machine
+    keeps its setting), in the calling thread, and faiss's setting is back after the query."""
+    import faiss
+
+    from isotrope.connectors import faiss_index
+
+    monkeypatch.setattr(faiss_index, "usable_cores", lambda: cores)
+    store = open_store("faiss", tmp_path)
+    fill(store)
+    queries = make_data("random", 1, DIM, 5)
+    seen = []
+    real = store._dense_keys
+
+    def dense_keys(*args):
+        seen.append((faiss.omp_get_max_threads(), threading.get_ident()))
+        return real(*args)
+
+    monkeypatch.setattr(store, "_dense_keys", dense_keys)
+    before = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(faiss_threads)
+        search_store(store, QUERIES[:1], queries, K)
+        assert seen == [(dense_threads, threading.get_ident())]
+        assert faiss.omp_get_max_threads() == faiss_threads
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 def test_faiss_hybrid_beside_the_dense_side_raises_what_the_dense_side_raised(tmp_path, monkeypatch):
     """A dense side that fails while the keyword side runs beside it: its error reaches the caller once the
-    keyword side has finished, and the next search works."""
-    from isotrope.connectors import faiss_store
+    keyword side has finished, faiss's thread count is back, and the next search works."""
+    import faiss
+
+    from isotrope.connectors import faiss_index
 
     store = open_store("faiss", tmp_path)
     fill(store)
     queries = make_data("random", 1, DIM, 5)
-    monkeypatch.setattr(faiss_store, "leaves_a_core", lambda: True)
+    monkeypatch.setattr(faiss_index, "usable_cores", lambda: 2)
     real = store._dense_keys
     monkeypatch.setattr(store, "_dense_keys", lambda *args: (_ for _ in ()).throw(RuntimeError("faiss broke")))
+    threads = faiss.omp_get_max_threads()
     with pytest.raises(RuntimeError, match="faiss broke"):
         search_store(store, QUERIES[:1], queries, K)
+    assert faiss.omp_get_max_threads() == threads
     monkeypatch.setattr(store, "_dense_keys", real)
     assert len(search_store(store, QUERIES[:1], queries, K)[0]) == K
 
