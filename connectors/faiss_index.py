@@ -41,35 +41,39 @@ SERIAL_SCAN = 1 << 25
 
 
 @contextmanager
-def serial_if_small(queries: int, exact_scan: int | None) -> Iterator[None]:
-    """faiss on the calling thread alone (OpenMP's thread count is a per-thread setting) while it searches one
-    query whose exact scan (vectors x dimensions; None: not an exact index) is at most :data:`SERIAL_SCAN`."""
-    if queries != 1 or exact_scan is None or exact_scan > SERIAL_SCAN:
-        yield
-        return
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
+def omp_threads(threads: int) -> Iterator[None]:
+    """faiss on ``threads`` OpenMP threads while the block runs in the calling thread (OpenMP's thread count is a
+    per-thread setting); the caller's setting is back afterwards."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
     try:
         yield
     finally:
-        faiss.omp_set_num_threads(threads)
+        faiss.omp_set_num_threads(before)
+
+
+@contextmanager
+def serial_if_small(queries: int, exact_scan: int | None) -> Iterator[None]:
+    """faiss on the calling thread alone while it searches one query whose exact scan (vectors x dimensions;
+    None: not an exact index) is at most :data:`SERIAL_SCAN`."""
+    if queries != 1 or exact_scan is None or exact_scan > SERIAL_SCAN:
+        yield
+        return
+    with omp_threads(1):
+        yield
 
 
 @contextmanager
 def leaving_a_core() -> Iterator[bool]:
-    """faiss on one thread fewer than this process's cores at most (OpenMP's thread count is a per-thread setting)
-    while the block runs in the calling thread, so a second thread's work has a core of its own: OpenMP threads
-    spin-wait when more want the cores than there are, and hold a core a while after each search. Yields whether
-    a core is left (not on one core)."""
-    threads, cores = faiss.omp_get_max_threads(), usable_cores()
+    """faiss on one thread fewer than this process's cores at most while the block runs in the calling thread, so a
+    second thread's work has a core of its own: OpenMP threads spin-wait when more want the cores than there are,
+    and hold a core a while after each search. Yields whether a core is left (not on one core)."""
+    cores = usable_cores()
     if cores < 2:
         yield False
         return
-    faiss.omp_set_num_threads(min(threads, cores - 1))
-    try:
+    with omp_threads(min(faiss.omp_get_max_threads(), cores - 1)):
         yield True
-    finally:
-        faiss.omp_set_num_threads(threads)
 
 
 def working_index(index: faiss.Index) -> faiss.Index:
