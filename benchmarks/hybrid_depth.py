@@ -1,17 +1,20 @@
-"""Hybrid search's quality against its candidate depth (issue #32): how many candidates each side must give.
+"""Hybrid search's quality against its candidate depths (issue #32): how many candidates each side must give.
 
-Hybrid search fuses the union of the dense and the keyword top ``candidates`` (``isotrope.fusion``,
-default :data:`~isotrope.fusion.DEFAULT_CANDIDATES`); the keyword side's cost grows with that depth (its
-early stop prunes less the lower the k-th score). For each retrieval set (BEIR folder) and model, the
-corpus is indexed into a FAISS store as ``isotrope eval retrieval --mode hybrid`` does, and hybrid's
-nDCG@10 is scored at each depth, at the frozen alpha and at the alpha of the store's own default search
-(when that is hybrid), with each smaller depth's paired difference from the largest (95 % bootstrap interval). Every split with qrels is scored: SciFact's ``train`` queries are the tuning set (the
-fusion defaults were chosen on them), every ``test`` split is report-only. Quality only, deterministic::
+Hybrid search fuses the union of the dense top ``candidates`` and the keyword top ``keyword_candidates``
+(``isotrope.fusion``: :data:`~isotrope.fusion.DEFAULT_CANDIDATES` and
+:func:`~isotrope.fusion.keyword_depth` of it); the keyword side's cost grows with its depth (its early stop
+prunes less the lower the k-th score). A depth is ``DENSE/KEYWORD`` (``100`` alone: 100 a side). For each
+retrieval set (BEIR folder) and model, the corpus is indexed into a FAISS store as ``isotrope eval retrieval
+--mode hybrid`` does, and hybrid's nDCG@10 is scored at each depth, at the frozen alpha and at the alpha of
+the store's own default search (when that is hybrid), with each depth's paired difference from the first
+(95 % bootstrap interval). Every split with qrels is scored: SciFact's ``train`` queries are the tuning set
+(the fusion defaults were chosen on them), every ``test`` split is report-only. Quality only, deterministic::
 
-    OMP_NUM_THREADS=1 python -m benchmarks.hybrid_depth --data-dir ../shared/data \\
+    OMP_NUM_THREADS=2 python -m benchmarks.hybrid_depth --data-dir ../shared/data \\
         --sets retrieval/scifact .cache/isotrope/sets/sick-para .cache/isotrope/sets/stsb-para \\
         .cache/isotrope/sets/20ng-topic .cache/isotrope/sets/scifact-lower --models all-MiniLM-L6-v2 fast \\
-        --cache-dir .cache/isotrope --out benchmarks/results/hybrid_depth.json
+        --depths 200/200,200/100,100/100,200/50,100/50 --cache-dir .cache/isotrope \\
+        --out benchmarks/results/hybrid_depth_keyword.json
 """
 
 from __future__ import annotations
@@ -35,33 +38,42 @@ from isotrope.fusion import DEFAULT_ALPHA, search_store
 from isotrope.pseudo_queries import paired_interval
 from isotrope.search import Collection
 
-DEPTHS = (25, 50, 100, 200)
+DEPTHS = ("200/200", "200/100", "100/100", "200/50", "100/50")
 SPLITS = ("train", "test")
 K = 10
 
 
+def parse_depth(depth: str) -> tuple[int, int]:
+    """``"200/100"``: 200 dense and 100 keyword candidates; ``"100"``: 100 a side."""
+    dense, _, keyword = depth.partition("/")
+    return int(dense), int(keyword or dense)
+
+
 def per_query(
-    collection: Collection, dataset: Any, vectors: np.ndarray, mode: str, alpha: float | None = None, depth: int = 0
+    collection: Collection, dataset: Any, vectors: np.ndarray, mode: str, alpha: float | None = None, depth: str = "0"
 ) -> np.ndarray:
     """nDCG@10 (x100) of ``mode`` for each judged query (in qrels order; ``vectors``: the dataset's queries
-    encoded, in its order), hybrid with ``depth`` candidates a side."""
+    encoded, in its order), hybrid with the candidates ``depth`` names."""
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
-    hits = search_store(collection.store, texts, vectors, K, mode=mode, alpha=alpha, candidates=max(depth, K))
+    dense, keyword = parse_depth(depth)
+    hits = search_store(
+        collection.store, texts, vectors, K, mode=mode, alpha=alpha, candidates=max(dense, K), keyword_candidates=keyword
+    )
     run = {q: {h.id: h.score for h in row} for q, row in zip(query_ids, hits)}
     return np.array([100.0 * ndcg_at_k({q: run.get(q, {})}, {q: judged}, K) for q, judged in dataset.qrels.items()])
 
 
-def by_depth(collection: Collection, dataset: Any, vectors: np.ndarray, alpha: float, depths: Sequence[int]) -> dict[str, Any]:
-    """Hybrid's nDCG@10 at each depth, and each smaller depth's paired difference from the largest (mean and
+def by_depth(collection: Collection, dataset: Any, vectors: np.ndarray, alpha: float, depths: Sequence[str]) -> dict[str, Any]:
+    """Hybrid's nDCG@10 at each depth, and each later depth's paired difference from the first (mean and
     95 % bootstrap interval over the queries)."""
     scores = {depth: per_query(collection, dataset, vectors, "hybrid", alpha, depth) for depth in depths}
-    largest = scores[max(depths)]
-    intervals = {str(d): [round(x, 2) for x in paired_interval(scores[d] - largest)] for d in depths if d != max(depths)}
-    return {"alpha": alpha, **{str(d): round(float(s.mean()), 2) for d, s in scores.items()}, "interval_vs_largest": intervals}
+    first = scores[depths[0]]
+    intervals = {d: [round(x, 2) for x in paired_interval(scores[d] - first)] for d in depths[1:]}
+    return {"alpha": alpha, **{d: round(float(s.mean()), 2) for d, s in scores.items()}, "interval_vs_first": intervals}
 
 
-def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) -> dict[str, Any]:
+def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[str]) -> dict[str, Any]:
     """One set and model: per split, dense, lexical and hybrid at each depth (frozen and default alpha)."""
     splits = {s: load_beir(folder, s) for s in SPLITS if (folder / "qrels" / f"{s}.tsv").is_file()}
     corpus = next(iter(splits.values()))
@@ -93,8 +105,11 @@ def run(folder: Path, model: str, cache_dir: str | None, depths: Sequence[int]) 
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown: set x model x split rows, hybrid's nDCG@10 at each depth and its change from the largest."""
-    depths = results[0]["depths"] if results else list(DEPTHS)
+    """Markdown: set x model x split rows, hybrid's nDCG@10 at each depth and its change from the first (a
+    result of the earlier form, one depth a side and ``interval_vs_largest``: from the largest, listed last)."""
+    listed = results[0]["depths"] if results else list(DEPTHS)
+    depths = [str(d) for d in listed]
+    reference = depths[-1] if isinstance(listed[0], int) else depths[0]  # the earlier form: ints, the largest last
     head = " | ".join(f"hybrid @{d}" for d in depths)
     lines = [f"| set | split (role) | encoder | alpha | dense | lexical | {head} |", "|---" * (6 + len(depths)) + "|"]
     for result in results:
@@ -103,11 +118,14 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                 hybrid = row.get(f"hybrid_{name}")
                 if hybrid is None or (name == "default" and hybrid["alpha"] == DEFAULT_ALPHA):  # the frozen row's
                     continue
-                top, intervals = hybrid[str(max(depths))], hybrid.get("interval_vs_largest", {})
+                base = hybrid[reference]
+                intervals = hybrid.get("interval_vs_first", hybrid.get("interval_vs_largest", {}))
                 cells = [
-                    f"{hybrid[str(d)]:.2f} ({_difference(hybrid[str(d)] - top, intervals.get(str(d)))})" for d in depths[:-1]
+                    f"{hybrid[d]:.2f}"
+                    if d == reference
+                    else f"{hybrid[d]:.2f} ({_difference(hybrid[d] - base, intervals.get(d))})"
+                    for d in depths
                 ]
-                cells.append(f"{top:.2f}")
                 lines.append(
                     f"| {result['set']} | {split} ({row['role']}) | {result['model']} | {hybrid['alpha']} ({name}) | "
                     f"{row['dense']:.2f} | {row['lexical']:.2f} | {' | '.join(cells)} |"
@@ -116,7 +134,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def _difference(change: float, interval: Sequence[float] | None) -> str:
-    """A depth's change from the largest, with its paired interval where the run recorded one."""
+    """A depth's change from the reference depth, with its paired interval where the run recorded one."""
     return f"{change:+.2f}" if interval is None else f"{interval[0]:+.2f} [{interval[1]:+.2f}, {interval[2]:+.2f}]"
 
 
@@ -125,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, required=True, help="the shared data folder (sets named relative to it)")
     parser.add_argument("--sets", nargs="+", required=True, help="BEIR folders (relative to --data-dir, or paths)")
     parser.add_argument("--models", nargs="+", default=["all-MiniLM-L6-v2"])
-    parser.add_argument("--depths", default=",".join(map(str, DEPTHS)))
+    parser.add_argument(
+        "--depths", default=",".join(DEPTHS), help="DENSE/KEYWORD candidates, comma-separated; the first is the reference"
+    )
     parser.add_argument("--cache-dir")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--table", action="store_true", help="print the table of an existing --out file")
@@ -133,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.table:
         print(table(json.loads(args.out.read_text())))
         return
-    depths = sorted(int(d) for d in args.depths.split(","))
+    depths = args.depths.split(",")
     results = []
     for name in args.sets:
         folder = args.data_dir / name if (args.data_dir / name).is_dir() else Path(name)

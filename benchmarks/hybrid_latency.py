@@ -38,11 +38,13 @@ import isotrope.connectors.lance_lexical as lance_lexical_module
 import isotrope.connectors.lancedb_store as lance_module
 import isotrope.connectors.sqlite_lexical as sqlite_lexical_module
 from benchmarks.common import print_and_write
-from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, search_store
+from isotrope.fusion import DEFAULT_ALPHA, DEFAULT_CANDIDATES, keyword_depth, search_store
 from isotrope.lexical import query_terms
 
 DIM = 384
 BATCH = 4096
+#: the keyword candidates of a hybrid query of 10 hits
+KEYWORDS = keyword_depth(DEFAULT_CANDIDATES, 10)
 
 
 def make_texts(n: int, low: int, high: int, seed: int) -> list[str]:
@@ -229,13 +231,13 @@ def main(argv: list[str] | None = None) -> None:
                 row[f"dense k={DEFAULT_CANDIDATES}, ids and scores p50 ms"] = p50_ms(
                     lambda q, store=store: store.search(q[1][None], DEFAULT_CANDIDATES, with_text=False), pairs
                 )
-                row[f"lexical k={DEFAULT_CANDIDATES}, ids and scores p50 ms"] = p50_ms(
-                    lambda q, store=store: store.lexical_search([q[0]], DEFAULT_CANDIDATES, with_text=False), pairs
+                row[f"lexical k={KEYWORDS}, ids and scores p50 ms"] = p50_ms(
+                    lambda q, store=store: store.lexical_search([q[0]], KEYWORDS, with_text=False), pairs
                 )
                 legs = [
                     (
                         store.search(q[1][None], DEFAULT_CANDIDATES, with_text=False)[0],
-                        store.lexical_search([q[0]], DEFAULT_CANDIDATES, with_text=False)[0],
+                        store.lexical_search([q[0]], KEYWORDS, with_text=False)[0],
                     )
                     for q in pairs
                 ]  # the ids each query's completion looks up (LanceDB: remembered from these searches)

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from isotrope.fusion import DEFAULT_CANDIDATES
+from isotrope.fusion import DEFAULT_CANDIDATES, keyword_depth
 from isotrope.lexical import K1, B, index_text, query_terms
 
 from .scale import passages, query_texts, read_sentences
 
 K = 10
-HYBRID_DEPTH = DEFAULT_CANDIDATES  # the keyword candidates of a hybrid query
+HYBRID_DEPTH = keyword_depth(DEFAULT_CANDIDATES, K)  # the keyword candidates of a hybrid query
 CHANGED = 1000  # rows deleted and re-added by the update measurement
 ENGINES = ("store", "tantivy", "lance", "bm25s")
 

@@ -655,9 +655,15 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
         return labels, -distances if self.metric == "l2" else distances
 
     def hybrid_candidates(
-        self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
+        self,
+        texts: Sequence[str],
+        queries: Any,
+        depth: int,
+        keywords: int,
+        where: Mapping[str, Any] | None,
+        complete: bool,
     ) -> Candidates:
-        """Hybrid search's candidates named by row key: the dense top ``depth`` and the keyword top ``depth`` (in a
+        """Hybrid search's candidates named by row key: the dense top ``depth`` and the keyword top ``keywords`` (in a
         second thread, faiss on a core fewer: :func:`.faiss_index.leaving_a_core`; faiss releases the GIL), then
         (``complete``) the dense candidates' BM25; only the fused top rows are read
         (:func:`isotrope.fusion.search_store`). 2 cores, faiss on both for dense search, 200 queries after open:
@@ -669,7 +675,7 @@ class FaissStore(SqliteLexicalIndex, VectorStore):
             return [(row[row >= 0], row_scores[row >= 0].astype(np.float64)) for row, row_scores in zip(labels, scores)]
 
         with leaving_a_core() as beside:
-            return self._keyword_candidates(texts, depth, where, dense, complete, beside=beside)
+            return self._keyword_candidates(texts, keywords, where, dense, complete, beside=beside)
 
     def _refined(
         self, q: np.ndarray, k: int, search: Callable[[int], tuple[np.ndarray, np.ndarray]]

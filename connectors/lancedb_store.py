@@ -484,10 +484,16 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
         return top_rows(nearest, k, "_distance", descending=False)
 
     def hybrid_candidates(
-        self, texts: Sequence[str], queries: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
+        self,
+        texts: Sequence[str],
+        queries: Any,
+        depth: int,
+        keywords: int,
+        where: Mapping[str, Any] | None,
+        complete: bool,
     ) -> Candidates:
         """Hybrid search's candidates named by Lance row id, all read from one version of the table: the
-        keyword top ``depth`` (row ids and BM25) in a second thread while this one finds the dense top
+        keyword top ``keywords`` (row ids and BM25) in a second thread while this one finds the dense top
         ``depth``; then (``complete``) each side reads at once what fusion needs of its own rows, less those
         the other side has listed if it is done: the keyword side their stored vectors, the dense side their
         BM25 from their terms (:meth:`_rows_bm25`), both from the fragments' copies where they have them
@@ -513,7 +519,7 @@ class LanceDBStore(LanceVectorIndex, LanceLexicalIndex, ReshapableStore):
             return listed["dense"], self._rows_bm25(dataset, stats, texts, unlisted("dense", "lexical"))
 
         def keyword_side() -> tuple[list[tuple[list[int], np.ndarray]], KeyedVectors]:
-            listed["lexical"] = self._keyword_top(dataset, texts, depth, condition)
+            listed["lexical"] = self._keyword_top(dataset, texts, keywords, condition)
             lacking = dict.fromkeys(row for rows in unlisted("lexical", "dense") for row in rows) if complete else {}
             return listed["lexical"], self._row_vectors(dataset, list(lacking))
 

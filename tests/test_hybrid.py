@@ -468,7 +468,7 @@ def test_lance_hybrid_candidates_over_an_ann_index(index, metric, tmp_path):
     store.commit()
     assert store.vector_index == ("IvfHnswSq" if index == "hnsw_sq" else "IvfPq")
     texts, queries = ["quick fox", "proteins in cells", "zygomorphic orchid banks"], make_data("random", 3, dim, seed=9)
-    found = store.hybrid_candidates(texts, queries, 200, None, True)
+    found = store.hybrid_candidates(texts, queries, 200, 100, None, True)
     dataset = store._dataset()
     row_ids = dict(zip(*(c.to_pylist() for c in dataset.to_table(columns=["id"], with_row_id=True).columns[::-1])))
     documents = {i: analyze(text or "") for i, text in contents.items()}

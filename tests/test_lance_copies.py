@@ -113,11 +113,11 @@ def test_hybrid_search_reads_the_copies_and_finds_what_the_takes_find(store, mon
         monkeypatch.setattr(
             lance_copies.FragmentCopies, column, lambda self, *a, _m=method, _c=column: read.add(_c) or _m(self, *a)
         )
-    copied = store.hybrid_candidates(texts, queries, 50, None, True)
+    copied = store.hybrid_candidates(texts, queries, 50, 25, None, True)
     copied_hits = search_store(store, texts, queries, 5, candidates=50)
     assert read == {"vectors", "terms"}
     store._copies = None
-    taken = store.hybrid_candidates(texts, queries, 50, None, True)
+    taken = store.hybrid_candidates(texts, queries, 50, 25, None, True)
     for a, b in zip(copied.dense_bm25, taken.dense_bm25):
         np.testing.assert_array_equal(a, b)
     keys = sorted({row for rows, _ in taken.lexical for row in rows} - {row for rows, _ in taken.dense for row in rows})

@@ -500,14 +500,16 @@ def test_lexical_search_is_exact_bm25_on_random_texts(kind, tmp_path):
     assert len(QUERIES) == len(store.lexical_search(QUERIES, 3))
 
 
-def reference_hybrid(store, texts, vectors, k, alpha=DEFAULT_ALPHA, candidates=DEFAULT_CANDIDATES, where=None):
+def reference_hybrid(store, texts, vectors, k, alpha=DEFAULT_ALPHA, candidates=DEFAULT_CANDIDATES, keywords=None, where=None):
     """The convex fusion recomputed in NumPy from the store's *full* rankings (every row's dense score, every
-    row's BM25, 0 for no shared term): the union of the two top ``max(k, candidates)``, each side z-scored over it."""
+    row's BM25, 0 for no shared term): the union of the dense top ``max(k, candidates)`` and the keyword top
+    ``max(k, keywords)`` (None: half of ``candidates``), each side z-scored over it."""
     depth = max(k, candidates)
+    keyword_depth = max(k, candidates // 2 if keywords is None else keywords)
     out = []
     for d, t in zip(store.search(vectors, len(store), where=where), store.lexical_search(texts, len(store), where=where)):
         dense, lexical = {h.id: h.score for h in d}, {h.id: h.score for h in t}
-        union = list(dict.fromkeys([h.id for h in d[:depth]] + [h.id for h in t[:depth]]))
+        union = list(dict.fromkeys([h.id for h in d[:depth]] + [h.id for h in t[:keyword_depth]]))
         if not union:
             out.append([])
             continue
@@ -525,15 +527,17 @@ def test_hybrid_search_is_the_fusion_of_the_stores_exact_scores(kind, where, tmp
     texts = ["quick fox", "proteins in cells", "the and", "zygomorphic orchid banks"]
     vectors = make_vectors(len(texts), seed=9)
     assert store.lexical_search(texts, K, where=where)[2] == []  # stop words only: all lexical scores 0
-    for alpha, candidates in itertools.product((None, 0.0, 0.3, 1.0), (K, DEFAULT_CANDIDATES)):
+    depths = ((K, None), (DEFAULT_CANDIDATES, None), (2 * K, 3), (3, 2 * K))  # keywords below K are raised to K
+    for alpha, (candidates, keywords) in itertools.product((None, 0.0, 0.3, 1.0), depths):
         # K candidates a side: most of the union misses one side's list, so its score there is completed
-        fused = search_store(store, texts, vectors, K, where=where, mode="hybrid", alpha=alpha, candidates=candidates)
+        options = {"alpha": alpha, "candidates": candidates, "keyword_candidates": keywords}
+        fused = search_store(store, texts, vectors, K, where=where, mode="hybrid", **options)
         weight = DEFAULT_ALPHA if alpha is None else alpha
-        expected = reference_hybrid(store, texts, vectors, K, weight, candidates, where)
+        expected = reference_hybrid(store, texts, vectors, K, weight, candidates, keywords, where)
         assert_same_hits([[Hit(i, s, None) for i, s in row] for row in expected], fused)  # tie-aware
         assert all(matches(h.metadata, where) and h.text is not None for row in fused for h in row)
     dense = store.search(vectors, DEFAULT_CANDIDATES, where=where)
-    lexical = store.lexical_search(texts, DEFAULT_CANDIDATES, where=where)
+    lexical = store.lexical_search(texts, DEFAULT_CANDIDATES // 2, where=where)
     rrf = search_store(store, texts, vectors, K, where=where, mode="hybrid", fusion="rrf")
     assert [[h.id for h in row] for row in rrf] == [
         [h.id for h in reciprocal_rank_fusion([d, t], K)] for d, t in zip(dense, lexical)

@@ -8,8 +8,8 @@ Each pseudo-query searches the sample, its own chunk replaced by the rest, by ex
 dense scores (the stored vectors, the store's metric), by BM25 (:func:`isotrope.lexical.bm25_matrix`,
 the stores' analyzer and Lucene IDF) and by the shipped convex fusion at every weight of
 :data:`ALPHAS` (z-scores over the union of each side's top candidates, as :mod:`isotrope.fusion`;
-the candidates are the same fraction of the sample as :data:`~isotrope.fusion.DEFAULT_CANDIDATES`
-are of the store). The score is nDCG@10 of the one relevant chunk.
+the dense candidates are the same fraction of the sample as :data:`~isotrope.fusion.DEFAULT_CANDIDATES`
+are of the store, the keyword ones :func:`~isotrope.fusion.keyword_depth` of them). The score is nDCG@10 of the one relevant chunk.
 
 Rule (never at a cost). The better single side (dense or lexical, by mean) is the fallback. Hybrid's
 weight is chosen by cross-fitting over ``n_splits`` seeded folds of the pseudo-queries: each fold is
@@ -48,7 +48,7 @@ import numpy as np
 
 from isotrope.backbones import is_static_source
 from isotrope.encoder import ShapedEncoder
-from isotrope.fusion import DEFAULT_CANDIDATES, zscores
+from isotrope.fusion import DEFAULT_CANDIDATES, keyword_depth, zscores
 from isotrope.lexical import analyze, bm25_matrix
 from isotrope.pseudo_queries import CONFIDENCE, DEFAULT_PROXY, FALLBACK_PROXY, PseudoQuery, build_pseudo_queries, paired_interval
 from isotrope.stores.memory import exact_scores, top_k
@@ -61,6 +61,8 @@ PROPERTY = "default_search"
 UNCALIBRATED_MODE = "dense"
 #: dense weights tried; 0 and 1 are the single sides
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
+#: the rank cut the pseudo-queries are scored at (nDCG@10), and the fewest candidates a side
+K = 10
 #: nDCG@10 points (x100) the low end of hybrid's interval must clear over the better single side
 MARGIN = 0.0
 #: chunks sampled as the search corpus, and pseudo-queries drawn from them
@@ -84,7 +86,7 @@ def query_budget(encoder: ShapedEncoder, store_size: int, n_queries: int = QUERI
 def ndcg_gain(ranks: np.ndarray) -> np.ndarray:
     """nDCG@10 of one relevant document at each 1-based rank (0 beyond 10; ``inf`` = not retrieved)."""
     ranks = np.asarray(ranks, dtype=np.float64)
-    return np.where(ranks <= 10, 1.0 / np.log2(np.minimum(ranks, 10) + 1.0), 0.0)
+    return np.where(ranks <= K, 1.0 / np.log2(np.minimum(ranks, K) + 1.0), 0.0)
 
 
 def _rank(scores: np.ndarray, target: int) -> float:
@@ -96,7 +98,7 @@ def pseudo_query_ranks(dense: np.ndarray, lexical: np.ndarray, targets: Sequence
     convex fusions) given every query's exact ``dense`` and ``lexical`` scores over the sample."""
     out = np.full((len(targets), 2 + len(ALPHAS)), np.inf)
     dense_top = top_k(dense, candidates)
-    lexical_top = top_k(lexical, candidates)
+    lexical_top = top_k(lexical, keyword_depth(candidates, K))
     weights = np.array(ALPHAS)[:, None]
     for row, target in enumerate(targets):
         d, t = dense[row], lexical[row]
@@ -186,7 +188,7 @@ def fit_default_search(
         dense[rows, cols] = exact_scores(query_vectors[rows], rest_vectors, metric)[np.arange(len(rows)), np.arange(len(rows))]
         rest_bm25 = bm25_matrix(terms, [query_terms[i] for i in rows], [analyze(d) for _, d in rests])
         lexical[rows, cols] = rest_bm25[np.arange(len(rows)), np.arange(len(rows))]
-    candidates = max(10, min(len(texts), round(DEFAULT_CANDIDATES * len(texts) / size)))
+    candidates = max(K, min(len(texts), round(DEFAULT_CANDIDATES * len(texts) / size)))
     gains = 100 * ndcg_gain(pseudo_query_ranks(dense, lexical, targets, candidates))
     choice = choose(gains, proxy, n_splits, seed)
     choice.update(
@@ -198,6 +200,7 @@ def fit_default_search(
             "query_chunks": "every sampled chunk" if sources is None else f"{len(sources)} held aside from the fast fit",
             "store_chunks": size,
             "candidates": candidates,
+            "keyword_candidates": keyword_depth(candidates, K),
             "seed": seed,
             "seconds": round(time.perf_counter() - started, 2),
             "cpu_seconds": round(time.process_time() - started_cpu, 2),

@@ -1,6 +1,7 @@
 """Fusing a dense and a lexical ranking, and the search modes every store shares.
 
-* ``convex``: the candidates are the union of the dense and the lexical top ``candidates``; a candidate
+* ``convex``: the candidates are the union of the dense top ``candidates`` and the lexical top
+  ``keyword_candidates`` (by default :data:`KEYWORD_SHARE` of ``candidates``); a candidate
   missing from one list gets its exact score on that side (its stored vector's score; its BM25, 0 when it
   shares no query term); each side is z-score normalised over the candidates (``(s - mean) / std``; a side
   whose candidates all score the same gives them 0) and the fused score is ``alpha * dense + (1 - alpha) *
@@ -30,8 +31,13 @@ MODES = ("dense", "lexical", "hybrid")
 FUSIONS = ("convex", "rrf")
 #: weight of the dense scores in the convex combination (chosen on SciFact train, frozen)
 DEFAULT_ALPHA = 0.45
-#: each list contributes at least this many candidates to the fusion
+#: the dense list contributes at least this many candidates to the fusion
 DEFAULT_CANDIDATES = 200
+#: the keyword list's candidates as a share of the dense list's (:func:`keyword_depth`). Chosen on SciFact
+#: train against 1 (200 a side), the smallest share losing at most 0.1 nDCG@10 there at the frozen and the
+#: calibrated weight with both encoders; a shorter keyword list also halves a keyword top k's cost at 1M rows
+#: (docs/results/keyword-depth.md)
+KEYWORD_SHARE = 0.5
 RRF_K = 60
 T = TypeVar("T")
 U = TypeVar("U")
@@ -48,6 +54,12 @@ def check_alpha(alpha: float | None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"alpha must be a number in [0, 1]; got {alpha!r}")
     return float(value)
+
+
+def keyword_depth(candidates: int, k: int) -> int:
+    """The keyword list's depth in a hybrid query whose dense list has ``candidates``: :data:`KEYWORD_SHARE` of
+    it, at least ``k``."""
+    return max(k, round(candidates * KEYWORD_SHARE))
 
 
 def zscores(scores: np.ndarray) -> np.ndarray:
@@ -167,11 +179,17 @@ def _completed(
 
 
 def _candidates(
-    store: Any, texts: list[str], vectors: Any, depth: int, where: Mapping[str, Any] | None, complete: bool
+    store: Any,
+    texts: list[str],
+    vectors: Any,
+    depth: int,
+    keywords: int,
+    where: Mapping[str, Any] | None,
+    complete: bool,
 ) -> Candidates:
-    """The candidates of a store without ``hybrid_candidates``, named by id: its dense and lexical top
-    ``depth``, the BM25 of every dense candidate (``lexical_scores``) and the stored vector of every lexical
-    one the dense list lacks. Where the store allows, the full-text side runs in a second thread while the
+    """The candidates of a store without ``hybrid_candidates``, named by id: its dense top ``depth`` and lexical
+    top ``keywords``, the BM25 of every dense candidate (``lexical_scores``) and the stored vector of every
+    lexical one the dense list lacks. Where the store allows, the full-text side runs in a second thread while the
     dense side runs in this one."""
 
     def dense_side() -> tuple[list[list[Hit]], list[np.ndarray]]:
@@ -179,7 +197,7 @@ def _candidates(
         return dense, store.lexical_scores(texts, [[h.id for h in row] for row in dense]) if complete else []
 
     def lexical_side() -> list[list[Hit]]:
-        return store.lexical_search(texts, depth, where=where, with_text=False)
+        return store.lexical_search(texts, keywords, where=where, with_text=False)
 
     if store.concurrent_queries:
         (dense, bm25), lexical = run_beside(lexical_side, dense_side)
@@ -232,17 +250,20 @@ def search_store(
     fusion: str = "convex",
     candidates: int = DEFAULT_CANDIDATES,
     group_by: str | None = None,
+    keyword_candidates: int | None = None,
 ) -> list[list[Hit]]:
     """One ranked list per query from any store: dense (``vectors``), lexical (``texts``) or both fused.
 
-    ``vectors`` may be None in lexical mode. ``group_by`` keeps the best hit per value of that metadata
-    field, searching deeper until each query has ``k`` groups or the store is exhausted. A store with
-    ``hybrid_candidates(texts, vectors, depth, where, complete)`` gives its own :class:`Candidates`.
+    ``vectors`` may be None in lexical mode. Hybrid fuses the dense top ``candidates`` and the lexical top
+    ``keyword_candidates`` (None: :func:`keyword_depth` of ``candidates``), each at least ``k``.
+    ``group_by`` keeps the best hit per value of that metadata field, searching deeper until each query has
+    ``k`` groups or the store is exhausted. A store with ``hybrid_candidates(texts, vectors, depth,
+    keywords, where, complete)`` gives its own :class:`Candidates`.
     """
     check_mode(mode)
     k = check_k(k)
     if group_by is not None:
-        return _grouped(store, texts, vectors, k, where, mode, alpha, fusion, candidates, group_by)
+        return _grouped(store, texts, vectors, k, where, mode, alpha, fusion, candidates, keyword_candidates, group_by)
     if mode == "dense":
         return store.search(vectors, k, where=where)
     if mode == "lexical":
@@ -251,15 +272,16 @@ def search_store(
         raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
     weight = check_alpha(alpha)
     depth = max(k, candidates)
+    keywords = keyword_depth(candidates, k) if keyword_candidates is None else max(k, keyword_candidates)
     queries = as_vectors(vectors, store.dim, "queries")
     if len(texts) != len(queries):
         raise ValueError(f"got {len(texts)} query texts but {len(queries)} query vectors")
     # the candidate lists carry keys and scores; the text and metadata are read for the fused top k only
     complete = fusion == "convex"
     if hasattr(store, "hybrid_candidates"):
-        found = store.hybrid_candidates(list(texts), queries, depth, where, complete)
+        found = store.hybrid_candidates(list(texts), queries, depth, keywords, where, complete)
     else:
-        found = _candidates(store, list(texts), queries, depth, where, complete)
+        found = _candidates(store, list(texts), queries, depth, keywords, where, complete)
     if not complete:
         return found.hits([_rrf_ranked([d[0], t[0]], k) for d, t in zip(found.dense, found.lexical)])
     rankings = [
@@ -303,13 +325,17 @@ def _grouped(
     alpha: float | None,
     fusion: str,
     candidates: int,
+    keyword_candidates: int | None,
     field: str,
 ) -> list[list[Hit]]:
     total = max(len(store), 1)
     fetch = max(4 * k, 50)
     while True:
         depth = min(fetch, total)
-        hits = search_store(store, texts, vectors, depth, where, mode, alpha, fusion, max(candidates, depth))
+        keywords = None if keyword_candidates is None else max(keyword_candidates, depth)
+        hits = search_store(
+            store, texts, vectors, depth, where, mode, alpha, fusion, max(candidates, depth), keyword_candidates=keywords
+        )
         grouped = [best_per_group(row, field, k) for row in hits]
         if depth >= total or all(len(g) == k or len(row) < depth for g, row in zip(grouped, hits)):
             return grouped

@@ -83,8 +83,9 @@ class VectorStore(Protocol):
     ``lexical_scores(texts, ids)``
         For each query text, the BM25 score ``lexical_search`` gives each of its ids (0 for a row
         sharing no term), as one float64 array: hybrid search completes its candidates' scores with it.
-    ``hybrid_candidates(texts, vectors, depth, where, complete)`` (optional)
-        Hybrid search's two candidate lists and what completes them, as a
+    ``hybrid_candidates(texts, vectors, depth, keywords, where, complete)`` (optional)
+        Hybrid search's two candidate lists (the dense top ``depth``, the keyword top ``keywords``) and what
+        completes them, as a
         :class:`isotrope.fusion.Candidates`, rows named by the store's own keys so that only the fused
         top ``k`` are read as hits (FAISS: row keys, the keyword top and the dense candidates' BM25 from
         one scoring of the postings; LanceDB: Lance row ids). A store without it gets the generic path
