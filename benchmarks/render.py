@@ -482,6 +482,8 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 SCALE_SECTIONS: dict[str, tuple[str, ...]] = {
     "scale-1m": ("scale-1m-faiss-modes", "scale-1m-lancedb-modes"),
     "scale-100k": ("scale-100k-modes",),
+    "scale-1m-epyc": ("scale-1m-faiss-modes-epyc", "scale-1m-lancedb-modes-epyc"),
+    "scale-100k-epyc": ("scale-100k-modes-epyc",),
 }
 STORE_NAMES = {"faiss": "FAISS", "lancedb": "LanceDB"}
 

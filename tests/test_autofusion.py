@@ -68,9 +68,7 @@ def test_bm25_matrix_matches_the_reference_per_query() -> None:
             assert bm25_matrix(documents, queries, scored)[i, j] == pytest.approx(value, rel=1e-12)
 
 
-def _reference_rank(
-    dense: np.ndarray, lexical: np.ndarray, target: int, alpha: float, candidates: int, keywords: int
-) -> float:
+def _reference_rank(dense: np.ndarray, lexical: np.ndarray, target: int, alpha: float, candidates: int, keywords: int) -> float:
     """The target's rank in :func:`isotrope.fusion.convex_fusion` of the two full sorted lists' tops (tied
     with others, the best of their ranks)."""
     dense_top = np.argsort(-dense, kind="stable")[:candidates]

@@ -136,11 +136,13 @@ def test_the_documented_fusion_is_the_shipped_one() -> None:
     """What the pages and docstrings say the hybrid fusion is, read from isotrope.fusion's constants."""
     from isotrope import fusion, search
 
-    alpha, candidates = fusion.DEFAULT_ALPHA, fusion.DEFAULT_CANDIDATES
+    alpha, candidates, share = fusion.DEFAULT_ALPHA, fusion.DEFAULT_CANDIDATES, fusion.KEYWORD_SHARE
+    keywords = fusion.keyword_depth(candidates, 10)
     results, concepts = _read("docs/results/hybrid.md"), _read("docs/concepts/search-modes.md")
     assert f"`DEFAULT_ALPHA = {alpha}`" in results and f"`DEFAULT_CANDIDATES = {candidates}`" in results
-    assert f"z-score normalisation, {candidates} candidates a side, α {alpha}" in results
-    assert f"take the dense top {candidates} and the BM25 top {candidates}" in concepts and "z-score-normalise" in concepts
+    assert f"`KEYWORD_SHARE = {share}`" in results
+    assert f"z-score normalisation, the dense top {candidates} and the keyword top {keywords}, α {alpha}" in results
+    assert f"take the dense top {candidates} and the BM25 top {keywords}" in concepts and "z-score-normalise" in concepts
     docstring = " ".join((search.Collection.search.__doc__ or "").split())
     assert "z-score" in docstring and "min-max" not in docstring
     assert "z-score normalised" in " ".join((fusion.__doc__ or "").split())
