@@ -221,10 +221,11 @@ class Collection:
 
         ``mode``: ``"dense"`` (the encoder's vectors), ``"lexical"`` (BM25 over the stored texts) or
         ``"hybrid"`` (both, fused by a convex combination of z-score-normalised scores with weight ``alpha``
-        on the dense side, over each side's top :data:`isotrope.fusion.DEFAULT_CANDIDATES` completed with the
-        other side's exact scores; default ``alpha``: the store's calibrated weight if its default is hybrid,
-        else :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at
-        ``alpha`` when one is given, else the store's calibrated default (:meth:`default_search`).
+        on the dense side, over the dense top :data:`isotrope.fusion.DEFAULT_CANDIDATES` and the keyword top
+        :data:`~isotrope.fusion.KEYWORD_SHARE` of that, completed with the other side's exact scores; default
+        ``alpha``: the store's calibrated weight if its default is hybrid, else
+        :data:`isotrope.fusion.DEFAULT_ALPHA`). No mode: ``hybrid`` at ``alpha`` when one is given, else the
+        store's calibrated default (:meth:`default_search`).
         ``where`` filters by metadata in every mode; a field no stored row has is an error.
         ``group_by`` (a metadata field, e.g. ``"source"``) keeps the best hit per value: ``k`` documents; a
         field no stored row has is an error too (a typo would otherwise group nothing).
