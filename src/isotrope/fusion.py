@@ -332,9 +332,17 @@ def _grouped(
     fetch = max(4 * k, 50)
     while True:
         depth = min(fetch, total)
-        keywords = None if keyword_candidates is None else max(keyword_candidates, depth)
         hits = search_store(
-            store, texts, vectors, depth, where, mode, alpha, fusion, max(candidates, depth), keyword_candidates=keywords
+            store,
+            texts,
+            vectors,
+            depth,
+            where,
+            mode,
+            alpha,
+            fusion,
+            max(candidates, depth),
+            keyword_candidates=keyword_candidates,
         )
         grouped = [best_per_group(row, field, k) for row in hits]
         if depth >= total or all(len(g) == k or len(row) < depth for g, row in zip(grouped, hits)):
